@@ -1,0 +1,21 @@
+# The two set-up commands the README names: `make lab` (the main job) and `make test` (the tests).
+# Both install what they need on a fresh Debian machine, idempotently.
+PYTHON ?= python3
+# Debian packages the lab and the tests use: real inits as PID 1, a real container runtime for trace.
+DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static
+LAB_ARGS ?=
+
+.PHONY: setup lab test
+setup:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(PYTHON) -m pip install -q -e '.[test]'
+
+lab: setup
+	gpuzombie lab run $(LAB_ARGS)
+
+test: setup
+	$(PYTHON) -m pytest -q

@@ -1,0 +1,64 @@
+"""Entry point: one group, one place that maps exceptions to exit codes and one-line messages."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+import click
+
+from gpuzombie import __version__
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+
+# Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
+COMMAND_MODULES = ("observe", "trace", "lab", "prestop")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpuzombie")
+def cli() -> None:
+    """Reproduce, detect, measure and fix zombie processes, orphans, ghost GPU memory and
+    grace-period waste of GPU workloads on Kubernetes.
+
+    Exit codes: 0 healthy / done, 1 findings, 2 usage or environment error, 130 interrupted.
+    """
+
+
+for _name in COMMAND_MODULES:
+    cli.add_command(importlib.import_module(f"gpuzombie.cli.{_name}").command, _name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit status; never lets a traceback reach the user."""
+    try:
+        result = cli.main(args=argv, prog_name="gpuzombie", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return ExitStatus.ERROR
+    except click.exceptions.Abort:
+        click.echo("gpuzombie: interrupted", err=True)
+        return ExitStatus.INTERRUPTED
+    except GpuzombieError as exc:
+        click.echo(f"gpuzombie: error: {exc}", err=True)
+        return exc.status
+    except KeyboardInterrupt:
+        click.echo("gpuzombie: interrupted", err=True)
+        return ExitStatus.INTERRUPTED
+    except Exception as exc:  # the last line of defence: one line, the traceback only on request
+        if os.environ.get("GPUZOMBIE_DEBUG"):
+            traceback.print_exc()
+        click.echo(
+            f"gpuzombie: internal error: {type(exc).__name__}: {exc} (set GPUZOMBIE_DEBUG=1 for details)",
+            err=True,
+        )
+        return ExitStatus.ERROR
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

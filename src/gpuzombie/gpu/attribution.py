@@ -1,0 +1,275 @@
+"""Map the pids NVML reports to processes, and account for every MiB on each GPU.
+
+NVML's pids are ambiguous. Called from the host they are host pids. Called inside a PID namespace,
+driver 580.159 gave the namespace's own pids and hid other namespaces' processes (DEVICE-FACTS), while
+the seed's containers and many public reports got host pids there. So a pid is judged per case:
+
+* reader in the root PID namespace: NVML pid == procfs pid; absent means the process is gone;
+* reader in a child namespace: a local process with that pid that holds ``/dev/nvidia*`` is it;
+  otherwise the pid may be a host pid of a local process, mapped only when the evidence is
+  unambiguous (one unmatched NVML pid, one unmatched fd holder; or a unique name match), else
+  "unresolved" — never "orphaned" on a guess.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_status
+
+DEFAULT_GHOST_THRESHOLD = 64 * MIB
+
+
+class Verdict(str, Enum):
+    LIVE = "live"
+    ZOMBIE = "zombie"
+    GONE = "gone"
+    """No such process: memory attributed to a dead pid (the seed's "orphaned context")."""
+    UNRESOLVED = "unresolved"
+    """Cannot tell from here: say so rather than guess."""
+
+
+@dataclass(frozen=True)
+class ReaderView:
+    """Where the reader stands relative to the pids it sees."""
+
+    in_root_pidns: bool
+    """True when this process is in the root (host) PID namespace, so NVML pids are procfs pids."""
+    own_pid: int | None = None
+    """The reader's pid in the procfs it reads; left out of fd holders (NVML itself opens them)."""
+
+
+def current_view() -> ReaderView:
+    """The running process's own view, from the real /proc/self (not an injected procfs)."""
+    try:
+        with open("/proc/self/status") as f:
+            nspid = parse_status(f.read()).nspid
+    except OSError:
+        nspid = ()
+    return ReaderView(in_root_pidns=len(nspid) <= 1, own_pid=os.getpid())
+
+
+@dataclass(frozen=True)
+class GpuProcessRef:
+    """One NVML process entry, attributed."""
+
+    gpu_index: int
+    gpu_uuid: str
+    nvml_pid: int
+    used_memory: int | None
+    kind: str
+    verdict: Verdict
+    local_pid: int | None
+    """The pid inside the process's own PID namespace (what ``ps`` in its container shows)."""
+    host_pid: int | None
+    """The pid in the outermost namespace visible here (host pid when reading the host's /proc)."""
+    comm: str | None
+    evidence: str
+
+
+@dataclass(frozen=True)
+class FdHolder:
+    """A live process holding /dev/nvidia* file descriptors."""
+
+    pid: int
+    local_pid: int
+    comm: str
+    state: str
+    devices: tuple[str, ...]
+    listed_by_nvml: bool
+
+
+@dataclass(frozen=True)
+class GhostMemory:
+    """Memory on one GPU that no listed process accounts for."""
+
+    gpu_index: int
+    gpu_uuid: str
+    used: int
+    baseline: int
+    baseline_source: str
+    process_memory: int
+    unexplained: int
+    flagged: bool
+    likely_causes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    processes: tuple[GpuProcessRef, ...]
+    fd_holders: tuple[FdHolder, ...]
+    ghosts: tuple[GhostMemory, ...]
+
+
+def _ref(device: GpuDevice, nvml_pid: int, used: int | None, kind: str, verdict: Verdict,
+         proc: ProcessInfo | None, evidence: str, host_pid: int | None = None) -> GpuProcessRef:
+    return GpuProcessRef(
+        gpu_index=device.index,
+        gpu_uuid=device.uuid,
+        nvml_pid=nvml_pid,
+        used_memory=used,
+        kind=kind,
+        verdict=verdict,
+        local_pid=proc.innermost_pid if proc else None,
+        host_pid=host_pid if host_pid is not None else (proc.nspid[0] if proc else None),
+        comm=proc.comm if proc else None,
+        evidence=evidence,
+    )
+
+
+def _state_verdict(proc: ProcessInfo) -> Verdict:
+    return Verdict.ZOMBIE if proc.is_zombie else Verdict.LIVE
+
+
+def _name_matches(nvml_name: str | None, proc: ProcessInfo) -> bool:
+    if not nvml_name:
+        return False
+    base = os.path.basename(nvml_name)
+    return base == proc.comm or any(os.path.basename(arg) == base for arg in proc.cmdline[:2])
+
+
+def attribute_processes(
+    table: ProcessTable, gpus: GpuSnapshot, view: ReaderView
+) -> tuple[GpuProcessRef, ...]:
+    """Attribute every NVML process entry to a process of ``table``, or say why not."""
+    holders = [p for p in table if p.nvidia_fds and not p.is_zombie and p.pid != view.own_pid]
+    refs: list[GpuProcessRef | None] = []
+    pending: list[tuple[GpuDevice, int, int | None, str, str | None]] = []
+    for device in gpus.devices:
+        for gp in device.processes:
+            proc = table.get(gp.pid)
+            if view.in_root_pidns:
+                if proc is None:
+                    refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.GONE, None,
+                                     "no such pid in the root namespace's /proc", host_pid=gp.pid))
+                else:
+                    refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc),
+                                     proc, "NVML pid is a host pid"))
+            elif proc is not None and (proc.nvidia_fds or proc.is_zombie):
+                refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
+                                 "local pid of a process holding /dev/nvidia*"))
+            else:
+                refs.append(None)
+                pending.append((device, gp.pid, gp.used_memory, gp.kind, gp.name))
+    if not pending:
+        return tuple(r for r in refs if r is not None)
+
+    matched_local = {r.local_pid for r in refs if r is not None}
+    candidates = [p for p in holders if p.innermost_pid not in matched_local]
+    unmatched_pids = sorted({pid for _, pid, _, _, _ in pending})
+    mapping: dict[int, tuple[ProcessInfo, str]] = {}
+    for pid in unmatched_pids:
+        name = next((n for _, p, _, _, n in pending if p == pid and n), None)
+        by_name = [c for c in candidates if _name_matches(name, c)]
+        if len(by_name) == 1:
+            mapping[pid] = (by_name[0], f"NVML name {name!r} matches one local fd holder")
+    rest_pids = [p for p in unmatched_pids if p not in mapping]
+    rest_cands = [c for c in candidates if all(c is not m for m, _ in mapping.values())]
+    if len(rest_pids) == 1 and len(rest_cands) == 1:
+        mapping[rest_pids[0]] = (rest_cands[0], "the only unmatched NVML pid and the only unmatched "
+                                 "/dev/nvidia* holder (NVML gave a host pid)")
+
+    resolved = iter(refs)
+    out: list[GpuProcessRef] = []
+    pending_iter = iter(pending)
+    for ref in resolved:
+        if ref is not None:
+            out.append(ref)
+            continue
+        device, pid, used, kind, _ = next(pending_iter)
+        if pid in mapping:
+            proc, why = mapping[pid]
+            out.append(_ref(device, pid, used, kind, _state_verdict(proc), proc, why, host_pid=pid))
+        elif not rest_cands:
+            out.append(_ref(device, pid, used, kind, Verdict.UNRESOLVED, None,
+                            "not visible in this PID namespace and no unmatched local /dev/nvidia* "
+                            "holder: a host pid of a process outside this namespace, or a dead one",
+                            host_pid=None))
+        else:
+            out.append(_ref(device, pid, used, kind, Verdict.UNRESOLVED, None,
+                            f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it "
+                            f"({', '.join(str(c.innermost_pid) for c in rest_cands)})", host_pid=None))
+    return tuple(out)
+
+
+def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderView) -> tuple[FdHolder, ...]:
+    """Every process holding /dev/nvidia* fds, marked with whether NVML lists it anywhere."""
+    listed = {r.local_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
+    return tuple(
+        FdHolder(pid=p.pid, local_pid=p.innermost_pid, comm=p.comm, state=p.state,
+                 devices=p.nvidia_fds, listed_by_nvml=p.innermost_pid in listed)
+        for p in table
+        if p.nvidia_fds and p.pid != view.own_pid
+    )
+
+
+def ghost_memory(
+    device: GpuDevice,
+    refs: Iterable[GpuProcessRef],
+    holders: Iterable[FdHolder],
+    view: ReaderView,
+    *,
+    baseline: int | None = None,
+    threshold: int = DEFAULT_GHOST_THRESHOLD,
+    peer_devices: Iterable[int] = (),
+) -> GhostMemory:
+    """used − baseline − Σ process memory, with the likely causes the evidence supports.
+
+    The baseline is the driver's reservation when NVML reports it (615 MiB on an idle H200, driver
+    580), else ``baseline`` (a caller's calibration), else 0.
+    """
+    if device.memory_reserved is not None and baseline is None:
+        base, source = device.memory_reserved, "NVML reserved (driver reservation)"
+    else:
+        base, source = baseline or 0, "given baseline" if baseline else "none (driver reports no reservation)"
+    unexplained = max(0, device.memory_used - base - device.process_memory)
+    causes: list[str] = []
+    mine = [r for r in refs if r.gpu_index == device.index]
+    if any(r.verdict is Verdict.GONE for r in mine):
+        causes.append("memory attributed to pids that no longer exist (orphaned context)")
+    if any(not h.listed_by_nvml for h in holders):
+        causes.append("processes hold /dev/nvidia* but NVML lists none of them "
+                      "(contexts NVML does not report)")
+    if any(h.state == "D" for h in holders):
+        causes.append("a /dev/nvidia* holder is in D state (stuck in the driver)")
+    if not mine and list(peer_devices):
+        causes.append("peer context of a multi-GPU process listed on GPU "
+                      + ", ".join(str(i) for i in peer_devices) + " (e.g. an NCCL rank whose peer died)")
+    if not view.in_root_pidns:
+        causes.append("processes of other PID namespaces are invisible from inside this one: their "
+                      "memory counts here without a listed process (not proof of a ghost)")
+    return GhostMemory(
+        gpu_index=device.index,
+        gpu_uuid=device.uuid,
+        used=device.memory_used,
+        baseline=base,
+        baseline_source=source,
+        process_memory=device.process_memory,
+        unexplained=unexplained,
+        flagged=unexplained > threshold,
+        likely_causes=tuple(causes) if unexplained > threshold else (),
+    )
+
+
+def attribute(
+    table: ProcessTable,
+    gpus: GpuSnapshot,
+    view: ReaderView,
+    *,
+    baseline: int | None = None,
+    threshold: int = DEFAULT_GHOST_THRESHOLD,
+) -> Attribution:
+    """Everything the observe and trace reports need about GPUs, in one pass."""
+    refs = attribute_processes(table, gpus, view)
+    holders = fd_holders(table, refs, view)
+    devices_with_procs = {r.gpu_index for r in refs}
+    ghosts = tuple(
+        ghost_memory(d, refs, holders, view, baseline=baseline, threshold=threshold,
+                     peer_devices=sorted(devices_with_procs - {d.index}))
+        for d in gpus.devices
+    )
+    return Attribution(processes=refs, fd_holders=holders, ghosts=ghosts)

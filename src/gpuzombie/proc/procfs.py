@@ -1,0 +1,286 @@
+"""Read processes from a procfs tree: the real /proc, a node agent's /host/proc, or a test's fake tree.
+
+Parsing is done by pure functions on file contents (``parse_stat``, ``parse_status``, ...), so they
+are tested on fixture strings; ``Procfs`` is the one place that touches the filesystem. A process
+that vanishes mid-read is skipped; one whose files deny access is kept with what could be read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
+
+
+@dataclass(frozen=True)
+class StatFields:
+    """The fields of /proc/<pid>/stat that gpuzombie uses."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    rss_pages: int
+
+
+@dataclass(frozen=True)
+class StatusFields:
+    """The fields of /proc/<pid>/status that gpuzombie uses."""
+
+    uid: int | None
+    nspid: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process as seen through one procfs tree.
+
+    ``pid`` is the pid in the reader's namespace. ``nspid`` is the kernel's NSpid chain, outermost
+    (visible namespace) first and the process's own innermost pid last. ``(pid, start_ticks)``
+    identifies a process across pid reuse.
+    """
+
+    pid: int
+    ppid: int
+    state: str
+    comm: str
+    cmdline: tuple[str, ...]
+    uid: int | None
+    start_ticks: int
+    start_time: float
+    pgid: int
+    sid: int
+    nspid: tuple[int, ...]
+    pidns: int | None
+    cgroup: tuple[str, ...]
+    nvidia_fds: tuple[str, ...]
+    rss_bytes: int
+    access_denied: bool = False
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state == "Z"
+
+    @property
+    def innermost_pid(self) -> int:
+        """The pid the process has inside its own (innermost) PID namespace."""
+        return self.nspid[-1] if self.nspid else self.pid
+
+    @property
+    def command(self) -> str:
+        """The command line, or ``[comm]`` when there is none (zombies, kernel threads)."""
+        return " ".join(self.cmdline) if self.cmdline else f"[{self.comm}]"
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(pid, start time in ticks): what tells a process from a later one with the same pid."""
+        return (self.pid, self.start_ticks)
+
+
+@dataclass(frozen=True)
+class ProcessTable:
+    """A snapshot of every readable process, keyed by pid."""
+
+    processes: Mapping[int, ProcessInfo]
+    boot_time: float
+    taken_at: float
+    procfs_root: str = "/proc"
+    children_of: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[ProcessInfo]:
+        return iter(self.processes.values())
+
+    def __len__(self) -> int:
+        return len(self.processes)
+
+    def get(self, pid: int) -> ProcessInfo | None:
+        return self.processes.get(pid)
+
+    def children(self, pid: int) -> list[ProcessInfo]:
+        return [self.processes[c] for c in self.children_of.get(pid, ())]
+
+    def descendants(self, pid: int) -> list[ProcessInfo]:
+        """Every process below ``pid`` in the tree, depth first."""
+        found: list[ProcessInfo] = []
+        stack = list(reversed(self.children_of.get(pid, ())))
+        while stack:
+            child = self.processes[stack.pop()]
+            found.append(child)
+            stack.extend(reversed(self.children_of.get(child.pid, ())))
+        return found
+
+    def by_nspid(self, host_pid: int) -> ProcessInfo | None:
+        """The process whose NSpid chain starts with ``host_pid`` (the outermost pid)."""
+        for proc in self.processes.values():
+            if proc.nspid and proc.nspid[0] == host_pid:
+                return proc
+        return None
+
+
+def parse_stat(text: str) -> StatFields:
+    """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'."""
+    open_paren = text.index("(")
+    close_paren = text.rindex(")")
+    comm = text[open_paren + 1 : close_paren]
+    rest = text[close_paren + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return StatFields(
+        comm=comm,
+        state=rest[0],
+        ppid=int(rest[1]),
+        pgid=int(rest[2]),
+        sid=int(rest[3]),
+        start_ticks=int(rest[19]),
+        rss_pages=int(rest[21]),
+    )
+
+
+def parse_status(text: str) -> StatusFields:
+    """Parse the Uid (real uid) and NSpid lines of /proc/<pid>/status."""
+    uid: int | None = None
+    nspid: tuple[int, ...] = ()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Uid":
+            uid = int(value.split()[0])
+        elif key == "NSpid":
+            nspid = tuple(int(p) for p in value.split())
+    return StatusFields(uid=uid, nspid=nspid)
+
+
+def parse_cmdline(raw: bytes) -> tuple[str, ...]:
+    """NUL-separated argv; empty for zombies and kernel threads."""
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def parse_cgroup(text: str) -> tuple[str, ...]:
+    """The lines of /proc/<pid>/cgroup, as they are (``hierarchy-id:controllers:path``)."""
+    return tuple(line for line in text.splitlines() if line)
+
+
+def parse_ns_link(target: str) -> int | None:
+    """``pid:[4026531836]`` -> 4026531836."""
+    if "[" in target and target.endswith("]"):
+        return int(target[target.index("[") + 1 : -1])
+    return None
+
+
+def parse_boot_time(stat_text: str) -> float:
+    """The ``btime`` line of /proc/stat: boot time in seconds since the epoch."""
+    for line in stat_text.splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise ValueError("no btime line in /proc/stat")
+
+
+class Procfs:
+    """The filesystem edge: reads a procfs tree rooted at ``root``."""
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root.rstrip("/") or "/"
+        self.clock_ticks = os.sysconf("SC_CLK_TCK")
+        self.page_size = os.sysconf("SC_PAGE_SIZE")
+
+    def path(self, *parts: str | int) -> str:
+        return os.path.join(self.root, *(str(p) for p in parts))
+
+    def pids(self) -> list[int]:
+        """Numeric entries of the tree; raises OSError when the root cannot be listed."""
+        return sorted(int(name) for name in os.listdir(self.root) if name.isdigit())
+
+    def boot_time(self) -> float:
+        with open(self.path("stat")) as f:
+            return parse_boot_time(f.read())
+
+    def nvidia_fds(self, pid: int) -> tuple[str, ...]:
+        """Targets of the process's fds that point at /dev/nvidia*; empty when unreadable."""
+        fd_dir = self.path(pid, "fd")
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            return ()
+        found = set()
+        for name in names:
+            try:
+                target = os.readlink(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if target.startswith(NVIDIA_DEVICE_PREFIX):
+                found.add(target)
+        return tuple(sorted(found))
+
+    def read_process(self, pid: int, boot_time: float) -> ProcessInfo | None:
+        """Read one process; None when it has vanished (or never was)."""
+        try:
+            with open(self.path(pid, "stat")) as f:
+                stat = parse_stat(f.read())
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            return None
+        denied = False
+
+        def read(name: str, default: str = "") -> str:
+            nonlocal denied
+            try:
+                with open(self.path(pid, name)) as f:
+                    return f.read()
+            except PermissionError:
+                denied = True
+            except OSError:
+                pass
+            return default
+
+        try:
+            with open(self.path(pid, "cmdline"), "rb") as f:
+                cmdline = parse_cmdline(f.read())
+        except PermissionError:
+            denied, cmdline = True, ()
+        except OSError:
+            cmdline = ()
+        status = parse_status(read("status"))
+        cgroup = parse_cgroup(read("cgroup"))
+        try:
+            pidns = parse_ns_link(os.readlink(self.path(pid, "ns", "pid")))
+        except OSError:
+            pidns = None
+        return ProcessInfo(
+            pid=pid,
+            ppid=stat.ppid,
+            state=stat.state,
+            comm=stat.comm,
+            cmdline=cmdline,
+            uid=status.uid,
+            start_ticks=stat.start_ticks,
+            start_time=boot_time + stat.start_ticks / self.clock_ticks,
+            pgid=stat.pgid,
+            sid=stat.sid,
+            nspid=status.nspid or (pid,),
+            pidns=pidns,
+            cgroup=cgroup,
+            nvidia_fds=self.nvidia_fds(pid),
+            rss_bytes=stat.rss_pages * self.page_size,
+            access_denied=denied,
+        )
+
+    def snapshot(self, pids: Iterable[int] | None = None, *, now: float) -> ProcessTable:
+        """Read every process (or the given pids) into a ProcessTable."""
+        boot = self.boot_time()
+        processes: dict[int, ProcessInfo] = {}
+        for pid in self.pids() if pids is None else pids:
+            proc = self.read_process(pid, boot)
+            if proc is not None:
+                processes[pid] = proc
+        children: dict[int, list[int]] = {}
+        for proc in processes.values():
+            if proc.ppid in processes and proc.ppid != proc.pid:
+                children.setdefault(proc.ppid, []).append(proc.pid)
+        return ProcessTable(
+            processes=processes,
+            boot_time=boot,
+            taken_at=now,
+            procfs_root=self.root,
+            children_of={k: tuple(sorted(v)) for k, v in children.items()},
+        )

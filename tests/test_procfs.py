@@ -1,0 +1,74 @@
+"""Parsers on fixture strings, and a fake /proc tree in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from gpuzombie.proc.procfs import Procfs, parse_cmdline, parse_ns_link, parse_stat, parse_status
+
+STAT_WITH_PARENS = (
+    "4242 (my (weird) proc) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 "
+    "123456 1000000 250 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+)
+
+
+def test_parse_stat_handles_parentheses_in_comm():
+    s = parse_stat(STAT_WITH_PARENS)
+    assert (s.comm, s.state, s.ppid, s.pgid, s.sid) == ("my (weird) proc", "S", 1, 4242, 4242)
+    assert s.start_ticks == 123456
+    assert s.rss_pages == 250
+
+
+def test_parse_status_nspid_and_uid():
+    text = "Name:\tpython3\nState:\tS (sleeping)\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t532\t3\n"
+    st = parse_status(text)
+    assert st.uid == 1000
+    assert st.nspid == (532, 3)
+
+
+def test_parse_cmdline_and_ns_link():
+    assert parse_cmdline(b"python3\0worker.py\0--size\0002\0") == ("python3", "worker.py", "--size", "2")
+    assert parse_cmdline(b"") == ()
+    assert parse_ns_link("pid:[4026531836]") == 4026531836
+    assert parse_ns_link("garbage") is None
+
+
+def make_fake_proc(root, pid, *, ppid, state="S", comm="python3", cmdline=b"python3\0", nspid=None,
+                   fds=(), starttime=1000):
+    d = root / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "ns").mkdir()
+    (d / "stat").write_text(
+        f"{pid} ({comm}) {state} {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {starttime} 0 10 0"
+    )
+    nspid = nspid or (pid,)
+    (d / "status").write_text(f"Name:\t{comm}\nUid:\t0\t0\t0\t0\nNSpid:\t" + "\t".join(map(str, nspid)) + "\n")
+    (d / "cmdline").write_bytes(cmdline)
+    (d / "cgroup").write_text("0::/kubepods.slice/x\n")
+    os.symlink("pid:[4026532000]", d / "ns" / "pid")
+    for i, target in enumerate(fds):
+        os.symlink(target, d / "fd" / str(i + 3))
+
+
+def test_fake_tree_snapshot(tmp_path):
+    (tmp_path / "stat").write_text("cpu 0 0 0\nbtime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
+    make_fake_proc(tmp_path, 3, ppid=1, nspid=(532, 3), fds=("/dev/nvidia0", "/dev/nvidiactl", "/dev/null"))
+    make_fake_proc(tmp_path, 4, ppid=1, state="Z", comm="python3", cmdline=b"")
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    assert sorted(table.processes) == [1, 3, 4]
+    worker = table.get(3)
+    assert worker.nvidia_fds == ("/dev/nvidia0", "/dev/nvidiactl")
+    assert worker.nspid == (532, 3) and worker.innermost_pid == 3
+    assert worker.pidns == 4026532000
+    assert table.get(4).is_zombie and table.get(4).command == "[python3]"
+    assert [p.pid for p in table.children(1)] == [3, 4]
+    assert table.boot_time == 1700000000
+
+
+def test_vanished_pid_is_skipped(tmp_path):
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0)
+    table = Procfs(str(tmp_path)).snapshot([1, 99999], now=time.time())
+    assert list(table.processes) == [1]
