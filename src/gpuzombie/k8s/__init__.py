@@ -1,0 +1,1 @@
+"""Kubernetes and container-runtime knowledge: cgroup paths, CRI names, kubelet PodResources."""
