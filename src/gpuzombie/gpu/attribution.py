@@ -14,14 +14,16 @@ the seed's containers and many public reports got host pids there. So a pid is j
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
 from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_status
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_ns_link, parse_status
 
 DEFAULT_GHOST_THRESHOLD = 64 * MIB
+_GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
 
 
 class Verdict(str, Enum):
@@ -43,14 +45,25 @@ class ReaderView:
     """The reader's pid in the procfs it reads; left out of fd holders (NVML itself opens them)."""
 
 
+# The kernel gives the initial PID namespace a fixed inode number (PROC_PID_INIT_INO, 0xEFFFFFFC).
+ROOT_PIDNS_INODE = 0xEFFFFFFC
+
+
 def current_view() -> ReaderView:
-    """The running process's own view, from the real /proc/self (not an injected procfs)."""
+    """The running process's own view, from the real /proc/self (not an injected procfs).
+
+    The NSpid chain cannot tell: inside a namespace with its own /proc mounted (``nsenter -p -m``,
+    a container), NSpid shows one pid just as on the host. The pid-namespace inode can.
+    """
     try:
-        with open("/proc/self/status") as f:
-            nspid = parse_status(f.read()).nspid
+        in_root = parse_ns_link(os.readlink("/proc/self/ns/pid")) == ROOT_PIDNS_INODE
     except OSError:
-        nspid = ()
-    return ReaderView(in_root_pidns=len(nspid) <= 1, own_pid=os.getpid())
+        try:
+            with open("/proc/self/status") as f:
+                in_root = len(parse_status(f.read()).nspid) <= 1
+        except OSError:
+            in_root = True
+    return ReaderView(in_root_pidns=in_root, own_pid=os.getpid())
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,8 @@ class GpuProcessRef:
     """The pid in the outermost namespace visible here (host pid when reading the host's /proc)."""
     comm: str | None
     evidence: str
+    reader_pid: int | None = None
+    """The pid in the procfs that was read (None when no process there is it)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,9 @@ class GhostMemory:
     unexplained: int
     flagged: bool
     likely_causes: tuple[str, ...]
+    verdict: str = "ok"
+    """"ok" (within the threshold), "ghost" (flagged), or "cannot_tell": over the threshold inside a
+    PID namespace with no local evidence, where other namespaces' processes are invisible."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,12 @@ class Attribution:
 
 
 def _ref(device: GpuDevice, nvml_pid: int, used: int | None, kind: str, verdict: Verdict,
-         proc: ProcessInfo | None, evidence: str, host_pid: int | None = None) -> GpuProcessRef:
+         proc: ProcessInfo | None, evidence: str, host_pid: int | None = None,
+         view: ReaderView | None = None) -> GpuProcessRef:
+    if host_pid is None and proc is not None and (view is None or view.in_root_pidns):
+        # Only a reader in the root namespace sees host pids; inside a container the outermost
+        # pid it can see is its own namespace's, so the host pid stays unknown unless NVML gave it.
+        host_pid = proc.nspid[0]
     return GpuProcessRef(
         gpu_index=device.index,
         gpu_uuid=device.uuid,
@@ -115,9 +138,10 @@ def _ref(device: GpuDevice, nvml_pid: int, used: int | None, kind: str, verdict:
         kind=kind,
         verdict=verdict,
         local_pid=proc.innermost_pid if proc else None,
-        host_pid=host_pid if host_pid is not None else (proc.nspid[0] if proc else None),
+        host_pid=host_pid,
         comm=proc.comm if proc else None,
         evidence=evidence,
+        reader_pid=proc.pid if proc else None,
     )
 
 
@@ -148,10 +172,10 @@ def attribute_processes(
                                      "no such pid in the root namespace's /proc", host_pid=gp.pid))
                 else:
                     refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc),
-                                     proc, "NVML pid is a host pid"))
+                                     proc, "NVML pid is a host pid", view=view))
             elif proc is not None and (proc.nvidia_fds or proc.is_zombie):
                 refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
-                                 "local pid of a process holding /dev/nvidia*"))
+                                 "local pid of a process holding /dev/nvidia*", view=view))
             else:
                 refs.append(None)
                 pending.append((device, gp.pid, gp.used_memory, gp.kind, gp.name))
@@ -198,10 +222,10 @@ def attribute_processes(
 
 def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderView) -> tuple[FdHolder, ...]:
     """Every process holding /dev/nvidia* fds, marked with whether NVML lists it anywhere."""
-    listed = {r.local_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
+    listed = {r.reader_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
     return tuple(
         FdHolder(pid=p.pid, local_pid=p.innermost_pid, comm=p.comm, state=p.state,
-                 devices=p.nvidia_fds, listed_by_nvml=p.innermost_pid in listed)
+                 devices=p.nvidia_fds, listed_by_nvml=p.pid in listed)
         for p in table
         if p.nvidia_fds and p.pid != view.own_pid
     )
@@ -227,21 +251,34 @@ def ghost_memory(
     else:
         base, source = baseline or 0, "given baseline" if baseline else "none (driver reports no reservation)"
     unexplained = max(0, device.memory_used - base - device.process_memory)
-    causes: list[str] = []
+    local: list[str] = []  # causes this reader can see for itself
     mine = [r for r in refs if r.gpu_index == device.index]
     if any(r.verdict is Verdict.GONE for r in mine):
-        causes.append("memory attributed to pids that no longer exist (orphaned context)")
-    if any(not h.listed_by_nvml for h in holders):
-        causes.append("processes hold /dev/nvidia* but NVML lists none of them "
-                      "(contexts NVML does not report)")
+        local.append("memory attributed to pids that no longer exist (orphaned context)")
+    # /dev/nvidiactl and /dev/nvidia-uvm are opened by any NVML client (nvidia-smi, exporters);
+    # only a GPU node (/dev/nvidiaN) held by an unlisted process hints at a context NVML hides.
+    if any(not h.listed_by_nvml and any(_GPU_NODE.match(d) for d in h.devices) for h in holders):
+        local.append("processes hold /dev/nvidiaN but NVML lists none of them "
+                     "(contexts NVML does not report)")
     if any(h.state == "D" for h in holders):
-        causes.append("a /dev/nvidia* holder is in D state (stuck in the driver)")
-    if not mine and list(peer_devices):
-        causes.append("peer context of a multi-GPU process listed on GPU "
-                      + ", ".join(str(i) for i in peer_devices) + " (e.g. an NCCL rank whose peer died)")
+        local.append("a /dev/nvidia* holder is in D state (stuck in the driver)")
+    peers = list(peer_devices)
+    if not mine and peers:
+        local.append("peer context of a multi-GPU process listed on GPU "
+                     + ", ".join(str(i) for i in peers) + " (e.g. an NCCL rank whose peer died)")
+    causes = list(local)
     if not view.in_root_pidns:
         causes.append("processes of other PID namespaces are invisible from inside this one: their "
                       "memory counts here without a listed process (not proof of a ghost)")
+    elif not causes:
+        causes.append("no process accounts for it: a context the driver has not freed, or a "
+                      "process NVML does not report")
+    if unexplained <= threshold:
+        verdict, causes = "ok", []
+    elif view.in_root_pidns or local:
+        verdict = "ghost"
+    else:
+        verdict = "cannot_tell"
     return GhostMemory(
         gpu_index=device.index,
         gpu_uuid=device.uuid,
@@ -250,8 +287,9 @@ def ghost_memory(
         baseline_source=source,
         process_memory=device.process_memory,
         unexplained=unexplained,
-        flagged=unexplained > threshold,
-        likely_causes=tuple(causes) if unexplained > threshold else (),
+        flagged=verdict == "ghost",
+        likely_causes=tuple(causes),
+        verdict=verdict,
     )
 
 

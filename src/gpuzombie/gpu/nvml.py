@@ -70,6 +70,15 @@ class FakeNvml:
     def read(self) -> GpuSnapshot:
         return self.snapshot
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FakeNvml:
+        """A snapshot recorded as JSON (``dataclasses.asdict`` of a GpuSnapshot, memory in bytes)."""
+        devices = tuple(
+            GpuDevice(**{**d, "processes": tuple(GpuProcess(**p) for p in d.get("processes", ()))})
+            for d in data.get("devices", ())
+        )
+        return cls(GpuSnapshot(**{**data, "devices": devices}))
+
 
 NO_GPU = GpuSnapshot(available=False, reason="no NVML backend")
 

@@ -7,7 +7,9 @@ that vanishes mid-read is skipped; one whose files deny access is kept with what
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -139,17 +141,22 @@ def parse_stat(text: str) -> StatFields:
     )
 
 
+_UID_LINE = re.compile(r"^Uid:\s*(\d+)", re.MULTILINE)
+_NSPID_LINE = re.compile(r"^NSpid:([^\n]*)", re.MULTILINE)
+
+
 def parse_status(text: str) -> StatusFields:
-    """Parse the Uid (real uid) and NSpid lines of /proc/<pid>/status."""
-    uid: int | None = None
-    nspid: tuple[int, ...] = ()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key == "Uid":
-            uid = int(value.split()[0])
-        elif key == "NSpid":
-            nspid = tuple(int(p) for p in value.split())
-    return StatusFields(uid=uid, nspid=nspid)
+    """Parse the Uid (real uid) and NSpid lines of /proc/<pid>/status.
+
+    Two anchored searches instead of a loop over ~55 lines: this runs once per process, and a
+    node has thousands.
+    """
+    uid_match = _UID_LINE.search(text)
+    nspid_match = _NSPID_LINE.search(text)
+    return StatusFields(
+        uid=int(uid_match.group(1)) if uid_match else None,
+        nspid=tuple(int(p) for p in nspid_match.group(1).split()) if nspid_match else (),
+    )
 
 
 def parse_cmdline(raw: bytes) -> tuple[str, ...]:
@@ -177,6 +184,28 @@ def parse_boot_time(stat_text: str) -> float:
     raise ValueError("no btime line in /proc/stat")
 
 
+# errno values meaning "the process is gone" (ESRCH comes from reads of a task that just exited).
+_GONE = (errno.ENOENT, errno.ESRCH, errno.ENOTDIR)
+
+
+class _Vanished(Exception):
+    """The process exited between two reads: drop it rather than report half a process."""
+
+
+def _read_bytes(path: str) -> bytes:
+    """One open/read/close through the os layer: a third of the cost of ``open().read()``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 class Procfs:
     """The filesystem edge: reads a procfs tree rooted at ``root``."""
 
@@ -193,59 +222,62 @@ class Procfs:
         return sorted(int(name) for name in os.listdir(self.root) if name.isdigit())
 
     def boot_time(self) -> float:
-        with open(self.path("stat")) as f:
-            return parse_boot_time(f.read())
+        return parse_boot_time(_read_bytes(self.path("stat")).decode())
 
     def nvidia_fds(self, pid: int) -> tuple[str, ...]:
         """Targets of the process's fds that point at /dev/nvidia*; empty when unreadable."""
-        fd_dir = self.path(pid, "fd")
         try:
-            names = os.listdir(fd_dir)
+            return self._nvidia_fds(self.path(pid, "fd"))
         except OSError:
             return ()
+
+    @staticmethod
+    def _nvidia_fds(fd_dir: str) -> tuple[str, ...]:
+        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed."""
         found = set()
-        for name in names:
+        for name in os.listdir(fd_dir):
             try:
-                target = os.readlink(os.path.join(fd_dir, name))
-            except OSError:
+                target = os.readlink(f"{fd_dir}/{name}")
+            except OSError:  # the fd was closed between listdir and readlink
                 continue
             if target.startswith(NVIDIA_DEVICE_PREFIX):
                 found.add(target)
         return tuple(sorted(found))
 
-    def read_process(self, pid: int, boot_time: float) -> ProcessInfo | None:
-        """Read one process; None when it has vanished (or never was)."""
+    def read_process(self, pid: int, boot_time: float, *, with_cgroup: bool = True) -> ProcessInfo | None:
+        """Read one process; None when it has vanished (or never was).
+
+        A file that denies access (another user's fds without root) leaves its fields empty and
+        sets ``access_denied``; a process that exits mid-read is dropped as a whole.
+        """
+        base = f"{self.root}/{pid}"
         try:
-            with open(self.path(pid, "stat")) as f:
-                stat = parse_stat(f.read())
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            stat = parse_stat(_read_bytes(f"{base}/stat").decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
             return None
         denied = False
 
-        def read(name: str, default: str = "") -> str:
+        def attempt(read, default):  # type: ignore[no-untyped-def]
             nonlocal denied
             try:
-                with open(self.path(pid, name)) as f:
-                    return f.read()
+                return read()
             except PermissionError:
                 denied = True
-            except OSError:
-                pass
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    raise _Vanished from exc
             return default
 
         try:
-            with open(self.path(pid, "cmdline"), "rb") as f:
-                cmdline = parse_cmdline(f.read())
-        except PermissionError:
-            denied, cmdline = True, ()
-        except OSError:
-            cmdline = ()
-        status = parse_status(read("status"))
-        cgroup = parse_cgroup(read("cgroup"))
-        try:
-            pidns = parse_ns_link(os.readlink(self.path(pid, "ns", "pid")))
-        except OSError:
-            pidns = None
+            cmdline = attempt(lambda: parse_cmdline(_read_bytes(f"{base}/cmdline")), ())
+            status = attempt(lambda: parse_status(_read_bytes(f"{base}/status").decode(errors="replace")),
+                             StatusFields(uid=None, nspid=()))
+            cgroup = (attempt(lambda: parse_cgroup(_read_bytes(f"{base}/cgroup").decode(errors="replace")), ())
+                      if with_cgroup else ())
+            pidns = attempt(lambda: parse_ns_link(os.readlink(f"{base}/ns/pid")), None)
+            fds = attempt(lambda: self._nvidia_fds(f"{base}/fd"), ())
+        except _Vanished:
+            return None
         return ProcessInfo(
             pid=pid,
             ppid=stat.ppid,
@@ -260,17 +292,23 @@ class Procfs:
             nspid=status.nspid or (pid,),
             pidns=pidns,
             cgroup=cgroup,
-            nvidia_fds=self.nvidia_fds(pid),
+            nvidia_fds=fds,
             rss_bytes=stat.rss_pages * self.page_size,
             access_denied=denied,
         )
 
-    def snapshot(self, pids: Iterable[int] | None = None, *, now: float) -> ProcessTable:
-        """Read every process (or the given pids) into a ProcessTable."""
+    def snapshot(
+        self, pids: Iterable[int] | None = None, *, now: float, with_cgroup: bool = True
+    ) -> ProcessTable:
+        """Read every process (or the given pids) into a ProcessTable.
+
+        ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers
+        (observe): one read in five, on a node with thousands of processes.
+        """
         boot = self.boot_time()
         processes: dict[int, ProcessInfo] = {}
         for pid in self.pids() if pids is None else pids:
-            proc = self.read_process(pid, boot)
+            proc = self.read_process(pid, boot, with_cgroup=with_cgroup)
             if proc is not None:
                 processes[pid] = proc
         children: dict[int, list[int]] = {}

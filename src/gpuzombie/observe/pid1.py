@@ -1,0 +1,100 @@
+"""Who is PID 1, and does it do an init's job (reap every zombie, forward signals)?
+
+The answer decides how the rest of the report reads the tree: under a single-child init every other
+child of PID 1 was re-parented to it; under ``sleep`` nothing is reaped and every child of PID 1 is
+either re-parented or was forked before the shell exec'd ``sleep``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
+
+
+class Pid1Kind(str, Enum):
+    INIT = "init"
+    """A reaping init that starts exactly one child (tini, dumb-init, catatonit, docker-init)."""
+    SUPERVISOR = "supervisor"
+    """A reaping init that starts many children (systemd, s6-svscan, runit, supervisord, init)."""
+    PAUSE = "pause"
+    """Kubernetes' pause container: reaps, starts nothing (shared process namespace)."""
+    NON_FORKING = "non_forking"
+    """A program that never forks or waits after its exec (sleep, tail -f): reaps nothing."""
+    SHELL = "shell"
+    """A shell: reaps only while it waits for its own jobs, forwards no SIGTERM to them."""
+    PROGRAM = "program"
+    """Anything else (python, java, node, ...): reaps nothing it did not start."""
+    UNKNOWN = "unknown"
+    """PID 1 could not be read."""
+
+
+_KINDS: dict[str, Pid1Kind] = {
+    **dict.fromkeys(("tini", "tini-static", "dumb-init", "catatonit", "docker-init"), Pid1Kind.INIT),
+    **dict.fromkeys(("systemd", "init", "s6-svscan", "runit", "runit-init", "runsvdir", "supervisord",
+                     "openrc-init", "my_init"), Pid1Kind.SUPERVISOR),
+    "pause": Pid1Kind.PAUSE,
+    **dict.fromkeys(("sleep", "tail"), Pid1Kind.NON_FORKING),
+    **dict.fromkeys(("sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"), Pid1Kind.SHELL),
+}
+
+_REAPS = {Pid1Kind.INIT, Pid1Kind.SUPERVISOR, Pid1Kind.PAUSE}
+
+_NOTES = {
+    Pid1Kind.INIT: "a reaping init: reaps every zombie re-parented to it and forwards signals to "
+                   "its one child",
+    Pid1Kind.SUPERVISOR: "a reaping init (service supervisor): reaps re-parented zombies",
+    Pid1Kind.PAUSE: "the pause container: reaps re-parented zombies, starts no process itself",
+    Pid1Kind.NON_FORKING: "NOT an init: never calls wait(), so every process re-parented to it "
+                          "stays a zombie after it exits; SIGTERM is not forwarded",
+    Pid1Kind.SHELL: "NOT an init: a shell reaps only while it waits for its own jobs and does not "
+                    "forward SIGTERM to them",
+    Pid1Kind.PROGRAM: "NOT an init: reaps nothing it did not start itself, forwards no signals",
+    Pid1Kind.UNKNOWN: "PID 1 is not readable here",
+}
+
+
+@dataclass(frozen=True)
+class Pid1:
+    """PID 1 of the namespace that was read."""
+
+    pid: int
+    comm: str | None
+    command: str | None
+    program: str | None
+    """The name the kind was decided on (the basename of argv[0], or the comm)."""
+    kind: Pid1Kind
+    is_reaping_init: bool
+    note: str
+
+
+def program_name(proc: ProcessInfo) -> str:
+    """The name to classify on: a known argv[0] basename (``/usr/bin/tini`` -> ``tini``), else comm.
+
+    argv[0] wins because comm is truncated to 15 characters and a symlinked ``/sbin/init`` keeps
+    its target's comm; comm wins when argv[0] is unknown (an interpreter running a script).
+    """
+    argv0 = os.path.basename(proc.cmdline[0]) if proc.cmdline else ""
+    if argv0 in _KINDS:
+        return argv0
+    if proc.comm in _KINDS:
+        return proc.comm
+    return argv0 or proc.comm
+
+
+def classify(proc: ProcessInfo | None) -> Pid1:
+    """Classify the process that is PID 1 (``None`` when it could not be read)."""
+    if proc is None:
+        return Pid1(pid=1, comm=None, command=None, program=None, kind=Pid1Kind.UNKNOWN,
+                    is_reaping_init=False, note=_NOTES[Pid1Kind.UNKNOWN])
+    name = program_name(proc)
+    kind = _KINDS.get(name, Pid1Kind.PROGRAM)
+    return Pid1(pid=proc.pid, comm=proc.comm, command=proc.command, program=name, kind=kind,
+                is_reaping_init=kind in _REAPS, note=_NOTES[kind])
+
+
+def find_pid1(table: ProcessTable) -> Pid1:
+    """PID 1 of the tree that was read (the container's init, or the host's)."""
+    return classify(table.get(1))

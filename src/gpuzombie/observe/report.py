@@ -1,0 +1,216 @@
+"""``observe()``: one snapshot of a PID namespace (or a node) and its GPUs, judged; and its JSON form.
+
+The JSON form (``ObserveReport.to_dict``) is a stable contract, schema ``gpuzombie.observe/1``,
+documented in the README; the lab and the pod scripts parse it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.gpu.attribution import (
+    DEFAULT_GHOST_THRESHOLD,
+    Attribution,
+    GpuProcessRef,
+    ReaderView,
+    Verdict,
+    attribute,
+    current_view,
+)
+from gpuzombie.gpu.nvml import MIB, GpuSnapshot, NvmlBackend, default_backend
+from gpuzombie.observe.orphans import ORPHAN, Orphan, Zombie, find_orphans, find_zombies, reader_chain
+from gpuzombie.observe.pid1 import Pid1, find_pid1
+from gpuzombie.proc.procfs import ProcessTable, Procfs
+
+SCHEMA = "gpuzombie.observe/1"
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """Where the report was taken from, and what it could not see."""
+
+    procfs: str
+    in_root_pidns: bool
+    own_pid: int | None
+    excluded_pids: tuple[int, ...]
+    """The observer and its exec chain: listed as processes, never as findings."""
+    is_root: bool
+    processes_seen: int
+    access_denied: int
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Summary:
+    zombies: int
+    orphans: int
+    orphaned_contexts: int
+    ghost_gpus: int
+    gpu_processes: int
+
+    @property
+    def healthy(self) -> bool:
+        return not (self.zombies or self.orphans or self.orphaned_contexts or self.ghost_gpus)
+
+
+@dataclass(frozen=True)
+class ObserveReport:
+    taken_at: float
+    view: ViewInfo
+    pid1: Pid1
+    table: ProcessTable
+    zombies: tuple[Zombie, ...]
+    orphans: tuple[Orphan, ...]
+    gpu: GpuSnapshot
+    attribution: Attribution
+    ghost_threshold: int
+
+    @property
+    def orphaned_contexts(self) -> tuple[GpuProcessRef, ...]:
+        """GPU memory attributed to a pid that is not alive (gone, or a zombie)."""
+        return tuple(r for r in self.attribution.processes if r.verdict in (Verdict.GONE, Verdict.ZOMBIE))
+
+    @property
+    def summary(self) -> Summary:
+        return Summary(
+            zombies=len(self.zombies),
+            orphans=sum(1 for o in self.orphans if o.verdict == ORPHAN),
+            orphaned_contexts=len(self.orphaned_contexts),
+            ghost_gpus=sum(1 for g in self.attribution.ghosts if g.flagged),
+            gpu_processes=len(self.attribution.processes),
+        )
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.OK if self.summary.healthy else ExitStatus.FINDINGS
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form (schema ``gpuzombie.observe/1``); memory in MiB."""
+        summary = self.summary
+        return {
+            "schema": SCHEMA,
+            "taken_at": self.taken_at,
+            "view": dataclasses.asdict(self.view),
+            "pid1": dataclasses.asdict(self.pid1),
+            "processes": [_process_dict(p, self.taken_at) for p in self.table],
+            "zombies": [dataclasses.asdict(z) for z in self.zombies],
+            "orphans": [dataclasses.asdict(o) for o in self.orphans],
+            "gpu": {
+                "available": self.gpu.available,
+                "reason": self.gpu.reason,
+                "driver_version": self.gpu.driver_version,
+                "devices": [_device_dict(d) for d in self.gpu.devices],
+            },
+            "gpu_processes": [_gpu_process_dict(r) for r in self.attribution.processes],
+            "fd_holders": [dataclasses.asdict(h) for h in self.attribution.fd_holders],
+            "ghosts": [_ghost_dict(g, self.ghost_threshold) for g in self.attribution.ghosts],
+            "orphaned_contexts": [_gpu_process_dict(r) for r in self.orphaned_contexts],
+            "summary": {**dataclasses.asdict(summary), "healthy": summary.healthy},
+        }
+
+
+def _mib(n: int | None) -> float | None:
+    return None if n is None else round(n / MIB, 1)
+
+
+def _process_dict(p: Any, now: float) -> dict[str, Any]:
+    return {"pid": p.pid, "ppid": p.ppid, "state": p.state, "uid": p.uid, "pgid": p.pgid,
+            "sid": p.sid, "nspid": list(p.nspid), "comm": p.comm, "command": p.command,
+            "age_s": round(max(0.0, now - p.start_time), 1), "nvidia_fds": list(p.nvidia_fds)}
+
+
+def _device_dict(d: Any) -> dict[str, Any]:
+    return {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_total_mib": _mib(d.memory_total),
+            "memory_used_mib": _mib(d.memory_used), "memory_free_mib": _mib(d.memory_free),
+            "memory_reserved_mib": _mib(d.memory_reserved), "processes": len(d.processes)}
+
+
+def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
+    return {"gpu_index": r.gpu_index, "gpu_uuid": r.gpu_uuid, "nvml_pid": r.nvml_pid,
+            "local_pid": r.local_pid, "host_pid": r.host_pid, "comm": r.comm, "kind": r.kind,
+            "used_memory_mib": _mib(r.used_memory), "verdict": r.verdict.value, "evidence": r.evidence}
+
+
+def _ghost_dict(g: Any, threshold: int) -> dict[str, Any]:
+    return {"gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, "used_mib": _mib(g.used),
+            "baseline_mib": _mib(g.baseline), "baseline_source": g.baseline_source,
+            "process_memory_mib": _mib(g.process_memory), "unexplained_mib": _mib(g.unexplained),
+            "threshold_mib": _mib(threshold), "verdict": g.verdict, "flagged": g.flagged,
+            "likely_causes": list(g.likely_causes)}
+
+
+def _read_gpus(nvml: NvmlBackend) -> GpuSnapshot:
+    """NVML absent or broken is a normal state of the report, never an error of observe."""
+    try:
+        return nvml.read()
+    except Exception as exc:  # a driver bug must not hide the process findings
+        return GpuSnapshot(available=False, reason=f"NVML failed: {type(exc).__name__}: {exc}")
+
+
+def _warnings(table: ProcessTable, is_root: bool) -> tuple[str, ...]:
+    denied = sum(1 for p in table if p.access_denied)
+    found = []
+    if not is_root:
+        found.append(f"not root: {denied} processes of other users could not be fully read (fds, "
+                     "cmdline); /dev/nvidia* holders among them are missing from this report")
+    elif denied:
+        found.append(f"{denied} processes could not be fully read (access denied)")
+    return tuple(found)
+
+
+def default_view(procfs: Procfs) -> ReaderView:
+    """The caller's own view; its pid applies only when it reads its own /proc."""
+    view = current_view()
+    if os.path.realpath(procfs.root) != "/proc":
+        return ReaderView(in_root_pidns=view.in_root_pidns, own_pid=None)
+    return view
+
+
+def observe(
+    procfs: Procfs | None = None,
+    nvml: NvmlBackend | None = None,
+    view: ReaderView | None = None,
+    *,
+    baseline: int | None = None,
+    ghost_threshold: int = DEFAULT_GHOST_THRESHOLD,
+    now: float | None = None,
+    is_root: bool | None = None,
+) -> ObserveReport:
+    """Snapshot the processes and GPUs and judge them: the seed's eight checks in one report.
+
+    Raises GpuzombieError (exit 2) when the procfs root itself cannot be read; everything else
+    (vanished processes, denied files, no NVML) is part of the report.
+    """
+    procfs = procfs or Procfs()
+    view = view or default_view(procfs)
+    now = time.time() if now is None else now
+    try:
+        table = procfs.snapshot(now=now, with_cgroup=False)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise GpuzombieError(f"cannot read procfs at {procfs.root}: {reason}", ExitStatus.ERROR) from exc
+    gpus = _read_gpus(nvml or default_backend())
+    excluded = reader_chain(table, view.own_pid)
+    pid1 = find_pid1(table)
+    attribution = attribute(table, gpus, view, baseline=baseline, threshold=ghost_threshold)
+    is_root = os.geteuid() == 0 if is_root is None else is_root
+    return ObserveReport(
+        taken_at=now,
+        view=ViewInfo(procfs=procfs.root, in_root_pidns=view.in_root_pidns, own_pid=view.own_pid,
+                      excluded_pids=excluded, is_root=is_root, processes_seen=len(table),
+                      access_denied=sum(1 for p in table if p.access_denied),
+                      warnings=_warnings(table, is_root)),
+        pid1=pid1,
+        table=table,
+        zombies=find_zombies(table, pid1, now=now),
+        orphans=find_orphans(table, pid1, exclude=frozenset(excluded), now=now),
+        gpu=gpus,
+        attribution=attribution,
+        ghost_threshold=ghost_threshold,
+    )
