@@ -1,0 +1,23 @@
+"""The preStop terminator: stop a pod's GPU holders and orphans before the grace period runs out.
+
+Standard library (+ NVML through gpuzombie.gpu.nvml) only: it runs inside the user's training image.
+"""
+
+from gpuzombie.prestop.handle import ProcessHandle, ProcessIdentity
+from gpuzombie.prestop.run import (
+    DEFAULT_KILL_WAIT,
+    DEFAULT_TIMEOUT,
+    PrestopReport,
+    plan_prestop,
+    render_text,
+    run_prestop,
+    summary_line,
+)
+from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, plan_targets
+from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
+
+__all__ = [
+    "DEFAULT_KILL_WAIT", "DEFAULT_TIMEOUT", "Excluded", "Outcome", "PrestopEvent", "PrestopPlan",
+    "PrestopReport", "ProcessHandle", "ProcessIdentity", "Target", "TargetResult", "execute_plan",
+    "plan_prestop", "plan_targets", "render_text", "run_prestop", "summary_line",
+]

@@ -1,0 +1,192 @@
+"""The kubelet's sequence, done early by the preStop hook: SIGTERM, wait, SIGKILL, confirm.
+
+While it waits it re-scans the namespace, so a child re-parented when its parent died (a new
+orphan) is stopped too. Time is injected (``clock``) so reports are exact and tests are fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gpuzombie.prestop.handle import Liveness, ProcessHandle, wait_any_exit
+from gpuzombie.prestop.targets import PrestopPlan, Target
+
+RESCAN_INTERVAL = 0.25
+
+
+class Outcome(str, Enum):
+    EXITED_AFTER_SIGTERM = "exited_after_sigterm"
+    EXITED_AFTER_SIGKILL = "exited_after_sigkill"
+    GONE_BEFORE_SIGNAL = "gone_before_signal"
+    PID_REUSED = "pid_reused_not_signalled"
+    SURVIVED = "survived"
+    WOULD_SIGNAL = "would_signal (dry run)"
+    DENIED = "permission_denied"
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    outcome: Outcome
+    signals: tuple[str, ...]
+    """Signals sent, as ``NAME@seconds`` after the start."""
+    exited_after_s: float | None
+    found_by_rescan: bool = False
+
+
+@dataclass(frozen=True)
+class PrestopEvent:
+    """One thing that happened, for a live log (a hook killed half-way still leaves a trace)."""
+
+    at_s: float
+    kind: str
+    pid: int | None
+    message: str
+
+
+@dataclass
+class _Tracked:
+    target: Target
+    handle: ProcessHandle | None
+    rescan: bool
+    signals: list[str] = field(default_factory=list)
+    outcome: Outcome | None = None
+    exited_after: float | None = None
+
+
+def execute_plan(
+    plan: PrestopPlan,
+    *,
+    procfs_root: str,
+    timeout: float,
+    kill_wait: float,
+    dry_run: bool = False,
+    rescan: Callable[[], PrestopPlan] | None = None,
+    on_event: Callable[[PrestopEvent], None] = lambda e: None,
+    clock: Callable[[], float] = time.monotonic,
+    use_pidfd: bool = True,
+) -> tuple[TargetResult, ...]:
+    """Stop every target of ``plan``; returns one result a target, in the order they were found."""
+    start = clock()
+
+    def now() -> float:
+        return round(clock() - start, 3)
+
+    def emit(kind: str, pid: int | None, message: str) -> None:
+        on_event(PrestopEvent(now(), kind, pid, message))
+
+    tracked: dict[tuple[int, int], _Tracked] = {}
+
+    def adopt(target: Target, found_by_rescan: bool, sig: int) -> None:
+        key = (target.pid, target.start_ticks)
+        if key in tracked:
+            return
+        item = _Tracked(target, None, found_by_rescan)
+        tracked[key] = item
+        what = f"pid {target.pid} ({target.comm}): {'; '.join(target.reasons)}"
+        if dry_run:
+            item.outcome = Outcome.WOULD_SIGNAL
+            emit("plan", target.pid, f"would send {signal.Signals(sig).name} to {what}")
+            return
+        handle, state = ProcessHandle.open(target.identity, procfs_root, use_pidfd=use_pidfd)
+        if handle is None:
+            item.outcome = Outcome.PID_REUSED if state is Liveness.REUSED else Outcome.GONE_BEFORE_SIGNAL
+            emit("skip", target.pid, f"not signalled: {item.outcome.value} ({what})")
+            return
+        item.handle = handle
+        send(item, sig)
+
+    def send(item: _Tracked, sig: int) -> None:
+        assert item.handle is not None
+        name = signal.Signals(sig).name
+        try:
+            state = item.handle.send(sig)
+        except PermissionError:
+            item.outcome = Outcome.DENIED
+            emit("error", item.target.pid, f"{name} refused: permission denied")
+            return
+        if state is Liveness.ALIVE:
+            item.signals.append(f"{name}@{now():.3f}")
+            emit("signal", item.target.pid, f"{name} -> pid {item.target.pid} ({item.target.comm}): "
+                 + "; ".join(item.target.reasons))
+        else:
+            finish(item, Outcome.PID_REUSED if state is Liveness.REUSED else _exit_outcome(item))
+
+    def finish(item: _Tracked, outcome: Outcome) -> None:
+        item.outcome = outcome
+        item.exited_after = now()
+        if item.handle is not None:
+            item.handle.close()
+        emit("exit", item.target.pid, f"pid {item.target.pid} ({item.target.comm}) gone after "
+             f"{item.exited_after:.3f} s ({outcome.value})")
+
+    def live() -> list[_Tracked]:
+        return [t for t in tracked.values() if t.outcome is None and t.handle is not None]
+
+    def reap_exits() -> None:
+        for item in live():
+            state = item.handle.liveness() if item.handle else Liveness.EXITED
+            if state is not Liveness.ALIVE:
+                finish(item, _exit_outcome(item))
+
+    def sweep(sig: int) -> None:
+        if rescan is None:
+            return
+        for target in rescan().targets:
+            adopt(target, True, sig)
+
+    for target in plan.targets:
+        adopt(target, False, signal.SIGTERM)
+    if dry_run:
+        return _results(tracked)
+
+    deadline = start + timeout
+    next_rescan = clock() + RESCAN_INTERVAL
+    while clock() < deadline:
+        reap_exits()
+        if clock() >= next_rescan:
+            sweep(signal.SIGTERM)
+            next_rescan = clock() + RESCAN_INTERVAL
+            if not live():
+                break  # everything exited and a fresh scan found nothing new
+        if not live() and rescan is None:
+            break
+        handles = [t.handle for t in live() if t.handle]
+        wait_any_exit(handles, max(0.0, min(deadline, next_rescan) - clock()))
+
+    reap_exits()
+    sweep(signal.SIGKILL)
+    for item in live():
+        if not any(s.startswith("SIGKILL") for s in item.signals):
+            send(item, signal.SIGKILL)
+    kill_deadline = clock() + kill_wait
+    while live() and clock() < kill_deadline:
+        wait_any_exit([t.handle for t in live() if t.handle], min(kill_deadline - clock(), RESCAN_INTERVAL))
+        reap_exits()
+    for item in live():
+        item.outcome = Outcome.SURVIVED
+        emit("survivor", item.target.pid, f"pid {item.target.pid} ({item.target.comm}) still alive "
+             f"{kill_wait:.1f} s after SIGKILL (D state in the driver?)")
+        if item.handle:
+            item.handle.close()
+    return _results(tracked)
+
+
+def _exit_outcome(item: _Tracked) -> Outcome:
+    if any(s.startswith("SIGKILL") for s in item.signals):
+        return Outcome.EXITED_AFTER_SIGKILL
+    if item.signals:
+        return Outcome.EXITED_AFTER_SIGTERM
+    return Outcome.GONE_BEFORE_SIGNAL
+
+
+def _results(tracked: dict[tuple[int, int], _Tracked]) -> tuple[TargetResult, ...]:
+    return tuple(
+        TargetResult(target=t.target, outcome=t.outcome or Outcome.SURVIVED, signals=tuple(t.signals),
+                     exited_after_s=t.exited_after, found_by_rescan=t.rescan)
+        for t in tracked.values()
+    )
