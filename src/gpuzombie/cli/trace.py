@@ -1,11 +1,71 @@
-"""`gpuzombie trace` (being built)."""
+"""`gpuzombie trace`: the seed's gpu-pod-trace.sh + node-observe.sh (table, or --json)."""
+
+from __future__ import annotations
+
+import os
+import time
 
 import click
 
+from gpuzombie.cli.common import echo_json, json_option, procfs_option
+from gpuzombie.cli.observe import _replayed
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, current_view
+from gpuzombie.gpu.nvml import MIB, default_backend
+from gpuzombie.k8s import cri
+from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
+from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.render import render_text
+from gpuzombie.trace.report import trace_node
+from gpuzombie.trace.scan import is_live_procfs
 
 
 @click.command()
-def command() -> None:
-    """Not built yet."""
-    raise GpuzombieError("'trace' is not built yet")
+@procfs_option
+@json_option
+@click.option("--crictl", "crictl_path", default=None, metavar="PATH",
+              help="crictl to ask for pod and container names. Default: crictl on PATH, if any.")
+@click.option("--crictl-timeout", type=click.FloatRange(min=0.1), default=cri.DEFAULT_TIMEOUT,
+              show_default=True, metavar="S", help="Give up on crictl after S seconds (ids only, a warning).")
+@click.option("--pod-resources-socket", default=DEFAULT_SOCKET, show_default=True, metavar="PATH",
+              help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.")
+@click.option("--ghost-threshold-mib", type=click.IntRange(min=0), default=DEFAULT_GHOST_THRESHOLD // MIB,
+              show_default=True, help="Flag a GPU when unexplained memory exceeds this.")
+@click.option("--baseline-mib", type=click.IntRange(min=0), default=None,
+              help="Memory used with no process at all. Default: the driver's reservation from NVML.")
+@click.option("--nvml-replay", type=click.Path(dir_okay=False), default=None, hidden=True,
+              help="Read NVML state from a JSON snapshot instead of the driver (tests, replays).")
+def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout: float,
+            pod_resources_socket: str, ghost_threshold_mib: int, baseline_mib: int | None,
+            nvml_replay: str | None) -> int:
+    """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
+    and pod, and each GPU's memory split into driver baseline, processes and ghost.
+
+    Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory),
+    2 error.
+    """
+    if not os.path.isdir(procfs):
+        raise GpuzombieError(f"procfs root {procfs} is not a directory")
+    if is_live_procfs(procfs) and os.geteuid() != 0:
+        raise GpuzombieError("trace reads every process's fds and cgroup: run it as root")
+    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
+        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")
+    try:
+        report = trace_node(
+            procfs=Procfs(procfs),
+            nvml=_replayed(nvml_replay) if nvml_replay else default_backend(),
+            view=current_view(),
+            names=lambda ids: cri.lookup(crictl_path, ids, timeout=crictl_timeout),
+            resources=list_pod_resources(pod_resources_socket),
+            now=time.time(),
+            baseline=None if baseline_mib is None else baseline_mib * MIB,
+            threshold=ghost_threshold_mib * MIB,
+        )
+    except OSError as exc:
+        raise GpuzombieError(f"cannot read {procfs}: {exc.strerror or exc}") from exc
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(render_text(report))
+    return int(ExitStatus.OK if report.summary.healthy else ExitStatus.FINDINGS)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_TIMEOUT = 5.0
+MAX_SINGLE_INSPECTS = 16
 POD_NAME = "io.kubernetes.pod.name"
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
 POD_UID = "io.kubernetes.pod.uid"
@@ -139,6 +140,28 @@ def parse_inspect(text: str) -> list[ContainerNames]:
     return [_container(d.get("status") or {}) for d in _json_documents(text) if isinstance(d, dict)]
 
 
+def _inspect(exe: str, ids: list[str], deadline: float, warnings: list[str]) -> list[ContainerNames]:
+    """Ids ``ps -a`` did not list (created since, or not the CRI's): one call for all; if one id
+    is unknown crictl fails them all, so then one call each, at most MAX_SINGLE_INSPECTS."""
+    try:
+        return parse_inspect(_run([exe, "inspect", "-o", "json", *ids], deadline))
+    except CrictlFailed as exc:
+        if len(ids) == 1:
+            warnings.append(f"crictl: {exc}")
+            return []
+    found: list[ContainerNames] = []
+    unknown = []
+    for cid in ids[:MAX_SINGLE_INSPECTS]:
+        try:
+            found.extend(parse_inspect(_run([exe, "inspect", "-o", "json", cid], deadline)))
+        except CrictlFailed:
+            unknown.append(cid[:13])
+    if unknown or len(ids) > MAX_SINGLE_INSPECTS:
+        warnings.append(f"crictl: {len(ids) - len(found)} container(s) unknown to the CRI runtime "
+                        f"(e.g. {', '.join(unknown[:3])}): shown by id")
+    return found
+
+
 def find_crictl(path: str | None) -> str | None:
     return path if path else shutil.which("crictl")
 
@@ -162,8 +185,7 @@ def lookup(crictl: str | None, container_ids: Iterable[str], *, timeout: float =
             containers.setdefault(s.container_id, s)
         missing = [cid for cid in wanted if cid not in containers]
         if missing:
-            for c in parse_inspect(_run([exe, "inspect", "-o", "json", *missing], deadline)):
-                containers[c.container_id] = c
+            containers.update((c.container_id, c) for c in _inspect(exe, missing, deadline, warnings))
     except CrictlFailed as exc:
         warnings.append(f"crictl: {exc}; showing ids for what it did not name (limit {timeout:g} s)")
     except (ValueError, AttributeError) as exc:
