@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
+
+from fakeproc import make_fake_proc
 
 from gpuzombie.proc.procfs import Procfs, parse_cmdline, parse_ns_link, parse_stat, parse_status
 
@@ -32,23 +33,6 @@ def test_parse_cmdline_and_ns_link():
     assert parse_cmdline(b"") == ()
     assert parse_ns_link("pid:[4026531836]") == 4026531836
     assert parse_ns_link("garbage") is None
-
-
-def make_fake_proc(root, pid, *, ppid, state="S", comm="python3", cmdline=b"python3\0", nspid=None,
-                   fds=(), starttime=1000):
-    d = root / str(pid)
-    (d / "fd").mkdir(parents=True)
-    (d / "ns").mkdir()
-    (d / "stat").write_text(
-        f"{pid} ({comm}) {state} {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {starttime} 0 10 0"
-    )
-    nspid = nspid or (pid,)
-    (d / "status").write_text(f"Name:\t{comm}\nUid:\t0\t0\t0\t0\nNSpid:\t" + "\t".join(map(str, nspid)) + "\n")
-    (d / "cmdline").write_bytes(cmdline)
-    (d / "cgroup").write_text("0::/kubepods.slice/x\n")
-    os.symlink("pid:[4026532000]", d / "ns" / "pid")
-    for i, target in enumerate(fds):
-        os.symlink(target, d / "fd" / str(i + 3))
 
 
 def test_fake_tree_snapshot(tmp_path):
