@@ -1,0 +1,209 @@
+"""The stop flag, the signal side channel and the deadline watchdog.
+
+Signal handlers do no work: a signal only sets a flag the training loop polls at a safe point
+(``should_stop()``). But a main thread stuck inside a collective never polls, and CPython runs
+Python-level handlers only in the main thread, between bytecodes. So the C-level handler's
+wakeup fd (``signal.set_wakeup_fd``) is read by a helper thread, which starts the deadline clock
+at once; if the process has not exited by the deadline, the watchdog aborts the process group and
+calls ``os._exit`` — no hang can keep the GPU memory past it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpuzombie.graceful import torchdist
+from gpuzombie.graceful.peers import PeerMonitor
+
+EXIT_PEER_LOST = 75
+"""A peer rank died: this rank stopped so its GPU is freed (EX_TEMPFAIL: restart the job)."""
+EXIT_DEADLINE = 124
+"""Cleanup did not finish within the deadline: the watchdog exited hard."""
+
+
+class Guard:
+    """One per process. ``install()`` makes one; ``should_stop()`` is the loop's check."""
+
+    def __init__(self, *, deadline_s: float = 10.0, peer_exit_s: float = 2.0,
+                 signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+                 log: Callable[[str], None] | None = None) -> None:
+        self.deadline_s = deadline_s
+        self.peer_exit_s = peer_exit_s
+        self.signals = tuple(signals)
+        self.log = log or _stderr
+        self.reason: str | None = None
+        self.exit_code = 0
+        self.stop_requested_at: float | None = None
+        self._stop = threading.Event()
+        self._held: list[Any] = []
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._cleaned = threading.Event()
+        self._previous: dict[int, Any] = {}
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._old_wakeup_fd = -1
+        self.peers: PeerMonitor | None = None
+
+    # -- the training script's side ---------------------------------------------------------
+    def should_stop(self) -> bool:
+        """True once a stop was requested: leave the loop at the next safe point."""
+        return self._stop.is_set()
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self._stop
+
+    def hold(self, *objects: Any) -> None:
+        """Keep references to big objects (tensors, models, optimizers) to drop at shutdown."""
+        self._held.extend(objects)
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` during shutdown, before the CUDA memory is freed (e.g. a quick checkpoint)."""
+        self._callbacks.append(fn)
+
+    def request_stop(self, reason: str, exit_code: int) -> None:
+        """Ask for a stop (signals and the peer monitor call this; so may the script)."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self.reason, self.exit_code = reason, exit_code
+            self.stop_requested_at = time.monotonic()
+            self._stop.set()
+        self.log(f"gpuzombie.graceful: stop requested: {reason}; exiting within {self.deadline_s:g} s")
+        threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
+
+    def shutdown(self, *, exit: bool = True) -> None:
+        """Clean up (callbacks, drop held objects, abort the process group, empty the CUDA cache)
+        and, when a stop was requested and ``exit`` is set, exit with the stop's code."""
+        if not self._cleaned.is_set():
+            for fn in self._callbacks:
+                try:
+                    fn()
+                except Exception as exc:
+                    self.log(f"gpuzombie.graceful: on_stop callback failed: {exc!r}")
+            self._held.clear()
+            what = torchdist.abort_process_group() if torchdist.dist_initialized() else "no process group"
+            freed = torchdist.free_cuda_memory()
+            self._cleaned.set()
+            self.log(f"gpuzombie.graceful: cleaned up ({what}; {freed})")
+        if exit and self._stop.is_set():
+            _flush()
+            sys.exit(self.exit_code)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(exit=True)
+
+    # -- machinery ---------------------------------------------------------------------------
+    def install(self) -> Guard:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("gpuzombie.graceful.install() must be called from the main thread")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal_in_main)
+        threading.Thread(target=self._signal_reader, name="gpuzombie-signals", daemon=True).start()
+        return self
+
+    def uninstall(self) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        signal.set_wakeup_fd(self._old_wakeup_fd)
+        if self.peers:
+            self.peers.stop()
+
+    def _on_signal_in_main(self, signum: int, frame: Any) -> None:
+        # Runs only when the main thread gets back to Python; the reader thread usually got there first.
+        self._signalled(signum)
+
+    def _signal_reader(self) -> None:
+        assert self._wake_r is not None
+        while True:
+            try:
+                data = self._wake_r.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in self.signals:
+                    self._signalled(signum)
+
+    def _signalled(self, signum: int) -> None:
+        # Both the reader thread and the main thread's handler see each signal: request_stop is
+        # idempotent, and the first stop's reason and code stand.
+        self.request_stop(signal.Signals(signum).name, 128 + signum)
+
+    def watch_process_group(self, *, timeout_s: float = 3.0, interval_s: float = 0.2) -> PeerMonitor | None:
+        """Start watching the other ranks of the initialised default process group."""
+        if not torchdist.dist_initialized():
+            return None
+        import torch.distributed as dist  # torch is imported already: dist_initialized() said so
+
+        store = None
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if host and port:
+            store = torchdist.dedicated_store_client(host, int(port), timeout_s)
+        store = store or torchdist.default_store()
+        monitor = PeerMonitor(self.peer_lost, interval_s=interval_s, timeout_s=timeout_s)
+        if store is not None:
+            monitor.watch_store(store, dist.get_rank(), dist.get_world_size())
+        monitor.start()
+        self.peers = monitor
+        return monitor
+
+    def watch_pids(self, pids: Iterable[int], *, interval_s: float = 0.2) -> PeerMonitor:
+        """Treat these local processes as peers (no torch needed): one exiting stops this one."""
+        monitor = PeerMonitor(self.peer_lost, interval_s=interval_s)
+        for pid in pids:
+            monitor.watch_pid(pid)
+        monitor.start()
+        self.peers = monitor
+        return monitor
+
+    def peer_lost(self, reason: str) -> None:
+        self.request_stop(f"peer lost: {reason}", EXIT_PEER_LOST)
+        # The main thread is most likely blocked in a collective with the dead rank: unblock it.
+        self.log(f"gpuzombie.graceful: {torchdist.abort_process_group()}")
+
+    def _watchdog(self) -> None:
+        assert self.stop_requested_at is not None
+        limit = self.deadline_s
+        if self.exit_code == EXIT_PEER_LOST:
+            limit = min(limit, self.peer_exit_s)
+        if self._cleaned.wait(limit):
+            # Cleanup finished; give the interpreter's own exit what is left of the deadline.
+            time.sleep(max(0.0, self.deadline_s - (time.monotonic() - self.stop_requested_at)))
+            code = self.exit_code
+        else:
+            code = EXIT_DEADLINE if self.exit_code != EXIT_PEER_LOST else EXIT_PEER_LOST
+        self.log(f"gpuzombie.graceful: deadline reached ({self.reason}): exiting hard with {code}")
+        _flush()
+        os._exit(code)
+
+
+def _stderr(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass

@@ -1,0 +1,148 @@
+"""gpuzombie.graceful with real child processes: signals, hanging cleanup, stuck main thread, dead peers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+PRELUDE = """
+import os, sys, time
+from gpuzombie import graceful
+"""
+
+
+def start(body: str, *args: str) -> subprocess.Popen:
+    """A child running ``body`` after installing the guard; waits for its "ready" line."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
+def wait_exit(proc: subprocess.Popen, limit: float) -> tuple[int, float]:
+    t0 = time.monotonic()
+    code = proc.wait(timeout=limit)
+    return code, time.monotonic() - t0
+
+
+def test_sigterm_stops_the_loop_and_exits_within_the_deadline():
+    proc = start("""
+        stop = graceful.install(deadline_s=5)
+        big = bytearray(50 << 20)
+        stop.hold(big)
+        del big
+        print("ready", flush=True)
+        steps = 0
+        while not stop.should_stop():
+            time.sleep(0.01); steps += 1
+        stop.shutdown()
+    """)
+    proc.send_signal(signal.SIGTERM)
+    code, took = wait_exit(proc, 5)
+    assert code == 128 + signal.SIGTERM
+    assert took < 1.0
+    err = proc.stderr.read()
+    assert "stop requested: SIGTERM" in err and "cleaned up" in err
+    assert "torch" not in err  # no torch import of its own
+
+
+def test_context_manager_and_sigint():
+    proc = start("""
+        with graceful.install(deadline_s=5) as stop:
+            print("ready", flush=True)
+            while not graceful.should_stop():
+                time.sleep(0.01)
+    """)
+    proc.send_signal(signal.SIGINT)
+    code, took = wait_exit(proc, 5)
+    assert code == 128 + signal.SIGINT and took < 1.0
+
+
+def test_hanging_cleanup_is_cut_at_the_deadline():
+    proc = start("""
+        stop = graceful.install(deadline_s=1.0)
+        stop.on_stop(lambda: time.sleep(3600))  # e.g. a checkpoint write that never returns
+        print("ready", flush=True)
+        while not stop.should_stop():
+            time.sleep(0.01)
+        stop.shutdown()
+    """)
+    proc.send_signal(signal.SIGTERM)
+    code, took = wait_exit(proc, 5)
+    assert code == graceful_exit_deadline()
+    assert 0.9 <= took < 2.0
+
+
+def test_main_thread_that_never_polls_is_cut_at_the_deadline():
+    # The main thread blocks in a read that never returns (as in a collective with a dead peer).
+    proc = start("""
+        stop = graceful.install(deadline_s=1.0)
+        r, w = os.pipe()
+        print("ready", flush=True)
+        os.read(r, 1)
+    """)
+    proc.send_signal(signal.SIGTERM)
+    code, took = wait_exit(proc, 5)
+    assert code == graceful_exit_deadline()
+    assert 0.9 <= took < 2.0
+
+
+def test_dead_peer_stops_this_process_fast():
+    peer = subprocess.Popen(["sleep", "60"])
+    proc = start("""
+        stop = graceful.install(deadline_s=30, peer_exit_s=1.0)
+        stop.watch_pids([int(sys.argv[1])])
+        print("ready", flush=True)
+        while not stop.should_stop():
+            time.sleep(0.01)
+        stop.shutdown()
+    """, str(peer.pid))
+    peer.kill()
+    peer.wait()
+    code, took = wait_exit(proc, 5)
+    assert code == 75
+    assert took < 1.0
+    assert "peer lost: peer pid" in proc.stderr.read()
+
+
+def test_dead_peer_with_a_stuck_main_thread_exits_within_peer_exit():
+    peer = subprocess.Popen(["sleep", "60"])
+    proc = start("""
+        stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
+        stop.watch_pids([int(sys.argv[1])])
+        r, w = os.pipe()
+        print("ready", flush=True)
+        os.read(r, 1)
+    """, str(peer.pid))
+    peer.kill()
+    peer.wait()
+    code, took = wait_exit(proc, 5)
+    assert code == 75 and took < 1.5
+
+
+def test_install_outside_the_main_thread_is_refused():
+    import threading
+
+    from gpuzombie.graceful import Guard
+
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, Guard().install)))
+    t.start()
+    t.join()
+    assert errors
+
+
+def graceful_exit_deadline() -> int:
+    from gpuzombie.graceful import EXIT_DEADLINE
+
+    return EXIT_DEADLINE
