@@ -53,7 +53,7 @@ def test_sigterm_stops_the_loop_and_exits_within_the_deadline():
     assert took < 1.0
     err = proc.stderr.read()
     assert "stop requested: SIGTERM" in err and "cleaned up" in err
-    assert "torch" not in err  # no torch import of its own
+    assert "torch not imported" in err  # it never imports torch itself
 
 
 def test_context_manager_and_sigint():
