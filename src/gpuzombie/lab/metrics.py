@@ -1,0 +1,99 @@
+"""The seed's numbers from a scenario's samples and events: release latency, grace waste, ...
+
+Pure functions over ``Sample``s (seconds on the events' clock, bytes held), so they are tested on
+hand-made series. "Released" means held memory at or below a threshold (half of one worker's
+size by default) from that sample on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuzombie.lab.sampler import Sample
+
+GIB = 1024**3
+
+
+def released_at(samples: Sequence[Sample], after: float, threshold: int) -> float | None:
+    """The first time at or after ``after`` from which held memory stays ≤ ``threshold``."""
+    found: float | None = None
+    for s in samples:
+        if s.t < after:
+            continue
+        if s.held_bytes <= threshold:
+            if found is None:
+                found = s.t
+        else:
+            found = None
+    return found
+
+
+def held_at(samples: Sequence[Sample], t: float) -> int:
+    """Held memory of the last sample at or before ``t`` (0 before the first)."""
+    held = 0
+    for s in samples:
+        if s.t > t:
+            break
+        held = s.held_bytes
+    return held
+
+
+def dropped_at(samples: Sequence[Sample], after: float, amount: int) -> float | None:
+    """The first time after ``after`` when held memory is ``amount`` below its level at ``after``."""
+    level = held_at(samples, after)
+    return next((s.t for s in samples if s.t >= after and s.held_bytes <= level - amount), None)
+
+
+def integral_gib_s(samples: Sequence[Sample], start: float, end: float) -> float:
+    """∫ held dt from ``start`` to ``end`` in GiB·s (trapezoids, clipped to the window)."""
+    if end <= start:
+        return 0.0
+    total = 0.0
+    points = [(s.t, float(s.held_bytes)) for s in samples]
+    for (t0, h0), (t1, h1) in zip(points, points[1:]):
+        lo, hi = max(t0, start), min(t1, end)
+        if hi <= lo or t1 == t0:
+            continue
+        slope = (h1 - h0) / (t1 - t0)
+        total += (h0 + slope * (lo - t0) + h0 + slope * (hi - t0)) / 2 * (hi - lo)
+    return total / GIB
+
+
+def sampling_stats(samples: Sequence[Sample]) -> dict[str, float]:
+    """How regular the sampling was: count, mean and max interval (ms)."""
+    gaps = [b.t - a.t for a, b in zip(samples, samples[1:])]
+    return {
+        "count": len(samples),
+        "mean_interval_ms": round(1000 * sum(gaps) / len(gaps), 2) if gaps else 0.0,
+        "max_interval_ms": round(1000 * max(gaps), 2) if gaps else 0.0,
+    }
+
+
+def scenario_metrics(*, samples: Sequence[Sample], marks: dict[str, float | None], grace: float,
+                     worker_bytes: int) -> dict[str, float | bool | None]:
+    """Release latency, grace waste and the kill -9 comparison, from the samples and event times.
+
+    ``marks`` holds the event times: delete, sigkill (None when PID 1 exited within the grace),
+    pod_exit and kill9. Memory counts as released at half of one worker's size or less.
+    """
+    threshold = worker_bytes // 2
+    delete, sigkill, pod_exit, kill9 = (marks.get(k) for k in ("delete", "sigkill", "pod_exit", "kill9"))
+    assert delete is not None
+    free = released_at(samples, delete, threshold)
+    end = free if free is not None else (samples[-1].t if samples else delete)
+    kill9_free = dropped_at(samples, kill9, threshold) if kill9 is not None else None
+    latency = None if free is None else free - delete
+    kill9_latency = None if kill9_free is None or kill9 is None else kill9_free - kill9
+    return {
+        "held_at_delete_mib": round(held_at(samples, delete) / 1024**2, 1),
+        "release_latency_s": None if latency is None else round(latency, 3),
+        "released_at_s": None if free is None else round(free, 3),
+        "grace_s": grace,
+        "waited_whole_grace": sigkill is not None,
+        "pod_exit_after_delete_s": None if pod_exit is None else round(pod_exit - delete, 3),
+        "sigkill_to_free_s": None if sigkill is None or free is None else round(free - sigkill, 3),
+        "grace_waste_gib_s": round(integral_gib_s(samples, delete, end), 3),
+        "kill9_to_free_s": None if kill9_latency is None else round(kill9_latency, 3),
+        "release_within_2x_kill9": (None if latency is None or kill9_latency is None
+                                    else latency <= 2 * max(kill9_latency, 0.01)),
+    }

@@ -1,0 +1,133 @@
+"""One observation point of a scenario: the lab's own count from the host, and ``gpuzombie
+observe`` run inside the pod (``nsenter``, like ``kubectl exec ... observe.sh`` in the seed).
+
+The host-side count does not depend on observe: zombies are the pod's processes in state Z,
+orphans its live workers whose parent is the namespace's PID 1 (they were started by the parent,
+not by PID 1). Observe's own JSON ``summary`` is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuzombie.lab.pod import Pod
+from gpuzombie.proc.procfs import Procfs, ProcessInfo, ProcessTable
+
+OBSERVE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class PodProcess:
+    host_pid: int
+    pod_pid: int
+    ppid: int
+    state: str
+    role: str
+    """pid1, parent, worker, victim (the worker killed with kill -9), or other."""
+    rss_bytes: int
+    command: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    point: str
+    t: float
+    zombies: int
+    orphans: int
+    processes: tuple[PodProcess, ...]
+    observe_rc: int | None
+    observe_summary: Mapping[str, Any] | None
+    observe_error: str | None
+
+
+def python_module(cmdline: tuple[str, ...] | list[str]) -> str | None:
+    """``python3 -m <module> ...`` -> module (a shell whose -c string names it does not count)."""
+    args = list(cmdline)
+    if len(args) >= 3 and args[1] == "-m" and "python" in args[0].rsplit("/", 1)[-1]:
+        return args[2]
+    return None
+
+
+def role_of(proc: ProcessInfo, pid1: int, roles: Mapping[int, str]) -> str:
+    if proc.pid == pid1:
+        return "pid1"
+    if proc.pid in roles:
+        return roles[proc.pid]
+    module = python_module(proc.cmdline)
+    if module == "gpuzombie.workloads.parent":
+        return "parent"
+    if module in ("gpuzombie.workloads.worker", "gpuzombie.workloads.worker_fixed"):
+        return "worker"
+    return "other"
+
+
+def pod_table(pod: Pod) -> ProcessTable:
+    return Procfs("/proc").snapshot(pids=pod.processes(), now=time.time())
+
+
+def host_view(pod: Pod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
+    table = pod_table(pod)
+    return tuple(
+        PodProcess(host_pid=p.pid, pod_pid=p.innermost_pid, ppid=p.ppid, state=p.state,
+                   role=role_of(p, pod.pid1, roles), rss_bytes=p.rss_bytes, command=p.command)
+        for p in sorted(table, key=lambda p: p.innermost_pid)
+    )
+
+
+def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
+    """(zombies, orphans) as the seed counted them."""
+    zombies = sum(1 for p in processes if p.state == "Z")
+    orphans = sum(1 for p in processes
+                  if p.state != "Z" and p.ppid == pid1 and p.role in ("worker", "victim"))
+    return zombies, orphans
+
+
+def run_observe(pod: Pod, *, as_json: bool) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "gpuzombie", "observe"] + (["--json"] if as_json else [])
+    return pod.exec(argv, timeout=OBSERVE_TIMEOUT_S)
+
+
+def observe(pod: Pod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
+    """Take one observation; returns it and the text for ``observe-<point>.log``."""
+    processes = host_view(pod, roles) if pod.running else ()
+    zombies, orphans = count(processes, pod.pid1)
+    rc: int | None = None
+    summary: Mapping[str, Any] | None = None
+    error: str | None = None
+    observe_text = ""
+    if pod.running:
+        done = run_observe(pod, as_json=True)
+        rc = done.returncode
+        try:
+            summary = json.loads(done.stdout)["summary"]
+        except (ValueError, KeyError, TypeError):
+            last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
+            error = f"observe gave no JSON summary (exit {rc}): {last}"
+        text_run = run_observe(pod, as_json=False)
+        observe_text = (text_run.stdout + text_run.stderr).rstrip()
+    obs = Observation(point=point, t=t, zombies=zombies, orphans=orphans, processes=processes,
+                      observe_rc=rc, observe_summary=summary, observe_error=error)
+    return obs, render_observation(obs, observe_text)
+
+
+def render_observation(obs: Observation, observe_text: str) -> str:
+    lines = [f"# observation: {obs.point} (t = {obs.t:.3f} s)",
+             f"# lab count from the host: zombies={obs.zombies} orphans={obs.orphans}",
+             f"{'HOST_PID':>8} {'POD_PID':>7} {'PPID':>7} {'STATE':>5} {'ROLE':<7} COMMAND"]
+    lines += [f"{p.host_pid:>8} {p.pod_pid:>7} {p.ppid:>7} {p.state:>5} {p.role:<7} {p.command[:100]}"
+              for p in obs.processes]
+    if not obs.processes:
+        lines.append("(the pod has no process)")
+    lines += ["", "# gpuzombie observe (run inside the pod with nsenter --pid --mount)"]
+    if obs.observe_summary is not None:
+        lines.append(f"# summary: {json.dumps(obs.observe_summary)}")
+    if obs.observe_error:
+        lines.append(f"# {obs.observe_error}")
+    lines.append(observe_text or "(not run: the pod is gone)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,229 @@
+"""A "pod" without a cluster: a fresh PID + mount namespace whose PID 1 is the scenario's init.
+
+Started as ``unshare --pid --fork --mount-proc --kill-child <init argv>``. Deleting it follows the
+kubelet: the preStop hook first (run inside the namespace), then SIGTERM to the namespace's PID 1,
+then SIGKILL when the grace period, counted from the deletion request, runs out. SIGTERM to the
+``unshare`` process would be ignored (it only waits), so PID 1 is signalled directly; a PID 1 with
+no handler for SIGTERM ignores it (the kernel protects a namespace's init), which is the seed's
+grace-period waste. ``--kill-child`` is only the backstop if the lab itself dies.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from gpuzombie.lab.events import EventLog
+
+UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+# If the lab itself dies, the kernel SIGKILLs unshare, and --kill-child takes the pod with it.
+PDEATHSIG = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
+INITS = ("sleep", "tini", "tini-g", "dumb-init")
+
+
+class PodError(RuntimeError):
+    """The pod could not be started or cleaned up."""
+
+
+def init_argv(init: str, main_command: str) -> list[str]:
+    """PID 1 and the container's command, as the scenario says.
+
+    ``sleep``: the seed's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
+    which becomes PID 1 and never reaps). With an init, the shell runs the main command in the
+    foreground and then execs sleep, so the parent's orphans are re-parented to the init, as when
+    ``kubectl exec`` starts parent.py in a tini container.
+    """
+    if init == "sleep":
+        return ["sh", "-c", f"{main_command} & exec sleep infinity"]
+    shell = ["sh", "-c", f"{main_command}; exec sleep infinity"]
+    if init == "tini":
+        return ["tini", "-s", "--", *shell]
+    if init == "tini-g":
+        return ["tini", "-s", "-g", "--", *shell]
+    if init == "dumb-init":
+        return ["dumb-init", "--", *shell]
+    raise PodError(f"unknown init {init!r} (one of {', '.join(INITS)})")
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children from /proc/<pid>/task/*/children (empty when the process is gone)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def pidns_of(pid: int) -> int | None:
+    try:
+        target = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    return int(target[target.index("[") + 1 : -1])
+
+
+def pids_in_pidns(pidns: int) -> list[int]:
+    """Every host pid whose PID namespace is ``pidns`` (zombies included)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and pidns_of(int(name)) == pidns:
+            found.append(int(name))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What deleting the pod took, on the events' clock."""
+
+    requested_at: float
+    grace_s: float
+    prestop_rc: int | None
+    prestop_stdout: str
+    prestop_stderr: str
+    sigterm_at: float
+    sigkill_at: float | None
+    exited_at: float
+    pod_exit_code: int | None
+    leftovers: tuple[int, ...]
+
+
+class Pod:
+    """One pod: start it, run commands inside it (nsenter), delete it like the kubelet."""
+
+    def __init__(self, name: str, init: str, main_command: Sequence[str], *, log: IO[str],
+                 events: EventLog, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.init = init
+        self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command))]
+        self.launch = [*PDEATHSIG, *self.argv]
+        self.log = log
+        self.events = events
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid1 = 0
+        self.pidns = 0
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.proc = subprocess.Popen(self.launch, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            kids = children_of(self.proc.pid)
+            if kids:
+                self.pid1 = kids[0]
+                ns = pidns_of(self.pid1)
+                if ns is not None and ns != pidns_of(os.getpid()):
+                    self.pidns = ns
+                    self.events.add("pod-start", f"{self.init} as PID 1 (host pid {self.pid1})")
+                    return
+            if self.proc.poll() is not None:
+                raise PodError(f"pod {self.name}: unshare exited with {self.proc.returncode}")
+            time.sleep(0.005)
+        self.kill()
+        raise PodError(f"pod {self.name}: no PID 1 appeared within {timeout:.0f} s")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def processes(self) -> list[int]:
+        """Host pids of every process of the pod, PID 1 first."""
+        pids = pids_in_pidns(self.pidns) if self.pidns else []
+        return sorted(pids, key=lambda p: (p != self.pid1, p))
+
+    def tree(self) -> list[int]:
+        """PID 1 and its descendants: cheaper than ``processes()`` (what the sampler uses)."""
+        if not self.running:
+            return []
+        found, stack = [], [self.pid1]
+        while stack:
+            pid = stack.pop()
+            found.append(pid)
+            stack.extend(children_of(pid))
+        return found
+
+    def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the pod's PID and mount namespaces (``kubectl exec``)."""
+        cmd = ["nsenter", "--target", str(self.pid1), "--pid", "--mount", *argv]
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+            return subprocess.CompletedProcess(cmd, 124, out or "", f"timed out after {timeout:.1f} s")
+
+    def wait_exit(self, until: float) -> bool:
+        """Wait until the pod is gone or the events' clock reaches ``until``."""
+        assert self.proc is not None
+        while self.events.now() < until:
+            if self.proc.poll() is not None:
+                return True
+            time.sleep(0.002)
+        return self.proc.poll() is not None
+
+    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
+        """The kubelet's order: preStop, SIGTERM to PID 1, SIGKILL at the end of the grace."""
+        assert self.proc is not None
+        requested = self.events.add("delete", f"grace {grace:g} s").t
+        deadline = requested + grace
+        prestop_rc, prestop_out, prestop_err = None, "", ""
+        if prestop:
+            self.events.add("prestop-start", shlex.join(prestop))
+            budget = max(0.1, deadline - self.events.now())
+            done = self.exec(prestop, timeout=budget)
+            prestop_rc, prestop_out, prestop_err = done.returncode, done.stdout, done.stderr
+            self.events.add("prestop-end", f"exit {prestop_rc}")
+        sigterm_at = self.events.add("sigterm", f"PID 1 (host pid {self.pid1})").t
+        self._signal_pid1(signal.SIGTERM)
+        sigkill_at = None
+        if not self.wait_exit(deadline):
+            sigkill_at = self.events.add("sigkill", "grace period over: PID 1 and so the namespace").t
+            self._signal_pid1(signal.SIGKILL)
+            if not self.wait_exit(self.events.now() + 10.0):
+                self.kill()
+        exited = self.events.add("pod-exit", f"unshare exit {self.proc.returncode}").t
+        leftovers = self.leftovers()
+        return Deletion(requested_at=requested, grace_s=grace, prestop_rc=prestop_rc,
+                        prestop_stdout=prestop_out, prestop_stderr=prestop_err, sigterm_at=sigterm_at, sigkill_at=sigkill_at,
+                        exited_at=exited, pod_exit_code=self.proc.returncode, leftovers=leftovers)
+
+    def leftovers(self) -> tuple[int, ...]:
+        """Processes of the pod still there after it exited (must be none)."""
+        deadline = time.monotonic() + 2.0
+        left = self.processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left = self.processes()
+        return tuple(left)
+
+    def _signal_pid1(self, sig: int) -> None:
+        # Only while unshare still runs: afterwards the pid may belong to someone else.
+        if not self.running:
+            return
+        try:
+            os.kill(self.pid1, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """Backstop: SIGKILL PID 1 (the kernel then kills the namespace) and unshare; reap."""
+        self._signal_pid1(signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)

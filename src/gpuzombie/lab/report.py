@@ -1,0 +1,308 @@
+"""Render a lab run from results.json: comparison.md (the seed's final table, measured), each
+scenario's notes.md, and the memory-over-time plots. ``gpuzombie lab report DIR`` calls ``build``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Entry = Mapping[str, Any]
+BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
+MARKED_EVENTS = ("spawn", "parent-exit", "kill-9", "delete", "prestop-start", "prestop-end",
+                 "sigterm", "sigkill", "pod-exit", "memory-released")
+
+
+def load(out_dir: Path) -> dict[str, Any]:
+    from gpuzombie.lab.results import RESULTS_JSON
+
+    return json.loads((out_dir / RESULTS_JSON).read_text())
+
+
+def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
+    return next((o for o in entry["observations"] if o["point"] == point), {})
+
+
+def _outcomes(entry: Entry) -> list[str]:
+    return [o["outcome"] for o in (entry["deletion"].get("prestop_outcomes") or [])]
+
+
+def _secs(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f} s"
+
+
+# Each row: the seed's value per scenario, whether the seed's value means "yes" for the row's
+# question, and how to read our answer (text, yes/no) from a scenario's entry.
+Row = tuple[str, Sequence[str], Sequence[bool], Callable[[Entry], tuple[str, bool]]]
+
+
+def _zombies(e: Entry) -> tuple[str, bool]:
+    z = _obs(e, "after-kill").get("zombies", 0)
+    return (f"❌ {z} zombie(s) after kill -9, never reaped" if z else "✅ reaped (0 zombies after kill -9)",
+            z > 0)
+
+
+def _orphans(e: Entry) -> tuple[str, bool]:
+    o = _obs(e, "after-spawn").get("orphans", 0)
+    reaped = " and reaped after kill -9" if e.get("victim_reaped") else ""
+    return (f"✅ {o} (PPID = PID 1{reaped})" if o else "none", o > 0)
+
+
+def _sigterm(e: Entry) -> tuple[str, bool]:
+    outcomes, m = _outcomes(e), e["metrics"]
+    if "exited_after_sigterm" in outcomes:
+        return "✅ graceful: exited on preStop's SIGTERM", True
+    if "exited_after_sigkill" in outcomes:
+        t = e["config"]["prestop_timeout"]
+        return f"❌ SIG_IGN: killed by preStop's SIGKILL fallback after {t:g} s", False
+    if m["waited_whole_grace"]:
+        return f"❌ SIG_IGN; PID 1 ({e['init']}) drops SIGTERM: SIGKILL at the grace's end", False
+    return (f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the "
+            "namespace", False)
+
+
+def _kill9(e: Entry) -> tuple[str, bool]:
+    t = e["metrics"]["kill9_to_free_s"]
+    ctx = (_obs(e, "after-kill").get("observe_summary") or {}).get("orphaned_contexts")
+    what = "RSS" if e["cpu_standin"] else "GPU memory"
+    text = f"❌ none: {what} freed {_secs(t)} after kill -9" if t is not None else "⚠️ not freed"
+    if ctx:
+        text += f"; observe: {ctx} orphaned context(s)"
+    return text, t is None or bool(ctx)
+
+
+def _hold_time(e: Entry) -> tuple[str, bool]:
+    m = e["metrics"]
+    whole = m["waited_whole_grace"] or (m["release_latency_s"] or 0) >= 0.9 * m["grace_s"]
+    text = _secs(m["release_latency_s"]) + (" (whole grace)" if whole else "")
+    return text, whole
+
+
+def _after_delete(e: Entry) -> tuple[str, bool]:
+    m = e["metrics"]
+    freed = m["released_at_s"] is not None
+    return (f"✅ freed {_secs(m['release_latency_s'])} after deletion" if freed else "❌ still held",
+            freed)
+
+
+def _waste(e: Entry) -> tuple[str, bool]:
+    m = e["metrics"]
+    # "Wasted" when the memory outlived a quarter of the grace: the seed's 30 s vs its 0 s.
+    return f"{m['grace_waste_gib_s']:.2f}", (m["release_latency_s"] or m["grace_s"]) >= 0.25 * m["grace_s"]
+
+
+def _reboot(e: Entry) -> tuple[str, bool]:
+    left = e["deletion"]["leftovers"]
+    freed = e["metrics"]["released_at_s"] is not None
+    return ("❌ not needed" if freed and not left else f"⚠️ {len(left)} process(es) left"), bool(left) or not freed
+
+
+ROWS: tuple[Row, ...] = (
+    ("Zombies (좀비 수거)", ("❌ occur (1–10)", "✅ tini reaps", "✅", "✅"), (True, False, False, False),
+     _zombies),
+    ("Orphans (고아 발생)", ("✅ (PPID=1)", "✅ but tini reaps", "✅ but reaped", "none (handler cleans up)"),
+     (True, True, True, False), _orphans),
+    ("SIGTERM handling", ("❌ SIG_IGN", "❌ SIG_IGN", "❌ but preStop tries cleanup", "✅ graceful"),
+     (False, False, False, True), _sigterm),
+    ("Orphaned CUDA ctx after kill -9", ("❌ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
+     (False, False, False, False), _kill9),
+    ("Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)",
+     ("30 s (whole grace)", "30 s (no handler)", "30 s (worker ignores)", "0 s ⭐"),
+     (True, True, True, False), _hold_time),
+    ("Memory after pod deletion", ("✅ freed (after SIGKILL)", "✅ freed", "✅ freed", "✅ freed at once"),
+     (True, True, True, True), _after_delete),
+    ("Grace waste (GiB·s)", ("≈74 per worker (740 with 10 workers)", "as S1 (expected)", "as S1 (expected)", "0"),
+     (True, True, True, False), _waste),
+    ("Node reboot needed", ("❌ not needed", "❌", "❌", "❌"), (False, False, False, False), _reboot),
+)
+
+
+def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry], tuple[str, bool]]) -> str:
+    if entry is None:
+        return f"not run (seed: {seed})"
+    text, yes = read(entry)
+    return text if yes == seed_yes else f"{text}<br>**seed expected: {seed}**"
+
+
+def comparison_md(data: Mapping[str, Any]) -> str:
+    scenarios: Mapping[str, Entry] = data.get("scenarios", {})
+    prov = data.get("provenance", {})
+    base = [scenarios.get(k) for k in BASE]
+    first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
+    lines = ["# Comparison: the seed's four scenarios, measured", ""]
+    if first is not None and first["cpu_standin"]:
+        lines += ["> **CPU STAND-IN**: no GPU was used. \"Memory\" below is host memory (RSS) of the",
+                  "> workers, standing in for GPU memory; the process and signal behaviour is real.", ""]
+    gpu = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in prov.get("gpus", [])) or "none"
+    lines += [
+        f"- date: {prov.get('date_utc')} · machine: {prov.get('hostname')} ({prov.get('cpu')}, "
+        f"{prov.get('cpus')} CPUs) · kernel: {prov.get('kernel')} · cgroup {prov.get('cgroup')}",
+        f"- GPU: {gpu} · driver: {prov.get('driver') or '—'} · torch: {prov.get('torch') or '—'}",
+        f"- command: `{prov.get('command')}`",
+    ]
+    if first is not None:
+        c = first["config"]
+        lines.append(f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
+                     f"(+1 killed with kill -9) · {c['size_mib']} MiB each · memory: {first['memory']}")
+    lines += ["", "Cells show our measurement; where it disagrees with the seed's value the seed's is "
+              "beside it in bold (the seed measured S1 and expected S2–S4).", "",
+              "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |", "|---|---|---|---|---|"]
+    for label, seed, seed_yes, read in ROWS:
+        cells = [_cell(e, s, y, read) for e, s, y in zip(base, seed, seed_yes)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    nccl = data.get("nccl")
+    lines.append("| NCCL hang: GPU memory held | 5.7 GB held until the pod is deleted (seed, measured) | "
+                 "same (expected) | preStop cannot end the hang (expected) | NCCL_ASYNC + "
+                 "destroy_process_group (expected) |" if nccl is None else
+                 "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |")
+    lines += ["", "## Measured only", "", "| | " + " | ".join(BASE) + " |", "|---|---|---|---|---|"]
+    extra: tuple[tuple[str, Callable[[Entry], str]], ...] = (
+        ("PID 1", lambda e: f"`{e['init']}`"),
+        ("memory held at deletion (MiB)", lambda e: f"{e['metrics']['held_at_delete_mib']:.0f}"),
+        ("deletion → memory free", lambda e: _secs(e["metrics"]["release_latency_s"])),
+        ("deletion → pod gone", lambda e: _secs(e["metrics"]["pod_exit_after_delete_s"])),
+        ("SIGKILL at grace end → free", lambda e: _secs(e["metrics"]["sigkill_to_free_s"])),
+        ("kill -9 of a worker → its memory free", lambda e: _secs(e["metrics"]["kill9_to_free_s"])),
+        ("deletion → free ≤ 2 × (kill -9 → free)", lambda e: {True: "✅", False: "❌", None: "—"}[
+            e["metrics"]["release_within_2x_kill9"]]),
+        ("preStop exit code / outcomes", lambda e: "—" if e["deletion"]["prestop_rc"] is None else
+         f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"),
+        ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
+        ("zombies spawn / kill / delete", lambda e: " / ".join(
+            str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete"))),
+        ("observe summary after kill", lambda e: _observe_summary(_obs(e, "after-kill"))),
+        ("processes left after deletion", lambda e: str(len(e["deletion"]["leftovers"]))),
+        ("sampler: samples, mean interval, CPU", lambda e: f"{e['sampler']['count']}, "
+         f"{e['sampler']['mean_interval_ms']} ms, {e['sampler']['cpu_percent_of_one_core']}% of a core"),
+    )
+    for label, fn in extra:
+        lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
+    variants = [k for k in scenarios if k not in BASE]
+    if variants:
+        lines += ["", "## Variants", "", "| run | PID 1 | workers | memory | uid | zombies after kill | "
+                  "deletion → free | waited whole grace | grace waste (GiB·s) | kill -9 → free |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for k in variants:
+            e = scenarios[k]
+            m, c = e["metrics"], e["config"]
+            lines.append(f"| {k} | `{e['init']}` | {c['workers']} | {c['backend']} | {c['uid'] or '—'} | "
+                         f"{_obs(e, 'after-kill').get('zombies')} | {_secs(m['release_latency_s'])} | "
+                         f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
+                         f"{_secs(m['kill9_to_free_s'])} |")
+    if nccl is not None:
+        lines += ["", "## NCCL", "", "Written by `gpuzombie lab run --scenario nccl` (files under nccl/):",
+                  "", "```json", json.dumps(nccl, indent=1)[:6000], "```"]
+    lines += ["", "Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
+              "events marked); each scenario's folder has its own memory.png and notes.md.", ""]
+    return "\n".join(lines)
+
+
+def _observe_summary(obs: Mapping[str, Any]) -> str:
+    s = obs.get("observe_summary")
+    if not s:
+        return obs.get("observe_error") or "—"
+    return f"zombies {s.get('zombies')}, orphans {s.get('orphans')}, orphaned ctx {s.get('orphaned_contexts')}"
+
+
+def notes_for(key: str, e: Entry) -> str:
+    """A scenario's notes.md."""
+    m, c, d = e["metrics"], e["config"], e["deletion"]
+    number = e["scenario"]["number"]
+    lines = [f"# {key}: scenario {number}, {e['scenario']['title']}", ""]
+    if e["cpu_standin"]:
+        lines += ["> **CPU STAND-IN**: no GPU was used; memory is the workers' host RSS.", ""]
+    lines += [f"- memory: {e['memory']} ({c['size_mib']} MiB per worker, sampled: {e['probe']})",
+              f"- pod: `{e['pod_command']}`",
+              f"- grace {c['grace']:g} s; preStop: "
+              + (f"`gpuzombie prestop --timeout {c['prestop_timeout']:g} --kill-wait "
+                 f"{c['prestop_kill_wait']:g}`" if e["scenario"]["prestop"] else "none"),
+              f"- command: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}",
+              "", "## What happened", ""]
+    for label, seed, seed_yes, read in ROWS:
+        text, yes = read(e)
+        idx = number - 1
+        differs = "" if yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
+        lines.append(f"- {label}: {text}{differs}")
+    lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
+    lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
+    lines += ["", "## Numbers", "", "```json", json.dumps(m, indent=1), "```",
+              f"", f"Sampler: {e['sampler']}", ""]
+    if d.get("prestop_log"):
+        lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
+    if e["init"] != "sleep" and not e["scenario"]["prestop"] and not m["waited_whole_grace"]:
+        lines += ["## Why the grace was not used up", "",
+                  f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
+                  "child died, the init exited with it, and the kernel SIGKILLs every process of a PID "
+                  "namespace whose init exits, the SIGTERM-ignoring workers included. The seed "
+                  "expected the whole grace here; an init whose main child survives SIGTERM (or a "
+                  "worker that is the main process) would use it up.", ""]
+    return "\n".join(lines)
+
+
+def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.0) -> None:
+    ymax = ax.get_ylim()[1]
+    for i, ev in enumerate(ev for ev in events if ev["name"] in MARKED_EVENTS):
+        x = ev["t"] - shift
+        ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey",
+                   linestyle=":", linewidth=0.8)
+        ax.text(x, ymax * (0.95 - 0.09 * (i % 5)), ev["name"], rotation=90, fontsize=6,
+                va="top", ha="right")
+
+
+def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """memory.png per scenario and memory-timeline.png (every run, time 0 = deletion)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written: list[Path] = []
+    scenarios: Mapping[str, Entry] = data.get("scenarios", {})
+    for key, e in scenarios.items():
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        ax.plot(e["samples"]["t"], e["samples"]["held_mib"], linewidth=1)
+        ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.15 + 1)
+        _mark_events(ax, e["events"])
+        ax.set_xlabel("seconds since the pod started")
+        ax.set_ylabel("memory held (MiB)")
+        ax.set_title(f"{key}: {e['memory']}", fontsize=8)
+        fig.tight_layout()
+        path = out_dir / key / "memory.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if scenarios:
+        fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 1.9 * len(scenarios) + 0.6), squeeze=False)
+        for ax, (key, e) in zip(axes[:, 0], scenarios.items()):
+            delete = e["deletion"]["requested_at"]
+            ax.plot([t - delete for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1)
+            ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.15 + 1)
+            _mark_events(ax, e["events"], shift=delete)
+            ax.set_ylabel("MiB", fontsize=7)
+            ax.set_title(f"{key} (waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s)", fontsize=8)
+        axes[-1, 0].set_xlabel("seconds since the deletion request")
+        first = next(iter(scenarios.values()))
+        fig.suptitle(f"memory held per scenario: {first['memory']}", fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "memory-timeline.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def build(out_dir: Path) -> list[Path]:
+    """Rebuild comparison.md, every notes.md and the plots from results.json."""
+    data = load(out_dir)
+    written = [out_dir / "comparison.md"]
+    written[0].write_text(comparison_md(data))
+    for key, e in data.get("scenarios", {}).items():
+        path = out_dir / key / "notes.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(notes_for(key, e))
+        written.append(path)
+    return written + plots(data, out_dir)

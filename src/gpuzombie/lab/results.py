@@ -1,0 +1,180 @@
+"""Write a lab run in the seed's results/ layout, plus results.json (every metric, provenance).
+
+    <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
+        nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
+    <out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
+    <out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuzombie import __version__
+from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.lab.scenarios import ScenarioRun
+from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
+
+SCHEMA = "gpuzombie.lab/1"
+RESULTS_JSON = "results.json"
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses (and tuples of them) to plain JSON types."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def run_key(run: ScenarioRun) -> str:
+    """The scenario's folder: its name, plus what makes this run a variant of the seed's."""
+    c = run.config
+    parts = [run.scenario.name]
+    if c.workers != 1:
+        parts.append(f"{c.workers}workers")
+    if c.uid is not None:
+        parts.append(f"uid{c.uid}")
+    if run.init != run.scenario.init:
+        parts.append(run.init)
+    if c.backend == "ctypes":
+        parts.append("ctypes")
+    return "-".join(parts)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
+    """Machine, GPU, driver, kernel, date and the exact command."""
+    uname = platform.uname()
+    torch_version = None
+    if torch_installed():
+        try:
+            torch_version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch_version = "installed (version unknown)"
+    return {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": shlex.join(command),
+        "cwd": os.getcwd(),
+        "hostname": uname.node,
+        "kernel": f"{uname.system} {uname.release}",
+        "machine": uname.machine,
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "gpuzombie": __version__,
+        "torch": torch_version,
+        "gpu_available": gpus.available,
+        "gpu_reason": gpus.reason,
+        "driver": gpus.driver_version,
+        "cuda_driver": gpus.cuda_driver_version,
+        "gpus": [{"index": d.index, "name": d.name, "memory_total_mib": d.memory_total // MIB,
+                  "memory_used_mib": d.memory_used // MIB} for d in gpus.devices],
+        "cgroup": "v2 only" if (_read_text("/proc/self/cgroup") or "").startswith("0::")
+                  else "v1 or hybrid",
+    }
+
+
+def _cpu_model() -> str | None:
+    for line in (_read_text("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def run_to_json(run: ScenarioRun) -> dict[str, Any]:
+    d = run.deletion
+    prestop_report = None
+    if d.prestop_stdout.strip():
+        try:
+            prestop_report = json.loads(d.prestop_stdout)
+        except ValueError:
+            prestop_report = None
+    return {
+        "scenario": _jsonable(run.scenario),
+        "config": {**_jsonable(run.config), "prestop_timeout": run.config.prestop_timeout,
+                   "prestop_kill_wait": run.config.prestop_kill_wait},
+        "memory": CPU_STANDIN_LABEL if run.config.backend == CPU_STANDIN
+                  else f"GPU memory through {run.config.backend}",
+        "cpu_standin": run.config.backend == CPU_STANDIN,
+        "init": run.init,
+        "pod_command": shlex.join(run.pod_command),
+        "probe": run.probe_source,
+        "metrics": dict(run.metrics),
+        "sampler": dict(run.sampler),
+        "victim_reaped": run.victim_reaped,
+        "observations": _jsonable(run.observations),
+        "deletion": {
+            "grace_s": d.grace_s, "requested_at": round(d.requested_at, 4),
+            "sigterm_at": round(d.sigterm_at, 4),
+            "sigkill_at": None if d.sigkill_at is None else round(d.sigkill_at, 4),
+            "exited_at": round(d.exited_at, 4), "pod_exit_code": d.pod_exit_code,
+            "prestop_rc": d.prestop_rc, "prestop_log": d.prestop_stderr.strip(),
+            "prestop_outcomes": _prestop_outcomes(prestop_report), "leftovers": list(d.leftovers),
+        },
+        "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
+        "samples": {"t": [round(s.t, 4) for s in run.samples],
+                    "held_mib": [round(s.held_bytes / MIB, 2) for s in run.samples],
+                    "process_mib": [round(s.process_bytes / MIB, 2) for s in run.samples]},
+    }
+
+
+def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    if not report:
+        return None
+    out = []
+    for r in report.get("results", []):
+        target = r.get("target", {})
+        out.append({"pid": target.get("pid"), "comm": target.get("comm"), "outcome": r.get("outcome"),
+                    "gone_after_s": r.get("gone_after_s")})
+    return out
+
+
+def write_results(runs: Sequence[ScenarioRun], out_dir: Path, *, command: Sequence[str],
+                  gpus: GpuSnapshot, nccl: Mapping[str, Any] | None = None) -> Path:
+    """Write every scenario's files and results.json, then comparison.md, notes.md and plots."""
+    from gpuzombie.lab import report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / RESULTS_JSON
+    data: dict[str, Any] = {"schema": SCHEMA, "scenarios": {}}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            if old.get("schema") == SCHEMA:
+                data = old
+        except ValueError:
+            pass
+    prov = provenance(command, gpus)
+    data["provenance"] = prov
+    for run in runs:
+        key = run_key(run)
+        entry = run_to_json(run)
+        entry["provenance"] = prov
+        data["scenarios"][key] = entry
+        folder = out_dir / key
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in run.logs.items():
+            (folder / name).write_text(text)
+    if nccl is not None:
+        data["nccl"] = _jsonable(nccl)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    report.build(out_dir)
+    return path

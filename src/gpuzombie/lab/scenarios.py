@@ -1,0 +1,290 @@
+"""The seed's four scenarios, each with the seed's steps, measured.
+
+start the pod → the parent spawns its workers and exits without wait() → observe → kill -9 one
+worker → observe → delete the pod (the kubelet's order) → observe. The parent spawns
+``workers + 1`` workers: one is the kill -9 victim (the seed's orphaned-context test) and
+``workers`` are alive when the pod is deleted (the seed's grace-period measurement).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
+from gpuzombie.lab.events import Event, EventLog
+from gpuzombie.lab.metrics import scenario_metrics, sampling_stats
+from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
+from gpuzombie.lab.pod import Deletion, Pod
+from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
+from gpuzombie.lab.smi import render_smi
+from gpuzombie.workloads.memory import CPU_STANDIN
+
+Progress = Callable[[str], None]
+PARENT = "gpuzombie.workloads.parent"
+
+
+class ScenarioError(RuntimeError):
+    """A scenario could not run (its pod did not come up, a worker failed to hold memory...)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    number: int
+    title: str
+    init: str
+    prestop: bool
+    fixed: bool
+
+
+SCENARIOS: Mapping[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("s1-nofix", 1, "No Fix", "sleep", prestop=False, fixed=False),
+        Scenario("s2-tini", 2, "tini only", "tini", prestop=False, fixed=False),
+        Scenario("s3-tini-prestop", 3, "tini + preStop", "tini", prestop=True, fixed=False),
+        Scenario("s4-fullfix", 4, "Full Fix", "tini", prestop=True, fixed=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    workers: int = 1
+    """Workers alive when the pod is deleted (the parent spawns one more, the kill -9 victim)."""
+    grace: float = 30.0
+    device: str = "cpu"
+    """Resolved: ``cuda`` or ``cpu``."""
+    backend: str = CPU_STANDIN
+    """Resolved: ``torch``, ``ctypes`` or ``cpu-standin``."""
+    size_mib: int = 2048
+    uid: int | None = None
+    gpu_index: int = 0
+    init: str | None = None
+    """Another init for the scenarios that use tini (``tini-g``, ``dumb-init``)."""
+    sample_interval: float = 0.01
+    ready_timeout: float = 180.0
+
+    @property
+    def prestop_timeout(self) -> float:
+        """preStop's own SIGTERM→SIGKILL wait: the seed's 20 s, or two thirds of a shorter grace."""
+        return round(min(20.0, self.grace * 2 / 3), 1)
+
+    @property
+    def prestop_kill_wait(self) -> float:
+        """How long preStop waits after its SIGKILL; with the timeout it must fit the grace."""
+        return round(min(2.0, self.grace / 6), 1)
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    """Everything one scenario produced; ``results`` writes it, ``report`` renders it."""
+
+    scenario: Scenario
+    config: LabConfig
+    init: str
+    pod_command: tuple[str, ...]
+    probe_source: str
+    events: tuple[Event, ...]
+    samples: tuple[Sample, ...]
+    observations: tuple[Observation, ...]
+    deletion: Deletion
+    victim_reaped: bool
+    metrics: Mapping[str, Any]
+    sampler: Mapping[str, float]
+    logs: Mapping[str, str] = field(default_factory=dict)
+    """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
+
+
+def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
+    cmd = [sys.executable, "-m", PARENT, "--workers", str(config.workers + 1),
+           "--size-mib", str(config.size_mib), "--device", config.device,
+           "--backend", "auto" if config.backend == CPU_STANDIN else config.backend,
+           "--gpu-index", str(config.gpu_index)]
+    if scenario.fixed:
+        cmd.append("--fixed")
+    if config.uid is not None:
+        cmd += ["--uid", str(config.uid)]
+    return cmd
+
+
+def prestop_command(config: LabConfig) -> list[str]:
+    return [sys.executable, "-m", "gpuzombie", "prestop", "--json", "--timeout",
+            f"{config.prestop_timeout:g}", "--kill-wait", f"{config.prestop_kill_wait:g}"]
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def trace_from_host(timeout: float = 60.0) -> str:
+    """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "gpuzombie", "trace"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"# gpuzombie trace timed out after {timeout:.0f} s\n"
+    out = (done.stdout + done.stderr).rstrip()
+    return f"# gpuzombie trace (on the host), exit {done.returncode}\n{out}\n"
+
+
+class _Run:
+    """The state of one scenario while it runs."""
+
+    def __init__(self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress):
+        self.scenario, self.config, self.nvml, self.progress = scenario, config, nvml, progress
+        self.events = EventLog()
+        self.init = config.init if (config.init and scenario.init != "sleep") else scenario.init
+        self.roles: dict[int, str] = {}
+        self.observations: list[Observation] = []
+        self.logs: dict[str, str] = {}
+        self.standin = config.backend == CPU_STANDIN
+
+    def snapshot(self, title: str) -> str:
+        table = pod_table(self.pod) if self.pod.running else None
+        procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
+        return render_smi(self.nvml.read(), procs, title=title, standin=self.standin)
+
+    def observe(self, point: str) -> None:
+        obs, text = observe(self.pod, point, self.events.now(), self.roles)
+        self.observations.append(obs)
+        self.logs[f"observe-{point}.log"] = text
+        self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
+        self.progress(f"{self.scenario.name}: observe {point}: zombies={obs.zombies} "
+                      f"orphans={obs.orphans}")
+
+    def wait_for_workers(self, log_path: str) -> None:
+        want = self.config.workers + 1
+        spawned = False
+
+        def ready() -> bool:
+            nonlocal spawned
+            text = _read(log_path)
+            if "error pid=" in text or "Traceback" in text:
+                raise ScenarioError(f"{self.scenario.name}: a workload failed:\n{text[-2000:]}")
+            if not spawned and " spawned " in text:
+                spawned = True
+                self.events.add("spawn", f"parent spawned {want} worker(s)")
+                for p in host_view(self.pod, {}):
+                    if p.role in ("parent", "worker"):
+                        self.roles[p.host_pid] = p.role
+            return text.count("\nready ") + text.startswith("ready ") >= want and "parent exiting" in text
+
+        if not _wait(ready, self.config.ready_timeout, 0.01):
+            raise ScenarioError(f"{self.scenario.name}: workers not ready after "
+                                f"{self.config.ready_timeout:.0f} s:\n{_read(log_path)[-2000:]}")
+        for p in host_view(self.pod, {}):  # late workers, if the first look was early
+            if p.role in ("parent", "worker"):
+                self.roles.setdefault(p.host_pid, p.role)
+        parents = [pid for pid, role in self.roles.items() if role == "parent"]
+        _wait(lambda: all(_state(pid) in (None, "Z") for pid in parents), 10.0)
+        self.events.add("parent-exit", "the parent exited without wait()")
+
+    def kill_victim(self) -> bool:
+        workers = sorted(pid for pid, role in self.roles.items() if role == "worker")
+        if not workers:
+            raise ScenarioError(f"{self.scenario.name}: no worker to kill")
+        victim = workers[0]
+        self.roles[victim] = "victim"
+        self.events.add("kill-9", f"worker host pid {victim}")
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: _state(victim) in (None, "Z"), 5.0)
+        # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
+        # observe.sh ran some seconds after the kill.
+        threshold = self.config.size_mib * MIB // 2
+        before = self.sampler_held_before_kill
+        _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= before - threshold, 5.0)
+        time.sleep(0.2)
+        return _state(victim) is None
+
+    def run(self) -> ScenarioRun:
+        s, c = self.scenario, self.config
+        nvml_before = self.nvml.read()
+        with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{s.name}-", suffix=".log") as log:
+            self.pod = Pod(s.name, self.init, parent_command(s, c), log=log, events=self.events)
+            probe: Probe
+            if self.standin:
+                probe = RssProbe(self.pod)
+            else:
+                dev = nvml_before.device(c.gpu_index)
+                if dev is None:
+                    raise ScenarioError(f"NVML shows no GPU {c.gpu_index}: {nvml_before.reason}")
+                probe = NvmlProbe(self.pod, self.nvml, c.gpu_index, dev.memory_used)
+            self.sampler = Sampler(probe, self.events, c.sample_interval)
+            self.progress(f"{s.name}: starting the pod ({self.init} as PID 1)")
+            try:
+                with self.sampler:
+                    self.pod.start()
+                    self.wait_for_workers(log.name)
+                    self.observe("after-spawn")
+                    self.sampler_held_before_kill = (self.sampler.latest() or Sample(0, 0, 0)).held_bytes
+                    reaped = self.kill_victim()
+                    self.observe("after-kill")
+                    self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
+                    self.logs["gpu-pod-trace.log"] = trace_from_host()
+                    self.progress(f"{s.name}: deleting the pod (grace {c.grace:g} s"
+                                  + (", preStop first)" if s.prestop else ")"))
+                    deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
+                    threshold = c.size_mib * MIB // 2
+                    _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= threshold, 5.0)
+                    time.sleep(0.3)  # a tail of samples after the release, for the plot
+            finally:
+                self.pod.kill()
+            self.logs["pod.log"] = _read(log.name)
+        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
+        self.observe("after-delete")
+        return self.finish(deletion, reaped)
+
+    def finish(self, deletion: Deletion, reaped: bool) -> ScenarioRun:
+        samples = tuple(self.sampler.samples)
+        marks = {"delete": deletion.requested_at, "sigkill": deletion.sigkill_at,
+                 "pod_exit": deletion.exited_at, "kill9": (self.events.first("kill-9") or Event(0, "")).t}
+        metrics = scenario_metrics(samples=samples, marks=marks, grace=self.config.grace,
+                                   worker_bytes=self.config.size_mib * MIB)
+        if metrics["released_at_s"] is not None:
+            self.events.add("memory-released", f"{metrics['release_latency_s']} s after the deletion",
+                            at=float(metrics["released_at_s"]))
+        return ScenarioRun(
+            scenario=self.scenario, config=self.config, init=self.init,
+            pod_command=tuple(self.pod.argv), probe_source=self.sampler.probe.source,
+            events=tuple(self.events.events), samples=samples,
+            observations=tuple(self.observations), deletion=deletion, victim_reaped=reaped,
+            metrics=metrics,
+            sampler={"cpu_seconds": round(self.sampler.cpu_seconds, 4),
+                     "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
+                     **sampling_stats(samples)},
+            logs=self.logs,
+        )
+
+
+def run_scenario(scenario: Scenario, config: LabConfig, *, nvml: NvmlBackend | None = None,
+                 progress: Progress = lambda _: None) -> ScenarioRun:
+    """Run one scenario end to end; the pod is gone when this returns, whatever happened."""
+    return _Run(scenario, config, nvml or default_backend(), progress).run()
