@@ -56,3 +56,19 @@ def test_vanished_pid_is_skipped(tmp_path):
     make_fake_proc(tmp_path, 1, ppid=0)
     table = Procfs(str(tmp_path)).snapshot([1, 99999], now=time.time())
     assert list(table.processes) == [1]
+
+
+def test_process_gone_mid_read_is_dropped(tmp_path):
+    """stat was read, then status is gone (the process exited): no half-read process in the table."""
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0)
+    make_fake_proc(tmp_path, 7, ppid=1)
+    (tmp_path / "7" / "status").unlink()
+    assert list(Procfs(str(tmp_path)).snapshot(now=time.time()).processes) == [1]
+
+
+def test_device_prefix_stand_in(tmp_path):
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0, fds=("/tmp/dev/nvidia0", "/dev/nvidia1"))
+    proc = Procfs(str(tmp_path), device_prefix="/tmp/dev/nvidia").snapshot(now=time.time()).get(1)
+    assert proc.nvidia_fds == ("/tmp/dev/nvidia0",)

@@ -188,20 +188,20 @@ def parse_boot_time(stat_text: str) -> float:
 _GONE = (errno.ENOENT, errno.ESRCH, errno.ENOTDIR)
 
 
-class _Vanished(Exception):
-    """The process exited between two reads: drop it rather than report half a process."""
+_READ_SIZE = 65536
 
 
 def _read_bytes(path: str) -> bytes:
     """One open/read/close through the os layer: a third of the cost of ``open().read()``."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
+        data = os.read(fd, _READ_SIZE)
+        if len(data) < _READ_SIZE:  # procfs hands a small file over in one read: skip the EOF read
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _READ_SIZE):
             chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -209,8 +209,9 @@ def _read_bytes(path: str) -> bytes:
 class Procfs:
     """The filesystem edge: reads a procfs tree rooted at ``root``."""
 
-    def __init__(self, root: str = "/proc") -> None:
+    def __init__(self, root: str = "/proc", *, device_prefix: str = NVIDIA_DEVICE_PREFIX) -> None:
         self.root = root.rstrip("/") or "/"
+        self.device_prefix = device_prefix  # a stand-in path on machines without /dev/nvidia*
         self.clock_ticks = os.sysconf("SC_CLK_TCK")
         self.page_size = os.sysconf("SC_PAGE_SIZE")
 
@@ -231,8 +232,7 @@ class Procfs:
         except OSError:
             return ()
 
-    @staticmethod
-    def _nvidia_fds(fd_dir: str) -> tuple[str, ...]:
+    def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
         """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed."""
         found = set()
         for name in os.listdir(fd_dir):
@@ -240,7 +240,7 @@ class Procfs:
                 target = os.readlink(f"{fd_dir}/{name}")
             except OSError:  # the fd was closed between listdir and readlink
                 continue
-            if target.startswith(NVIDIA_DEVICE_PREFIX):
+            if target.startswith(self.device_prefix):
                 found.add(target)
         return tuple(sorted(found))
 
@@ -255,29 +255,39 @@ class Procfs:
             stat = parse_stat(_read_bytes(f"{base}/stat").decode(errors="replace"))
         except (OSError, ValueError, IndexError):
             return None
+        # Each read below: denied -> leave the field empty and say so; gone -> drop the process.
         denied = False
-
-        def attempt(read, default):  # type: ignore[no-untyped-def]
-            nonlocal denied
+        cmdline: tuple[str, ...] = ()
+        status = StatusFields(uid=None, nspid=())
+        cgroup: tuple[str, ...] = ()
+        pidns: int | None = None
+        fds: tuple[str, ...] = ()
+        try:
             try:
-                return read()
+                cmdline = parse_cmdline(_read_bytes(f"{base}/cmdline"))
             except PermissionError:
                 denied = True
-            except OSError as exc:
-                if exc.errno in _GONE:
-                    raise _Vanished from exc
-            return default
-
-        try:
-            cmdline = attempt(lambda: parse_cmdline(_read_bytes(f"{base}/cmdline")), ())
-            status = attempt(lambda: parse_status(_read_bytes(f"{base}/status").decode(errors="replace")),
-                             StatusFields(uid=None, nspid=()))
-            cgroup = (attempt(lambda: parse_cgroup(_read_bytes(f"{base}/cgroup").decode(errors="replace")), ())
-                      if with_cgroup else ())
-            pidns = attempt(lambda: parse_ns_link(os.readlink(f"{base}/ns/pid")), None)
-            fds = attempt(lambda: self._nvidia_fds(f"{base}/fd"), ())
-        except _Vanished:
-            return None
+            try:
+                status = parse_status(_read_bytes(f"{base}/status").decode(errors="replace"))
+            except PermissionError:
+                denied = True
+            if with_cgroup:
+                try:
+                    cgroup = parse_cgroup(_read_bytes(f"{base}/cgroup").decode(errors="replace"))
+                except PermissionError:
+                    denied = True
+            try:
+                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
+            except PermissionError:
+                denied = True
+            try:
+                fds = self._nvidia_fds(f"{base}/fd")
+            except PermissionError:
+                denied = True
+        except OSError as exc:
+            if exc.errno in _GONE:
+                return None  # exited mid-read: drop it rather than report half a process
+            denied = True
         return ProcessInfo(
             pid=pid,
             ppid=stat.ppid,

@@ -1,0 +1,141 @@
+"""observe over thousands of live processes vs the seed's shell approach (observe.sh's `ps` + `fuser`).
+
+    python3 benchmarks/bench_observe.py [--processes 5000] [--runs 3]
+
+Spawns N sleeping processes (posix_spawn of /bin/sleep, a few holding stand-in GPU device files
+open), then times, median of R runs, side by side:
+
+* ours: ``gpuzombie.observe.observe()`` — a full snapshot of every process (stat, status, cmdline,
+  pid namespace, every fd's target) and the whole judgement, plus its JSON form; and, for the
+  record, the CLI end to end (``python3 -m gpuzombie observe --json``, interpreter start included);
+* seed: ``ps -eo pid,ppid,stat,user,cmd`` + ``fuser -v <dev>/nvidia*``, as observe.sh runs them.
+
+Without /dev/nvidia* (no GPU here) both sides look for stand-in files in a temp dir instead (fuser on
+a glob that matches nothing would return at once and prove nothing). Every spawned pid is killed
+and reaped by pid at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpuzombie.gpu.nvml import NO_GPU, FakeNvml
+from gpuzombie.observe import observe
+from gpuzombie.proc.procfs import NVIDIA_DEVICE_PREFIX, Procfs
+
+SLEEP = "/bin/sleep"
+
+
+def device_files() -> tuple[str, list[str]]:
+    """The real /dev/nvidia* nodes, or stand-in files in a temp dir when there are none."""
+    real = sorted(glob.glob(NVIDIA_DEVICE_PREFIX + "*"))
+    if real:
+        return NVIDIA_DEVICE_PREFIX, real
+    folder = tempfile.mkdtemp(prefix="gz-bench-dev-")
+    paths = [os.path.join(folder, name) for name in ("nvidia0", "nvidiactl", "nvidia-uvm")]
+    for path in paths:
+        open(path, "w").close()
+    return os.path.join(folder, "nvidia"), paths
+
+
+def spawn_sleepers(count: int, holders: int, devices: list[str]) -> list[int]:
+    """``count`` sleeping processes; the first ``holders`` keep the device files open (fd 3+)."""
+    pids = []
+    for i in range(count):
+        actions = [(os.POSIX_SPAWN_OPEN, 3 + j, path, os.O_RDONLY, 0) for j, path in enumerate(devices)] \
+            if i < holders else []
+        pids.append(os.posix_spawn(SLEEP, ["sleep", "3600"], os.environ, file_actions=actions))
+    return pids
+
+
+def reap(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def median_time(fn, runs: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--holders", type=int, default=4, help="sleepers that hold the device files")
+    args = ap.parse_args()
+
+    prefix, devices = device_files()
+    stand_in = prefix != NVIDIA_DEVICE_PREFIX
+    t0 = time.perf_counter()
+    pids = spawn_sleepers(args.processes, args.holders, devices)
+    spawn_s = time.perf_counter() - t0
+    try:
+        procfs = Procfs("/proc", device_prefix=prefix)
+
+        def ours():
+            report = observe(procfs, FakeNvml(NO_GPU))
+            report.to_dict()
+            return report
+
+        def cli():
+            return subprocess.run([sys.executable, "-m", "gpuzombie", "observe", "--json"],
+                                  capture_output=True).returncode
+
+        shell_cmd = f"ps -eo pid,ppid,stat,user,cmd; fuser -v {prefix}*"
+
+        def seed():
+            return subprocess.run(["sh", "-c", shell_cmd], capture_output=True, text=True)
+
+        ours_s, report = median_time(ours, args.runs)
+        seed_s, shell = median_time(seed, args.runs)
+        cli_s, _ = median_time(cli, args.runs)
+    finally:
+        reap(pids)
+
+    fuser_holders = len(set(re.findall(r"(\d+) [Ffrcem.]{5} ", shell.stderr)))
+    ours_holders = len(report.attribution.fd_holders)
+    print(f"# bench_observe: {args.processes} sleeping processes (spawned in {spawn_s:.1f} s), "
+          f"{report.view.processes_seen} processes seen in total, median of {args.runs} runs")
+    print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if stand_in:
+        print(f"# no /dev/nvidia* here: both sides look for stand-in files {prefix}*")
+    print(f"# /dev/nvidia* holders found: ours {ours_holders}, fuser {fuser_holders} "
+          f"(expected {args.holders})")
+    print()
+    print(f"| what | time (s) | vs seed's shell |")
+    print(f"|---|---:|---:|")
+    print(f"| ours: observe() library, full snapshot incl. fds + JSON | {ours_s:.3f} | "
+          f"{seed_s / ours_s:.1f}x faster |")
+    print(f"| seed: `{shell_cmd}` | {seed_s:.3f} | 1.0x |")
+    print(f"| ours: `python3 -m gpuzombie observe --json` (CLI, interpreter start incl.) | {cli_s:.3f} | "
+          f"{seed_s / cli_s:.1f}x {'faster' if cli_s < seed_s else 'slower'} |")
+    goal = "met" if ours_s < seed_s and ours_s <= 0.5 else "NOT met"
+    print(f"\ngoal (ours faster than the shell pipeline and <= 0.5 s): {goal}")
+
+
+if __name__ == "__main__":
+    main()
