@@ -83,7 +83,9 @@ def test_scenario_pods_follow_the_seed_table(default_objects):
         # args only: the image's ENTRYPOINT (tini, or nothing for nofix) stays PID 1.
         assert "command" not in worker
         shell, flag, script = worker["args"]
-        assert (shell, flag) == ("sh", "-c") and script.endswith("& exec sleep infinity")
+        assert (shell, flag) == ("sh", "-c")
+        # sleep as PID 1 (S1): the parent in the background; tini: in the foreground, then sleep.
+        assert script.endswith(" & exec sleep infinity" if tag == "nofix" else "; exec sleep infinity")
         assert ("--fixed" in script) is fixed
         if has_prestop:
             assert worker["lifecycle"]["preStop"]["exec"]["command"] == [

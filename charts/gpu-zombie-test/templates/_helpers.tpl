@@ -43,8 +43,9 @@ tolerations:
 
 {{/*
 One scenario pod, the seed's pod.yaml: (dict "root" $ "key" "<scenarios key>").
-The container sets only args, so the image's ENTRYPOINT (tini, or none for nofix) stays PID 1 and the
-shell exec's sleep after starting the parent, exactly as the image's CMD does.
+The container sets only args, so the image's ENTRYPOINT (tini, or none for nofix) stays PID 1, and the
+shell starts the parent as the image's CMD does: in the background under sleep (init: sleep), or in
+the foreground before exec'ing sleep so tini inherits the orphans (init: tini).
 */}}
 {{- define "gpu-zombie-test.scenarioPod" -}}
 {{- $root := .root -}}
@@ -85,7 +86,7 @@ spec:
       args:
         - sh
         - -c
-        - {{ printf "%s & exec sleep infinity" $parent | quote }}
+        - {{ printf "%s%s exec sleep infinity" $parent (eq $s.init "sleep" | ternary " &" ";") | quote }}
       resources:
         {{- with $v.resources.requests }}
         requests:

@@ -1,0 +1,206 @@
+"""docker/Dockerfile: it parses, its COPY sources exist, each image's PID 1 and command are the
+scenario's, and every command an image or a pod runs resolves to something gpuzombie installs."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+
+import pytest
+
+dockerfile_parse = pytest.importorskip("dockerfile_parse", reason="dockerfile-parse is in the 'chart' extra")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+PARENT = "gpuzombie.workloads.parent"
+IMAGES = ("nofix", "tini", "fullfix", "node")  # the CI matrix targets
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse_stages() -> tuple[dict[str, str], dict[str, Stage]]:
+    """(global ARG defaults, stages by name) from a real Dockerfile parser."""
+    parser = dockerfile_parse.DockerfileParser(str(DOCKERFILE))
+    global_args: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for item in parser.structure:
+        instruction, value = item["instruction"], item["value"]
+        if instruction == "COMMENT":
+            continue
+        if instruction == "FROM":
+            base, _as, name = value.split()
+            assert _as.upper() == "AS", value
+            current = stages[name] = Stage(name, base)
+        elif current is None:
+            assert instruction == "ARG", f"only ARG may precede the first FROM, not {instruction}"
+            key, _, default = value.partition("=")
+            global_args[key] = default
+        else:
+            current.instructions.append((instruction, value))
+    return global_args, stages
+
+
+GLOBAL_ARGS, STAGES = parse_stages()
+
+
+def effective(target: str, instruction: str) -> list[str] | None:
+    """ENTRYPOINT or CMD as the built image has it, following FROM <stage> inheritance (an
+    ENTRYPOINT set in a stage resets the CMD it inherited, as Docker does)."""
+    chain = []
+    stage: Stage | None = STAGES[target]
+    while stage is not None:
+        chain.append(stage)
+        stage = STAGES.get(stage.base)
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    for stage in reversed(chain):
+        for name, value in stage.instructions:
+            if name == "ENTRYPOINT":
+                entrypoint, cmd = json.loads(value), None
+            elif name == "CMD":
+                cmd = json.loads(value)
+    return entrypoint if instruction == "ENTRYPOINT" else cmd
+
+
+def copies(stage: Stage) -> list[tuple[str | None, list[str]]]:
+    """(--from stage or None, sources) of every COPY."""
+    found = []
+    for name, value in stage.instructions:
+        if name != "COPY":
+            continue
+        words = value.split()
+        source_stage = next((w.split("=", 1)[1] for w in words if w.startswith("--from=")), None)
+        paths = [w for w in words if not w.startswith("--")]
+        found.append((source_stage, paths[:-1]))
+    return found
+
+
+def test_every_image_is_a_build_target():
+    assert set(IMAGES) <= set(STAGES)
+
+
+def test_bases_are_pinned_build_args():
+    torch_base, node_base = GLOBAL_ARGS["TORCH_BASE"], GLOBAL_ARGS["NODE_BASE"]
+    # A PyTorch CUDA runtime image GPU users run, by exact version; never :latest.
+    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", torch_base)
+    assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim-\w+", node_base)
+    for stage in STAGES.values():
+        assert stage.base in STAGES or stage.base in ("${TORCH_BASE}", "${NODE_BASE}"), stage.base
+
+
+def test_copy_sources_exist_and_pass_the_dockerignore():
+    ignore = (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().split("\n")
+    allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
+    order = list(STAGES)
+    for stage in STAGES.values():
+        for source_stage, sources in copies(stage):
+            if source_stage is not None:  # an earlier stage, never an external image
+                assert order.index(source_stage) < order.index(stage.name), (stage.name, source_stage)
+                continue
+            for source in sources:
+                assert (REPO / source).exists(), f"COPY {source} in stage {stage.name}: no such path"
+                assert any(fnmatch.fnmatch(source.rstrip("/"), a) for a in allowed), source
+
+
+def test_workload_images_install_tini_from_the_distribution_and_gpuzombie():
+    runs = " ".join(value for name, value in STAGES["workload"].instructions if name == "RUN")
+    assert re.search(r"apt-get install .*\btini\b", runs)
+    assert "pip install" in runs and "/tmp/wheels/*.whl" in runs
+
+
+def test_non_root_variant_is_a_build_arg():
+    workload = dict(STAGES["workload"].instructions)
+    assert workload["ARG"] == "USER_UID=0"
+    assert workload["USER"] == "${USER_UID}"
+
+
+def test_pid1_is_the_scenario_init():
+    assert effective("nofix", "ENTRYPOINT") == []
+    assert effective("tini", "ENTRYPOINT") == ["/usr/bin/tini", "--"]
+    assert effective("fullfix", "ENTRYPOINT") == ["/usr/bin/tini", "--"]
+    assert effective("node", "ENTRYPOINT") is None
+    assert "--fixed" in effective("fullfix", "CMD")[-1]
+    assert "--fixed" not in effective("tini", "CMD")[-1]
+
+
+@pytest.mark.parametrize(("target", "init"), [("nofix", "sleep"), ("tini", "tini"), ("fullfix", "tini")])
+def test_image_command_is_the_lab_pod_command(target, init):
+    """The image runs what `gpuzombie lab` runs for the scenario (tini's path and -s aside)."""
+    lab_pod = pytest.importorskip("gpuzombie.lab.pod", reason="the lab is not built yet")
+    argv = (effective(target, "ENTRYPOINT") or []) + effective(target, "CMD")
+    main = re.search(r"python3 -m [\w.]+( --fixed)?", argv[-1]).group(0)
+    lab = lab_pod.init_argv(init, main)
+    normalized = [pathlib.PurePath(argv[0]).name] + argv[1:]
+    assert [word for word in lab if word != "-s"] == normalized
+
+
+def _python_commands(script: str) -> list[list[str]]:
+    """Each `python3 -m ...` or `gpuzombie ...` command of a `sh -c` script."""
+    commands = []
+    for part in re.split(r"&&|;|&|\|", script):
+        words = shlex.split(part)
+        if words and words[0] in ("python3", "gpuzombie"):
+            commands.append(words)
+        elif words[:1] == ["while"] and "gpuzombie" in words:
+            commands.append(words[words.index("gpuzombie"):])
+    return commands
+
+
+def _assert_resolves(words: list[str]) -> None:
+    """The module or console script exists and accepts the flags given (checked by its --help)."""
+    if words[0] == "python3":
+        assert words[1] == "-m"
+        module = words[2]
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not written yet")
+        argv = [sys.executable, "-m", module]
+        flags = [w for w in words[3:] if w.startswith("--")]
+    else:
+        scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+        assert scripts["gpuzombie"] == "gpuzombie.cli.main:main"
+        argv = [sys.executable, "-m", "gpuzombie", words[1]]
+        flags = [w for w in words[2:] if w.startswith("--")]
+    help_text = subprocess.run(argv + ["--help"], capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0, help_text.stderr
+    for flag in flags:
+        assert flag in help_text.stdout, f"{' '.join(words)}: {flag} unknown"
+
+
+@pytest.mark.parametrize("target", IMAGES)
+def test_image_command_resolves(target):
+    cmd = effective(target, "CMD")
+    assert cmd[:2] == ["sh", "-c"]
+    commands = _python_commands(cmd[2])
+    assert commands, cmd
+    for words in commands:
+        _assert_resolves(words)
+
+
+def test_pod_commands_resolve(default_objects):
+    """What the chart's pods run: the parent with the chart's flags, the preStop hook, trace."""
+    seen = 0
+    for obj in default_objects.values():
+        spec = obj["spec"]["template"]["spec"] if obj["kind"] == "DaemonSet" else obj["spec"]
+        for container in spec["containers"]:
+            for words in _python_commands(container["args"][2]):
+                _assert_resolves(words)
+                seen += 1
+            pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+            if pre_stop:
+                _assert_resolves(pre_stop)
+                seen += 1
+    assert seen == 4 + 2 + 1  # four parents, two preStop hooks, one trace loop
