@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import needs_root, needs_tini
+from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
 
 pytestmark = needs_root
