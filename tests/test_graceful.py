@@ -146,3 +146,21 @@ def graceful_exit_deadline() -> int:
     from gpuzombie.graceful import EXIT_DEADLINE
 
     return EXIT_DEADLINE
+
+
+def test_kernel_backstop_when_cleanup_holds_the_gil():
+    # A C call that keeps the GIL (ctypes.PyDLL) starves the watchdog thread: SIGALRM's default
+    # action ends the process anyway, one second after the deadline.
+    proc = start("""
+        import ctypes
+        stop = graceful.install(deadline_s=1.0)
+        stop.on_stop(lambda: ctypes.PyDLL(None).sleep(60))
+        print("ready", flush=True)
+        while not stop.should_stop():
+            time.sleep(0.01)
+        stop.shutdown()
+    """)
+    proc.send_signal(signal.SIGTERM)
+    code, took = wait_exit(proc, 6)
+    assert code == -signal.SIGALRM
+    assert 1.9 <= took < 3.5

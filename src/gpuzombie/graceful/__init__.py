@@ -36,7 +36,10 @@ def install(*, deadline_s: float = 10.0, watch_peers: bool = True, peer_timeout_
         return _current
     guard = Guard(deadline_s=deadline_s, peer_exit_s=peer_exit_s, signals=signals).install()
     if watch_peers and dist_initialized():
-        guard.watch_process_group(timeout_s=peer_timeout_s)
+        try:
+            guard.watch_process_group(timeout_s=peer_timeout_s)
+        except Exception as exc:  # never let the safety net break the job it protects
+            guard.log(f"gpuzombie.graceful: not watching peers: {type(exc).__name__}: {exc}")
     _current = guard
     return guard
 

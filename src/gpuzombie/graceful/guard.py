@@ -79,10 +79,11 @@ class Guard:
             self._stop.set()
         self.log(f"gpuzombie.graceful: stop requested: {reason}; exiting within {self.deadline_s:g} s")
         threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
+        self._arm_kernel_backstop()
 
     def shutdown(self, *, exit: bool = True) -> None:
         """Clean up (callbacks, drop held objects, abort the process group, empty the CUDA cache)
-        and, when a stop was requested and ``exit`` is set, exit with the stop's code."""
+        and, when a stop was requested and ``exit`` is set, exit at once with the stop's code."""
         if not self._cleaned.is_set():
             for fn in self._callbacks:
                 try:
@@ -90,13 +91,19 @@ class Guard:
                 except Exception as exc:
                     self.log(f"gpuzombie.graceful: on_stop callback failed: {exc!r}")
             self._held.clear()
-            what = torchdist.abort_process_group() if torchdist.dist_initialized() else "no process group"
+            # Stopping early: peers may be dead or mid-collective, so abort. Done normally: the
+            # peers are finishing too, and the polite destroy does not wait on anyone dead.
+            what = (torchdist.abort_process_group() if self._stop.is_set()
+                    else torchdist.destroy_process_group())
             freed = torchdist.free_cuda_memory()
             self._cleaned.set()
             self.log(f"gpuzombie.graceful: cleaned up ({what}; {freed})")
         if exit and self._stop.is_set():
+            # os._exit, not sys.exit: interpreter teardown can hang in a communication library's
+            # destructors, and once it starts no Python thread (our watchdog) runs again. What
+            # must happen before exit belongs in on_stop(); atexit handlers are skipped.
             _flush()
-            sys.exit(self.exit_code)
+            os._exit(self.exit_code)
 
     def __enter__(self) -> Guard:
         return self
@@ -154,7 +161,8 @@ class Guard:
         store = None
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         if host and port:
-            store = torchdist.dedicated_store_client(host, int(port), timeout_s)
+            # Heartbeats never block (add); the longer timeout only covers the start-up exchange.
+            store = torchdist.dedicated_store_client(host, int(port), max(timeout_s, 30.0))
         store = store or torchdist.default_store()
         monitor = PeerMonitor(self.peer_lost, interval_s=interval_s, timeout_s=timeout_s)
         if store is not None:
@@ -177,14 +185,22 @@ class Guard:
         # The main thread is most likely blocked in a collective with the dead rank: unblock it.
         self.log(f"gpuzombie.graceful: {torchdist.abort_process_group()}")
 
+    def _limit(self) -> float:
+        return min(self.deadline_s, self.peer_exit_s) if self.exit_code == EXIT_PEER_LOST else self.deadline_s
+
+    def _arm_kernel_backstop(self) -> None:
+        """If even the watchdog cannot run (a C call holding the GIL), the kernel ends us: SIGALRM
+        with its default action terminates the process without any Python code, 1 s after the
+        watchdog's own deadline. Used only when nobody handles SIGALRM."""
+        if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
+            signal.setitimer(signal.ITIMER_REAL, self._limit() + 1.0)
+
     def _watchdog(self) -> None:
         assert self.stop_requested_at is not None
-        limit = self.deadline_s
-        if self.exit_code == EXIT_PEER_LOST:
-            limit = min(limit, self.peer_exit_s)
+        limit = self._limit()
         if self._cleaned.wait(limit):
             # Cleanup finished; give the interpreter's own exit what is left of the deadline.
-            time.sleep(max(0.0, self.deadline_s - (time.monotonic() - self.stop_requested_at)))
+            time.sleep(max(0.0, limit - (time.monotonic() - self.stop_requested_at)))
             code = self.exit_code
         else:
             code = EXIT_DEADLINE if self.exit_code != EXIT_PEER_LOST else EXIT_PEER_LOST

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from typing import Any
 
 
@@ -27,8 +28,22 @@ def dist_initialized() -> bool:
         return False
 
 
+_abort_lock = threading.Lock()
+_aborted: str | None = None
+
+
 def abort_process_group() -> str:
-    """Abort every process group without waiting for peers; says what it did."""
+    """Abort every process group without waiting for peers, once (the peer monitor and the main
+    thread may both ask); says what it did."""
+    global _aborted
+    with _abort_lock:
+        if _aborted is None:
+            _aborted = _abort_once()
+            return _aborted
+        return f"already {_aborted}"
+
+
+def _abort_once() -> str:
     torch = _torch()
     if torch is None or not dist_initialized():
         return "no process group"
@@ -46,6 +61,17 @@ def abort_process_group() -> str:
             return f"destroyed (abort failed: {type(exc).__name__}: {exc})"
         except Exception as exc2:
             return f"abort and destroy failed: {exc2}"
+
+
+def destroy_process_group() -> str:
+    if not dist_initialized():
+        return "no process group"
+    torch = _torch()
+    try:
+        torch.distributed.destroy_process_group()
+        return "destroyed"
+    except Exception as exc:
+        return f"destroy failed: {exc}"
 
 
 def free_cuda_memory() -> str:

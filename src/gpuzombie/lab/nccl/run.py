@@ -1,0 +1,222 @@
+"""``run_nccl_comparison``: every case at once, rank 0 SIGKILLed in each, survivors measured.
+
+The cases run concurrently (distinct ports, their own processes), so one observation window
+serves all of them and the defaults case gets the longest window the budget allows. Rank 0 of
+each case is killed ``stagger_s`` after the previous case's, so their releases can be told apart
+on the device-level series too. Per survivor: seconds from the kill to its exit and to its GPU
+memory being free (its pid no longer listed by NVML; its exit on the stand-in). Per case: the
+ghost on the dead rank's GPU, read as the unexplained memory that vanished when the case's last
+survivor exited (None while it still runs).
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.lab.nccl.cases import CASE_KEYS, DEFAULT_COLLECTIVE_TIMEOUT_S, case_specs
+from gpuzombie.lab.nccl.launch import CaseLaunch, launch_case, wait_ready
+from gpuzombie.lab.nccl.report import write_results
+from gpuzombie.lab.nccl.sampling import MemorySampler, freed_at, held_before, unexplained_at
+
+SCHEMA = "gpuzombie.nccl/1"
+GOAL_S = 5.0
+CPU_STANDIN_LABEL = ("CPU stand-in: gloo backend, host RAM instead of GPU memory; NCCL knobs have "
+                     "no effect on gloo, which also notices a dead peer's closed socket by itself")
+
+
+class NcclScenarioError(GpuzombieError):
+    """The scenario cannot run here (too few GPUs, no torch): exit 2 with one line."""
+
+
+def _gpu_count(nvml: NvmlBackend) -> int:
+    snap = nvml.read()
+    return len(snap.devices) if snap.available else 0
+
+
+def _resolve(ranks: int | None, device: str, nvml: NvmlBackend) -> tuple[int, str]:
+    gpus = _gpu_count(nvml) if device in ("auto", "cuda") else 0
+    if device == "auto":
+        device = "cuda" if gpus >= 2 else "cpu"
+    if device == "cuda":
+        if gpus < 2:
+            raise NcclScenarioError(f"the NCCL scenario needs 2+ GPUs, NVML sees {gpus}: use --device cpu")
+        ranks = ranks or gpus
+        if ranks > gpus:
+            raise NcclScenarioError(f"{ranks} ranks need {ranks} GPUs (NCCL: one GPU per rank); {gpus} seen")
+    ranks = ranks or 2
+    if ranks < 2:
+        raise NcclScenarioError("--ranks must be at least 2 (rank 0 dies, the others survive)")
+    return ranks, device
+
+
+def run_nccl_comparison(
+    *,
+    ranks: int | None,
+    device: str,
+    out_dir: Path,
+    cases: list[str] | None,
+    observe_seconds: float | None,
+    progress: Callable[[str], None],
+    size_mib: int | None = None,
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    stagger_s: float | None = None,
+    startup_timeout_s: float = 240.0,
+    nvml: NvmlBackend | None = None,
+) -> dict[str, Any]:
+    """Run the cases side by side; write out_dir/"nccl"; return the JSON-able summary."""
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise NcclScenarioError("the NCCL scenario needs torch (pip install torch)")
+    except ValueError:
+        pass
+    nvml = nvml or default_backend()
+    ranks, device = _resolve(ranks, device, nvml)
+    keys = [k for k in CASE_KEYS if cases is None or k in cases]
+    unknown = sorted(set(cases or ()) - set(CASE_KEYS))
+    if unknown or not keys:
+        raise NcclScenarioError(f"unknown case(s) {unknown}; choose from {', '.join(CASE_KEYS)}")
+    gpu = device == "cuda"
+    size_mib = size_mib or (2048 if gpu else 64)
+    observe_seconds = observe_seconds or (420.0 if gpu else 20.0)
+    stagger_s = stagger_s if stagger_s is not None else (3.0 if gpu else 0.5)
+    specs = case_specs(collective_timeout_s)
+    nccl_dir = Path(out_dir) / "nccl"
+    log_dir = nccl_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="gpuzombie-nccl-"))
+    origin = time.monotonic()
+
+    def now() -> float:
+        return time.monotonic() - origin
+
+    progress(f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
+             f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
+             f"observing up to {observe_seconds:g} s after the first kill")
+    launches = [launch_case(specs[k], ranks=ranks, device=device, size_mib=size_mib,
+                            run_dir=run_dir, log_dir=log_dir) for k in keys]
+    sampler = MemorySampler(nvml=nvml if gpu else None, clock=now,
+                            pids=lambda: [r.pid for c in launches for r in c.ranks if r.exited_at is None])
+    kills: dict[str, float] = {}
+    try:
+        wait_ready(launches, startup_timeout_s)
+        for c in launches:
+            progress(f"nccl: case {c.spec.key} ({c.spec.name}): "
+                     + (f"FAILED to start: {c.error}" if c.error else f"{ranks} ranks ready"))
+        running = [c for c in launches if c.error is None]
+        sampler.start()
+        time.sleep(1.0)  # a baseline with every rank holding its memory
+        for i, c in enumerate(running):
+            if i:
+                time.sleep(stagger_s)
+            victim = c.ranks[0]
+            if victim.handle is not None:
+                victim.handle.send(signal.SIGKILL)
+            kills[c.spec.key] = now()
+            progress(f"nccl: case {c.spec.key}: SIGKILL rank 0 (pid {victim.pid}) at {kills[c.spec.key]:.2f} s")
+        first_kill = min(kills.values(), default=now())
+        end = first_kill + observe_seconds
+        while now() < end:
+            for c in running:
+                for r in c.ranks:
+                    r.poll(now())
+            if all(r.exited_at is not None for c in running for r in c.ranks):
+                break
+            time.sleep(0.05)
+        time.sleep(min(1.0, max(0.0, end - now())))  # let the last release show in the samples
+    finally:
+        sampler.stop()
+        t_end = now()
+        for c in launches:
+            c.stop_all()
+    summary = _summarize(launches, kills, sampler.samples, t_end=t_end, device=device, ranks=ranks,
+                         size_mib=size_mib, observe_seconds=observe_seconds, nvml=nvml if gpu else None)
+    write_results(nccl_dir, summary, sampler.samples)
+    for line in summary["table_md"].splitlines():
+        progress(line)
+    return summary
+
+
+def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: list, *, t_end: float,
+               device: str, ranks: int, size_mib: int, observe_seconds: float,
+               nvml: NvmlBackend | None) -> dict[str, Any]:
+    from gpuzombie.lab.nccl.report import comparison_table
+
+    out_cases = []
+    for c in launches:
+        spec = c.spec
+        entry: dict[str, Any] = {"case": spec.key, "name": spec.name, "description": spec.description,
+                                 "env": spec.env, "collective_timeout_s": spec.timeout_s,
+                                 "launcher": spec.launcher, "error": c.error}
+        kill_t = kills.get(spec.key)
+        entry["killed_at_s"] = round(kill_t, 3) if kill_t is not None else None
+        survivors = []
+        for r in c.ranks[1:]:
+            if kill_t is None:
+                break
+            exit_s = round(r.exited_at - kill_t, 3) if r.exited_at is not None else None
+            held = held_before(samples, r.pid, kill_t)
+            # A running rank NVML never listed is unknown, not free.
+            known = r.exited_at is not None or (nvml is not None and held > 0)
+            free_t = freed_at(samples, r.pid, kill_t) if known else None
+            survivors.append({
+                "rank": r.rank, "pid": r.pid, "gpu": r.gpu,
+                "held_mib_at_kill": round(held, 1),
+                "exit_s": exit_s, "exit_code": r.exit_code,
+                "memory_free_s": round(free_t - kill_t, 3) if free_t is not None else None,
+                "still_running_at_s": None if exit_s is not None else round(t_end - kill_t, 1),
+            })
+        entry["survivors"] = survivors
+        frees = [s["memory_free_s"] for s in survivors]
+        entry["all_free_s"] = max(frees) if frees and all(f is not None for f in frees) else None
+        entry["goal_met"] = entry["all_free_s"] is not None and entry["all_free_s"] <= GOAL_S
+        dead_gpu = c.ranks[0].gpu if c.ranks else None
+        entry["dead_rank_gpu"] = dead_gpu
+        entry["ghost_mib"] = _ghost_drop(samples, dead_gpu, c) if nvml is not None else None
+        out_cases.append(entry)
+    summary: dict[str, Any] = {
+        "schema": SCHEMA, "device": device, "backend": "nccl" if device == "cuda" else "gloo",
+        "stand_in": device != "cuda", "label": CPU_STANDIN_LABEL if device != "cuda" else
+        "real NCCL on GPUs", "ranks": ranks, "size_mib": size_mib, "observe_seconds": observe_seconds,
+        "goal_s": GOAL_S, "torch": _torch_version(launches), "cases": out_cases,
+        "gpu_end": [{"index": g.index, "used_mib": g.used_mib, "unexplained_mib": g.unexplained_mib}
+                    for g in (samples[-1].gpus if samples else ())],
+    }
+    summary["table_md"] = comparison_table(summary)
+    return summary
+
+
+def _ghost_drop(samples: list, gpu: int | None, case: CaseLaunch) -> float | None:
+    """Unexplained MiB on the dead rank's GPU that vanished when the case's last survivor exited."""
+    exits = [r.exited_at for r in case.ranks[1:]]
+    if gpu is None or not exits or any(e is None for e in exits):
+        return None
+    last = max(e for e in exits if e is not None)
+    before = unexplained_at(samples, gpu, last - 0.15)
+    after = unexplained_at(samples, gpu, last + 1.0)
+    if before is None or after is None:
+        return None
+    return round(max(0.0, before - after), 1)
+
+
+def _torch_version(launches: list[CaseLaunch]) -> str | None:
+    import json
+
+    for c in launches:
+        for p in c.ready_files:
+            try:
+                return json.loads(p.read_text()).get("torch")
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+__all__ = ["NcclScenarioError", "run_nccl_comparison"]
