@@ -120,14 +120,15 @@ def main() -> None:
     print(f"# bench_observe: {args.processes} sleeping processes (spawned in {spawn_s:.1f} s), "
           f"{report.view.processes_seen} processes seen in total, median of {args.runs} runs")
     print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} (other work on the machine), "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if stand_in:
         print(f"# no /dev/nvidia* here: both sides look for stand-in files {prefix}*")
     print(f"# /dev/nvidia* holders found: ours {ours_holders}, fuser {fuser_holders} "
           f"(expected {args.holders})")
     print()
-    print(f"| what | time (s) | vs seed's shell |")
-    print(f"|---|---:|---:|")
+    print("| what | time (s) | vs seed's shell |")
+    print("|---|---:|---:|")
     print(f"| ours: observe() library, full snapshot incl. fds + JSON | {ours_s:.3f} | "
           f"{seed_s / ours_s:.1f}x faster |")
     print(f"| seed: `{shell_cmd}` | {seed_s:.3f} | 1.0x |")

@@ -242,3 +242,14 @@ def test_not_root_reports_what_it_can_read_and_says_so():
     assert view["is_root"] is False and view["processes_seen"] > 1
     assert view["access_denied"] > 0
     assert view["warnings"][0].startswith("not root:")
+
+
+def test_broken_nvml_is_a_reason_not_a_crash(proc):
+    class Broken:
+        def read(self):
+            raise RuntimeError("driver/library version mismatch")
+
+    make_fake_proc(proc, 1, ppid=0, comm="tini", cmdline=b"tini\0")
+    report = observe(Procfs(str(proc)), Broken(), HOST, now=NOW, is_root=True)
+    assert report.gpu.available is False and "version mismatch" in report.gpu.reason
+    assert "no GPU/NVML: NVML failed: RuntimeError: driver/library version mismatch" in render_text(report)

@@ -19,7 +19,7 @@ def _mib(n: int | None) -> str:
 def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]:
     cells = [header] + [tuple("-" if c is None else str(c) for c in row) for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
-    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in cells]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in cells]
 
 
 def _tree_rows(table: ProcessTable, now: float, marks: dict[int, str]) -> list[tuple[object, ...]]:

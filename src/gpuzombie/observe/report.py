@@ -17,16 +17,17 @@ from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
     Attribution,
+    GhostMemory,
     GpuProcessRef,
     ReaderView,
     Verdict,
     attribute,
     current_view,
 )
-from gpuzombie.gpu.nvml import MIB, GpuSnapshot, NvmlBackend, default_backend
+from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.observe.orphans import ORPHAN, Orphan, Zombie, find_orphans, find_zombies, reader_chain
 from gpuzombie.observe.pid1 import Pid1, find_pid1
-from gpuzombie.proc.procfs import ProcessTable, Procfs
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 SCHEMA = "gpuzombie.observe/1"
 
@@ -119,13 +120,13 @@ def _mib(n: int | None) -> float | None:
     return None if n is None else round(n / MIB, 1)
 
 
-def _process_dict(p: Any, now: float) -> dict[str, Any]:
+def _process_dict(p: ProcessInfo, now: float) -> dict[str, Any]:
     return {"pid": p.pid, "ppid": p.ppid, "state": p.state, "uid": p.uid, "pgid": p.pgid,
             "sid": p.sid, "nspid": list(p.nspid), "comm": p.comm, "command": p.command,
             "age_s": round(max(0.0, now - p.start_time), 1), "nvidia_fds": list(p.nvidia_fds)}
 
 
-def _device_dict(d: Any) -> dict[str, Any]:
+def _device_dict(d: GpuDevice) -> dict[str, Any]:
     return {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_total_mib": _mib(d.memory_total),
             "memory_used_mib": _mib(d.memory_used), "memory_free_mib": _mib(d.memory_free),
             "memory_reserved_mib": _mib(d.memory_reserved), "processes": len(d.processes)}
@@ -137,7 +138,7 @@ def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
             "used_memory_mib": _mib(r.used_memory), "verdict": r.verdict.value, "evidence": r.evidence}
 
 
-def _ghost_dict(g: Any, threshold: int) -> dict[str, Any]:
+def _ghost_dict(g: GhostMemory, threshold: int) -> dict[str, Any]:
     return {"gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, "used_mib": _mib(g.used),
             "baseline_mib": _mib(g.baseline), "baseline_source": g.baseline_source,
             "process_memory_mib": _mib(g.process_memory), "unexplained_mib": _mib(g.unexplained),
