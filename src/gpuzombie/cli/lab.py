@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,16 @@ def run_nccl(ranks: int | None, device: str, out: Path, say: Any) -> dict[str, A
         raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
     return run_nccl_comparison(ranks=ranks, device=device, out_dir=out, cases=None,
                                observe_seconds=None, progress=say)
+
+
+def exact_command() -> list[str]:
+    """The command with every option spelled out (the defaults too), so it reruns the same way."""
+    ctx = click.get_current_context()
+    argv = ctx.command_path.split()
+    for name, value in ctx.params.items():
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
 
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
@@ -118,7 +127,7 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
                 runs.append(run_scenario(SCENARIOS[name], config, nvml=nvml, progress=say))
             except ScenarioError as exc:
                 raise GpuzombieError(str(exc)) from exc
-    path = write_results(runs, out, command=["gpuzombie", *sys.argv[1:]], gpus=gpus, nccl=nccl)
+    path = write_results(runs, out, command=exact_command(), gpus=gpus, nccl=nccl)
     if runs:
         out_console = Console()
         out_console.width = max(out_console.width, 120)

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,16 @@ UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 # If the lab itself dies, the kernel SIGKILLs unshare, and --kill-child takes the pod with it.
 PDEATHSIG = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
 INITS = ("sleep", "tini", "tini-g", "dumb-init")
+INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init"}
+
+
+def init_binary(name: str) -> str:
+    """The init's real binary: beside this Python first (a venv's pip-installed dumb-init), so a
+    wrapper script on PATH (a pyenv shim) never is PID 1 while it execs the real one."""
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    if os.access(local, os.X_OK):
+        return local
+    return shutil.which(name) or name
 
 
 class PodError(RuntimeError):
@@ -44,11 +55,11 @@ def init_argv(init: str, main_command: str) -> list[str]:
         return ["sh", "-c", f"{main_command} & exec sleep infinity"]
     shell = ["sh", "-c", f"{main_command}; exec sleep infinity"]
     if init == "tini":
-        return ["tini", "-s", "--", *shell]
+        return [init_binary("tini"), "-s", "--", *shell]
     if init == "tini-g":
-        return ["tini", "-s", "-g", "--", *shell]
+        return [init_binary("tini"), "-s", "-g", "--", *shell]
     if init == "dumb-init":
-        return ["dumb-init", "--", *shell]
+        return [init_binary("dumb-init"), "--", *shell]
     raise PodError(f"unknown init {init!r} (one of {', '.join(INITS)})")
 
 
@@ -126,7 +137,7 @@ class Pod:
             if kids:
                 self.pid1 = kids[0]
                 ns = pidns_of(self.pid1)
-                if ns is not None and ns != pidns_of(os.getpid()):
+                if ns is not None and ns != pidns_of(os.getpid()) and self._init_running():
                     self.pidns = ns
                     self.events.add("pod-start", f"{self.init} as PID 1 (host pid {self.pid1})")
                     return
@@ -135,6 +146,17 @@ class Pod:
             time.sleep(0.005)
         self.kill()
         raise PodError(f"pod {self.name}: no PID 1 appeared within {timeout:.0f} s")
+
+    def _init_running(self) -> bool:
+        """PID 1 has exec'd the init (signals sent before that would hit a wrapper instead)."""
+        want = INIT_COMM.get(self.init)
+        if want is None:
+            return True
+        try:
+            with open(f"/proc/{self.pid1}/comm") as f:
+                return f.read().strip() == want
+        except OSError:
+            return False
 
     @property
     def running(self) -> bool:

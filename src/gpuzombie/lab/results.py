@@ -120,6 +120,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         "metrics": dict(run.metrics),
         "sampler": dict(run.sampler),
         "victim_reaped": run.victim_reaped,
+        "pod": dict(run.pod_ids),
         "observations": _jsonable(run.observations),
         "deletion": {
             "grace_s": d.grace_s, "requested_at": round(d.requested_at, 4),

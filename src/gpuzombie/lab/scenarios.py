@@ -97,6 +97,8 @@ class ScenarioRun:
     observations: tuple[Observation, ...]
     deletion: Deletion
     victim_reaped: bool
+    pod_ids: Mapping[str, int]
+    """Host pids of unshare and PID 1, and the PID namespace's inode: to check nothing is left."""
     metrics: Mapping[str, Any]
     sampler: Mapping[str, float]
     logs: Mapping[str, str] = field(default_factory=dict)
@@ -276,6 +278,8 @@ class _Run:
             pod_command=tuple(self.pod.argv), probe_source=self.sampler.probe.source,
             events=tuple(self.events.events), samples=samples,
             observations=tuple(self.observations), deletion=deletion, victim_reaped=reaped,
+            pod_ids={"unshare_pid": self.pod.proc.pid if self.pod.proc else 0,
+                     "pid1": self.pod.pid1, "pidns": self.pod.pidns},
             metrics=metrics,
             sampler={"cpu_seconds": round(self.sampler.cpu_seconds, 4),
                      "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),

@@ -1,0 +1,97 @@
+"""Pods as PID namespaces: each init's answer to the kubelet's SIGTERM, and nothing left after."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import needs_root, needs_tini
+from gpuzombie.cli.main import main
+from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.pod import Pod, children_of, init_argv, pids_in_pidns
+from pidns import wait_until
+
+pytestmark = [needs_root, needs_tini]
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def settled(pod: Pod) -> None:
+    """Wait until the container's `sleep` runs (an init forwards nothing before its child is set up)."""
+    wait_until(lambda: comm(pod.pid1) == "sleep" or any(comm(c) == "sleep" for c in children_of(pod.pid1)))
+
+
+def make_pod(init: str) -> Pod:
+    return Pod(f"t-{init}", init, ["true"], log=open(os.devnull, "w"), events=EventLog())
+
+
+@pytest.mark.parametrize("init,waits", [("sleep", True), ("tini", False), ("tini-g", False),
+                                        ("dumb-init", False)])
+def test_delete_follows_the_kubelet(init, waits):
+    pod = make_pod(init)
+    pod.start()
+    try:
+        settled(pod)
+        deletion = pod.delete(grace=1.0)
+    finally:
+        pod.kill()
+    took = deletion.exited_at - deletion.requested_at
+    if waits:  # sleep as PID 1: the kernel drops SIGTERM, only SIGKILL at the grace's end works
+        assert deletion.sigkill_at is not None and 1.0 <= took < 2.5
+    else:  # an init forwards SIGTERM, its child dies, it exits, the namespace ends
+        assert deletion.sigkill_at is None and took < 1.0
+    assert deletion.leftovers == () and pids_in_pidns(pod.pidns) == []
+
+
+def test_prestop_runs_inside_the_pod_before_sigterm():
+    pod = make_pod("tini")
+    pod.start()
+    try:
+        deletion = pod.delete(grace=5.0, prestop=[sys.executable, "-c",
+                                                  "import os; print(os.getpid(), open('/proc/1/comm').read())"])
+    finally:
+        pod.kill()
+    pid, comm = deletion.prestop_stdout.split()
+    assert deletion.prestop_rc == 0 and comm == "tini" and int(pid) < 100  # a pid of the pod
+    names = [e.name for e in pod.events.events]
+    assert names.index("prestop-end") < names.index("sigterm")
+
+
+def test_unknown_init_is_refused():
+    with pytest.raises(Exception, match="unknown init"):
+        init_argv("systemd", "true")
+
+
+def uid_1000_can_run_python() -> bool:
+    import subprocess
+
+    probe = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", sys.executable,
+             "-c", "import gpuzombie.workloads.worker"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def test_variant_dumb_init_and_uid_1000(tmp_path):
+    """A variant run: dumb-init as PID 1, and the seed's non-root workers (uid 1000) where this
+    Python is readable by uid 1000 (not under /root)."""
+    uid = ["--uid", "1000"] if uid_1000_can_run_python() else []
+    status = main(["lab", "run", "--scenario", "s2-tini", "--init", "dumb-init", *uid,
+                   "--grace", "1", "--size-mib", "16", "--device", "cpu", "--out", str(tmp_path)])
+    assert status == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    key = "s2-tini-uid1000-dumb-init" if uid else "s2-tini-dumb-init"
+    entry = data["scenarios"][key]
+    assert entry["init"] == "dumb-init" and entry["metrics"]["release_latency_s"] < 1.0
+    assert obs_zombies(entry) == 0 and key in (tmp_path / "comparison.md").read_text()
+
+
+def obs_zombies(entry: dict) -> int:
+    return next(o["zombies"] for o in entry["observations"] if o["point"] == "after-kill")
