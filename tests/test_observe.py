@@ -5,6 +5,7 @@ peer context), and the CLI's bad-input paths."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -70,6 +71,24 @@ def test_namespace_mode_nvml_gives_local_pids(proc):
     assert report.orphaned_contexts == ()  # the seed's false "ORPHANED" must not happen
     assert report.summary.zombies == 1 and report.summary.orphans == 1
     assert report.attribution.fd_holders[0].listed_by_nvml
+
+
+def test_namespace_mode_local_pid_with_unreadable_fds(proc, monkeypatch):
+    """Not root: the worker's fd directory is unreadable, NVML's name agrees with the local pid."""
+    make_fake_proc(proc, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
+    make_fake_proc(proc, 3, ppid=1, uid=1000)
+    real_listdir = os.listdir
+
+    def listdir(path):
+        if str(path).endswith("/3/fd"):
+            raise PermissionError(13, "Permission denied")
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)  # root cannot be denied for real
+    report = run(proc, [h200(used_mib=3281, processes=[worker(3)])], INSIDE)
+    (ref,) = report.attribution.processes
+    assert ref.verdict.value == "live" and ref.local_pid == 3 and "unreadable" in ref.evidence
+    assert report.view.access_denied == 1
 
 
 def test_namespace_mode_host_pid_mapped_to_unique_fd_holder(proc):
@@ -219,8 +238,6 @@ def test_cli_bad_input_real_entry_point(args):
 
 def test_not_root_reports_what_it_can_read_and_says_so():
     """A forked child drops to uid 65534 (its imports done), then observes the real /proc."""
-    import os
-
     from gpuzombie.gpu.nvml import NO_GPU
 
     read_end, write_end = os.pipe()

@@ -176,6 +176,11 @@ def attribute_processes(
             elif proc is not None and (proc.nvidia_fds or proc.is_zombie):
                 refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
                                  "local pid of a process holding /dev/nvidia*", view=view))
+            elif proc is not None and proc.access_denied and _name_matches(gp.name, proc):
+                # Not root: another user's fds are unreadable, but pid and NVML's name agree.
+                refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
+                                 f"local pid; its fds are unreadable here, NVML name {gp.name!r} matches",
+                                 view=view))
             else:
                 refs.append(None)
                 pending.append((device, gp.pid, gp.used_memory, gp.kind, gp.name))
