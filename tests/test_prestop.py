@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_root
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.prestop import plan_targets
 from gpuzombie.proc import Procfs
+from fakeproc import make_fake_proc, make_fake_root
+from markers import needs_root
 from test_prestop_pod import POD_DEV_SETUP
-from test_procfs import make_fake_proc
 
 POD = Path(__file__).with_name("test_prestop_pod.py")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -85,18 +85,13 @@ def test_recycled_pid_is_never_signalled(tmp_path, scenario):
 
 
 def _orphan_tree(root: Path) -> None:
-    (root / "stat").write_text("cpu 0 0 0\nbtime 1700000000\n")
+    make_fake_root(root)
     make_fake_proc(root, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0", fds=("/dev/nvidia0",))
     make_fake_proc(root, 7, ppid=1, comm="python3", fds=("/dev/nvidia0", "/dev/nvidiactl"))
-    make_fake_proc(root, 8, ppid=1, comm="python3")  # a re-parented orphan: keeps its dead parent's group
+    make_fake_proc(root, 8, ppid=1, pgid=5)  # a re-parented orphan: keeps its dead parent's group
     make_fake_proc(root, 9, ppid=1, comm="sleep")  # PID 1's own child leading its group: left alone
-    make_fake_proc(root, 10, ppid=1, state="Z", comm="python3", fds=())
-    make_fake_proc(root, 20, ppid=1, comm="python3")  # this process
-    stat = root / "8" / "stat"
-    stat.write_text(stat.read_text().replace("S 1 8 8", "S 1 5 5"))
-    for pid, state in ((10, "Z"), (20, "S")):
-        stat = root / str(pid) / "stat"
-        stat.write_text(stat.read_text().replace(f"{state} 1 {pid} {pid}", f"{state} 1 5 5"))
+    make_fake_proc(root, 10, ppid=1, state="Z", pgid=5)
+    make_fake_proc(root, 20, ppid=1, pgid=5)  # this process
 
 
 def test_plan_on_a_fake_tree_uses_nvml_fds_and_orphans(tmp_path):
@@ -119,13 +114,12 @@ def test_plan_on_a_fake_tree_uses_nvml_fds_and_orphans(tmp_path):
 
 def test_plan_without_orphans_and_from_another_namespace(tmp_path):
     _orphan_tree(tmp_path)
-    os.remove(tmp_path / "7" / "ns" / "pid")
-    os.symlink("pid:[4026532999]", tmp_path / "7" / "ns" / "pid")
+    make_fake_proc(tmp_path, 11, ppid=1, fds=("/dev/nvidia0",), pidns=4026532999)
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20,
                         include_orphans=False)
-    assert plan.targets == ()
-    assert {e.pid: e.reason for e in plan.excluded}[7] == "in another PID namespace"
+    assert [t.pid for t in plan.targets] == [7]  # the GPU holder; orphan 8 is left alone
+    assert {e.pid: e.reason for e in plan.excluded}[11] == "in another PID namespace"
 
 
 def test_cli_refuses_a_foreign_procfs(tmp_path):

@@ -1,0 +1,59 @@
+"""The NCCL scenario's orchestration on the gloo stand-in (CPU): 2 ranks, every case side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuzombie.gpu.nvml import NO_GPU, FakeNvml
+from gpuzombie.lab.nccl import CASE_KEYS, NcclScenarioError, run_nccl_comparison
+
+
+def run_standin(tmp_path: Path, ranks: int, cases: list[str] | None = None) -> dict:
+    pytest.importorskip("torch.distributed")
+    lines: list[str] = []
+    summary = run_nccl_comparison(ranks=ranks, device="cpu", out_dir=tmp_path, cases=cases,
+                                  observe_seconds=15, progress=lines.append, nvml=FakeNvml(NO_GPU))
+    assert any("SIGKILL rank 0" in line for line in lines)
+    return summary
+
+
+def check_summary(summary: dict, tmp_path: Path, ranks: int, cases: tuple[str, ...]) -> None:
+    assert summary["stand_in"] and summary["backend"] == "gloo" and summary["ranks"] == ranks
+    assert [c["case"] for c in summary["cases"]] == list(cases)
+    for case in summary["cases"]:
+        assert case["error"] is None, case
+        assert [s["rank"] for s in case["survivors"]] == list(range(1, ranks))
+        for s in case["survivors"]:
+            # On gloo every survivor ends (a closed socket is noticed); the point is the orchestration.
+            assert s["exit_s"] is not None and s["exit_s"] < 15
+            assert s["held_mib_at_kill"] > 0
+    graceful = next(c for c in summary["cases"] if c["case"] == "e")
+    assert graceful["goal_met"]
+    assert all(s["exit_code"] == 75 for s in graceful["survivors"])
+    out = tmp_path / "nccl"
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["schema"] == "gpuzombie.nccl/1" and saved["samples"]
+    table = (out / "comparison.md").read_text()
+    assert "CPU stand-in" in table and table.count("\n| ") == len(cases) + 1
+    assert (out / "memory.png").stat().st_size > 0
+    assert (out / "logs").is_dir()
+
+
+def test_two_ranks_all_cases(tmp_path):
+    summary = run_standin(tmp_path, 2)
+    check_summary(summary, tmp_path, 2, CASE_KEYS)
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    with pytest.raises(NcclScenarioError, match="at least 2"):
+        run_nccl_comparison(ranks=1, device="cpu", out_dir=tmp_path, cases=None, observe_seconds=1,
+                            progress=print, nvml=FakeNvml(NO_GPU))
+    with pytest.raises(NcclScenarioError, match="unknown case"):
+        run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=["z"], observe_seconds=1,
+                            progress=print, nvml=FakeNvml(NO_GPU))
+    with pytest.raises(NcclScenarioError, match="2\\+ GPUs"):
+        run_nccl_comparison(ranks=2, device="cuda", out_dir=tmp_path, cases=None, observe_seconds=1,
+                            progress=print, nvml=FakeNvml(NO_GPU))
