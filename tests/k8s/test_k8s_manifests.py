@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from k8s_support import (  # noqa: E402
     REPO,
     RELEASE,
     SCENARIOS,
+    helm,
     render,
     validate_strictly,
     yaml,
@@ -119,3 +121,33 @@ def test_argocd_application_syncs_the_chart_from_oci():
         assert key in chart_values
         if isinstance(value, dict):
             assert set(value) <= set(chart_values[key])
+
+
+def _readme_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## On a cluster: images, pods, Helm chart, ArgoCD, CI/CD")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_readme_helm_flags_render_and_files_exist():
+    """The README's --set flags are values the chart knows, and what it applies exists."""
+    import shlex
+
+    section = _readme_section()
+    words = shlex.split(section.replace("\\\n", " "), comments=False)
+    sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    assert sets
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    values: dict = {}
+    with helm.Chart.load(CHART_DIR) as chart:
+        for expression in sets:  # as `helm install --set` composes them
+            parsed = helm.parse_set_string(expression)
+            assert set(parsed) <= set(defaults), expression
+            values = chart.merge_values({**values, **parsed})
+    pods = [o for o in render(values).values() if o["kind"] == "Pod"]
+    assert pods and all(p["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-4"} for p in pods)
+    for path in re.findall(r"(?:kubectl apply -f |-f )((?:deploy/)?[\w./-]+\.yaml)", section):
+        assert (REPO / path).is_file(), path
+    for tag in re.findall(r"`:([\w-]+)`", section):
+        assert tag in {"nofix", "tini", "fullfix", "nofix-uid1000", "node"}, tag
