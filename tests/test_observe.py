@@ -208,14 +208,21 @@ def test_json_schema_top_level(proc):
 # --- the CLI ---------------------------------------------------------------------------------
 
 def test_cli_replays_nvml_and_reads_fake_procfs(proc, tmp_path_factory, capsys):
-    make_fake_proc(proc, 1, ppid=0, comm="systemd", cmdline=b"/sbin/init\0")
+    """A container's tree read from outside (a fake one here) is judged as a namespace: NVML pids are
+    local, and GPU 0's 291 MiB is an NCCL peer context of the local rank listed on GPU 1."""
+    make_fake_proc(proc, 1, ppid=0, comm="tini", cmdline=b"/usr/bin/tini\0--\0torchrun\0")
+    make_fake_proc(proc, 7, ppid=1, fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
     snap = tmp_path_factory.mktemp("nvml") / "snap.json"
+    gpu = {"name": "H200", "memory_total": 1000 * MIB, "memory_reserved": 615 * MIB}
     snap.write_text(json.dumps({"available": True, "devices": [
-        {"index": 0, "uuid": "GPU-0", "name": "H200", "memory_total": 1000 * MIB, "memory_used": 906 * MIB,
-         "memory_free": 94 * MIB, "memory_reserved": 615 * MIB, "processes": []}]}))
+        {**gpu, "index": 0, "uuid": "GPU-0", "memory_used": 906 * MIB, "memory_free": 94 * MIB, "processes": []},
+        {**gpu, "index": 1, "uuid": "GPU-1", "memory_used": 4113 * MIB, "memory_free": 0, "processes": [
+            {"pid": 7, "used_memory": 3498 * MIB, "kind": "compute", "name": "python3"}]}]}))
     rc = main(["observe", "--procfs", str(proc), "--json", "--nvml-replay", str(snap)])
     data = json.loads(capsys.readouterr().out)
-    assert rc == 1 and data["summary"]["ghost_gpus"] == 1
+    assert data["view"]["in_root_pidns"] is False and data["view"]["own_pid"] is None
+    assert data["gpu_processes"][0]["local_pid"] == 7 and data["gpu_processes"][0]["verdict"] == "live"
+    assert rc == 1 and data["summary"]["ghost_gpus"] == 1 and data["ghosts"][0]["verdict"] == "ghost"
     rc = main(["observe", "--procfs", str(proc), "--nvml-replay", str(snap), "--ghost-threshold-mib", "300"])
     assert rc == 0 and "[8] Orphaned contexts and ghost memory" in capsys.readouterr().out
 
@@ -270,3 +277,14 @@ def test_broken_nvml_is_a_reason_not_a_crash(proc):
     report = observe(Procfs(str(proc)), Broken(), HOST, now=NOW, is_root=True)
     assert report.gpu.available is False and "version mismatch" in report.gpu.reason
     assert "no GPU/NVML: NVML failed: RuntimeError: driver/library version mismatch" in render_text(report)
+
+
+def test_unlisted_holder_of_this_gpus_node_is_a_cause(proc):
+    """A process holds /dev/nvidia1 (minor 1 = GPU index 0 here) but NVML lists nothing: named as a cause."""
+    make_fake_proc(proc, 1, ppid=0, comm="systemd", cmdline=b"/sbin/init\0")
+    make_fake_proc(proc, 50, ppid=1, comm="hidden", fds=("/dev/nvidia1", "/dev/nvidiactl"))
+    make_fake_proc(proc, 51, ppid=1, comm="nvidia-smi", fds=("/dev/nvidiactl",))
+    gpu = GpuDevice(**{**h200(used_mib=1615).__dict__, "minor_number": 1})
+    (ghost,) = run(proc, [gpu], HOST).attribution.ghosts
+    assert ghost.flagged and any("hold /dev/nvidia1" in c and "50 (hidden)" in c for c in ghost.likely_causes)
+    assert not any("nvidia-smi" in c for c in ghost.likely_causes)

@@ -14,7 +14,6 @@ the seed's containers and many public reports got host pids there. So a pid is j
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -23,7 +22,6 @@ from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_ns_link, parse_status
 
 DEFAULT_GHOST_THRESHOLD = 64 * MIB
-_GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
 
 
 class Verdict(str, Enum):
@@ -219,9 +217,12 @@ def attribute_processes(
                             "holder: a host pid of a process outside this namespace, or a dead one",
                             host_pid=None))
         else:
+            holders_text = ", ".join(str(c.innermost_pid) for c in rest_cands)
+            paired = (" (as many holders as unmatched NVML pids: all alive and accounted for, pairing "
+                      "unknown)" if len(rest_cands) == len(rest_pids) else "")
             out.append(_ref(device, pid, used, kind, Verdict.UNRESOLVED, None,
                             f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it "
-                            f"({', '.join(str(c.innermost_pid) for c in rest_cands)})", host_pid=None))
+                            f"({holders_text}){paired}", host_pid=None))
     return tuple(out)
 
 
@@ -261,10 +262,11 @@ def ghost_memory(
     if any(r.verdict is Verdict.GONE for r in mine):
         local.append("memory attributed to pids that no longer exist (orphaned context)")
     # /dev/nvidiactl and /dev/nvidia-uvm are opened by any NVML client (nvidia-smi, exporters);
-    # only a GPU node (/dev/nvidiaN) held by an unlisted process hints at a context NVML hides.
-    if any(not h.listed_by_nvml and any(_GPU_NODE.match(d) for d in h.devices) for h in holders):
-        local.append("processes hold /dev/nvidiaN but NVML lists none of them "
-                     "(contexts NVML does not report)")
+    # only this GPU's node held by an unlisted process hints at a context NVML hides.
+    unlisted = [h for h in holders if not h.listed_by_nvml and device.device_node in h.devices]
+    if unlisted:
+        local.append(f"processes hold {device.device_node} but NVML lists none of them (contexts NVML "
+                     "does not report): " + ", ".join(f"{h.pid} ({h.comm})" for h in unlisted[:5]))
     if any(h.state == "D" for h in holders):
         local.append("a /dev/nvidia* holder is in D state (stuck in the driver)")
     peers = list(peer_devices)

@@ -36,6 +36,12 @@ class GpuDevice:
     memory_free: int
     memory_reserved: int | None
     processes: tuple[GpuProcess, ...] = ()
+    minor_number: int | None = None
+    """N of the device node /dev/nvidiaN (usually, not always, the index)."""
+
+    @property
+    def device_node(self) -> str:
+        return f"/dev/nvidia{self.index if self.minor_number is None else self.minor_number}"
 
     @property
     def process_memory(self) -> int:
@@ -161,6 +167,7 @@ class PynvmlBackend:
             memory_free=int(mem.free),
             memory_reserved=reserved,
             processes=tuple(processes),
+            minor_number=_optional(nv, nv.nvmlDeviceGetMinorNumber, handle),
         )
 
 

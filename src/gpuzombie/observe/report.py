@@ -16,6 +16,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
+    ROOT_PIDNS_INODE,
     Attribution,
     GhostMemory,
     GpuProcessRef,
@@ -25,7 +26,14 @@ from gpuzombie.gpu.attribution import (
     current_view,
 )
 from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend, default_backend
-from gpuzombie.observe.orphans import ORPHAN, Orphan, Zombie, find_orphans, find_zombies, reader_chain
+from gpuzombie.observe.orphans import (
+    ORPHAN,
+    Orphan,
+    Zombie,
+    find_orphans,
+    find_zombies,
+    reader_chain,
+)
 from gpuzombie.observe.pid1 import Pid1, find_pid1
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
@@ -165,12 +173,18 @@ def _warnings(table: ProcessTable, is_root: bool) -> tuple[str, ...]:
     return tuple(found)
 
 
-def default_view(procfs: Procfs) -> ReaderView:
-    """The caller's own view; its pid applies only when it reads its own /proc."""
+def default_view(procfs: Procfs, table: ProcessTable) -> ReaderView:
+    """The caller's own view of the tree it read.
+
+    NVML pids equal the tree's pids only when both the caller and the tree are the root PID
+    namespace's (a fake tree or a container's /proc read from the host is not); the caller's own
+    pid applies only when it reads its own /proc.
+    """
     view = current_view()
-    if os.path.realpath(procfs.root) != "/proc":
-        return ReaderView(in_root_pidns=view.in_root_pidns, own_pid=None)
-    return view
+    init = table.get(1)
+    tree_is_root = init is None or init.pidns is None or init.pidns == ROOT_PIDNS_INODE
+    own = os.path.realpath(procfs.root) == "/proc"
+    return ReaderView(in_root_pidns=view.in_root_pidns and tree_is_root, own_pid=view.own_pid if own else None)
 
 
 def observe(
@@ -189,13 +203,13 @@ def observe(
     (vanished processes, denied files, no NVML) is part of the report.
     """
     procfs = procfs or Procfs()
-    view = view or default_view(procfs)
     now = time.time() if now is None else now
     try:
         table = procfs.snapshot(now=now, with_cgroup=False)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise GpuzombieError(f"cannot read procfs at {procfs.root}: {reason}", ExitStatus.ERROR) from exc
+    view = view or default_view(procfs, table)
     gpus = _read_gpus(nvml or default_backend())
     excluded = reader_chain(table, view.own_pid)
     pid1 = find_pid1(table)
