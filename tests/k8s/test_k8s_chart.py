@@ -180,3 +180,19 @@ def test_cri_socket_is_opt_in(default_objects):
     assert env["CONTAINER_RUNTIME_ENDPOINT"] == "unix:///run/crio/crio.sock"
     assert {"name": "cri-socket", "mountPath": "/run/crio/crio.sock", "readOnly": True} in trace["volumeMounts"]
     validate_strictly(ds)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"scenarios": {"nofx": {"enabled": True}}}, "additional properties 'nofx'"),
+        ({"scenarios": {"tini": {"init": "dumb-init"}}}, "value must be one of"),
+        ({"workload": {"workers": 0}}, "minimum"),
+        ({"imagePullPolicy": "Always"}, "additional properties 'imagePullPolicy'"),
+    ],
+    ids=["typo-in-scenario", "unknown-init", "no-workers", "misplaced-key"],
+)
+def test_values_schema_rejects_mistakes(values, complaint):
+    """values.schema.json: a typo fails the install instead of being silently ignored."""
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        render(values)

@@ -135,7 +135,8 @@ def test_readme_helm_flags_render_and_files_exist():
     import shlex
 
     section = _readme_section()
-    words = shlex.split(section.replace("\\\n", " "), comments=False)
+    shell = "\n".join(re.findall(r"```sh\n(.*?)```", section, re.S)).replace("\\\n", " ")
+    words = shlex.split(shell, comments=True)
     sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
     assert sets
     defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
