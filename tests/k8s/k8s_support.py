@@ -14,6 +14,7 @@ from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
+import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -82,3 +83,9 @@ def container(obj: dict[str, Any]) -> dict[str, Any]:
     (only_container,) = spec["containers"]
     return only_container
 
+
+
+@pytest.fixture(scope="session")
+def default_objects() -> dict[str, dict[str, Any]]:
+    """The chart rendered with its default values, once per session (import it to use it)."""
+    return render()

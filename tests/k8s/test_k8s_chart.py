@@ -14,6 +14,7 @@ from k8s_support import (  # noqa: E402
     NAMESPACE,
     SCENARIOS,
     container,
+    default_objects,
     helm,
     notes,
     only,
