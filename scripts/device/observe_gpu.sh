@@ -20,8 +20,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PY=${PY:-python3}
 START=$(date +%s)
 UNSHARES=()
-cleanup() { for u in "${UNSHARES[@]}"; do kill -9 "$u" 2>/dev/null; done; wait 2>/dev/null; }
+cleanup() { for u in "${UNSHARES[@]}"; do { kill -9 "$u"; wait "$u"; } 2>/dev/null; done; }
 trap cleanup EXIT
+# live_children PID: host pids of PID's children that are not zombies (psutil: no procps needed)
+live_children() {
+  $PY -c 'import psutil, sys
+for c in psutil.Process(int(sys.argv[1])).children():
+    if c.status() != psutil.STATUS_ZOMBIE: print(c.pid)' "$1" 2>/dev/null
+}
 
 # start_ns NAME WORKERS: a PID namespace with sleep as PID 1 and the seed's parent; sets P1_<NAME>.
 start_ns() {
@@ -31,7 +37,7 @@ start_ns() {
     "$PY -m gpuzombie.workloads.parent --workers $workers --size-mib 2048 --device $DEVICE > $log 2>&1 & exec sleep infinity" &
   local u=$! p1=""
   UNSHARES+=("$u")
-  for _ in $(seq 100); do p1=$(pgrep -P "$u"); [ -n "$p1" ] && break; sleep 0.05; done
+  for _ in $(seq 100); do p1=$(live_children "$u" | head -1); [ -n "$p1" ] && break; sleep 0.05; done
   for _ in $(seq 600); do grep -q "parent exiting" "$log" 2>/dev/null && break; sleep 0.1; done
   echo "namespace $name: unshare $u, PID 1 host pid $p1; parent log: $(tr '\n' '|' < "$log")"
   printf -v "P1_$name" '%s' "$p1"
@@ -48,14 +54,14 @@ inside "$P1_B" --json > "$OUT/observe_inside_B.json"; echo "inside B: exit $?"
 inside "$P1_B" > "$OUT/observe_inside_B.txt"
 $PY -m gpuzombie observe --json > "$OUT/observe_host_AB.json"; echo "host (A+B): exit $?"
 
-WORKER_A=$(pgrep -P "$P1_A" | while read -r p; do [ "$(cut -d' ' -f3 /proc/$p/stat)" != Z ] && echo "$p"; done | head -1)
+WORKER_A=$(live_children "$P1_A" | head -1)
 echo "SIGKILL A's worker (host pid $WORKER_A)"
 [ -n "$WORKER_A" ] && kill -9 "$WORKER_A"
 sleep 1
 $PY -m gpuzombie observe --json > "$OUT/observe_host_after_kill.json"; echo "host (after kill): exit $?"
 cleanup; UNSHARES=()
 
-timeout 45 $PY -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
+timeout 40 $PY -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest -m gpu: exit $? ($(tail -1 "$OUT/pytest_gpu.log"))"
 
 P1_A=$P1_A P1_B=$P1_B WORKER_A=${WORKER_A:-0} $PY - "$OUT" <<'PYEOF' | tee "$OUT/summary.txt"
