@@ -115,6 +115,9 @@ def test_argocd_application_syncs_the_chart_from_oci():
     assert sync["automated"] == {"prune": True, "selfHeal": True}
     assert "CreateNamespace=true" in sync["syncOptions"]
     assert app["spec"]["destination"]["namespace"] == NAMESPACE
+    # The namespace ArgoCD creates carries the labels deploy/namespace.yaml has.
+    namespace = yaml.safe_load((DEPLOY_DIR / "namespace.yaml").read_text())
+    assert sync["managedNamespaceMetadata"]["labels"] == namespace["metadata"]["labels"]
     # Its values override must be values the chart knows (a typo would be silently ignored).
     chart_values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     for key, value in source["helm"]["valuesObject"].items():
