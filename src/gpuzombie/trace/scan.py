@@ -13,33 +13,45 @@ from collections.abc import Iterable
 from gpuzombie.proc.procfs import Procfs, ProcessTable
 
 
-def _state(procfs: Procfs, pid: int) -> str | None:
+def _state(root: str, pid: int) -> str | None:
     """The one-letter state from /proc/<pid>/stat (after the last ')'); None when gone."""
     try:
-        with open(procfs.path(pid, "stat"), "rb") as f:
-            raw = f.read()
+        fd = os.open(f"{root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     close = raw.rfind(b")")
     return chr(raw[close + 2]) if 0 <= close < len(raw) - 2 else None
+
+
+def _is_relevant(root: str, pid: int, prefix: str) -> bool:
+    """Holds a /dev/nvidia* fd, or is a zombie. Stops at the first GPU fd; reads stat only when
+    the fd directory is empty or closed to us (a zombie has released all its files)."""
+    fd_dir = f"{root}/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            if os.readlink(f"{fd_dir}/{name}").startswith(prefix):
+                return True
+        except OSError:  # closed since the listing
+            continue
+    return not names and _state(root, pid) == "Z"
 
 
 def relevant_pids(procfs: Procfs, gpu_pids: Iterable[int], *, skip: int | None = None) -> list[int]:
     """Pids of zombies, /dev/nvidia* holders and ``gpu_pids`` present in the tree, ascending."""
     wanted = set(gpu_pids)
-    found = []
-    for pid in procfs.pids():
-        if pid == skip:
-            continue
-        if pid in wanted:
-            found.append(pid)
-            continue
-        state = _state(procfs, pid)
-        if state is None:
-            continue
-        if state == "Z" or procfs.nvidia_fds(pid):
-            found.append(pid)
-    return found
+    root, prefix = procfs.root, procfs.device_prefix
+    return [pid for pid in procfs.pids()
+            if pid != skip and (pid in wanted or _is_relevant(root, pid, prefix))]
 
 
 def scan(procfs: Procfs, gpu_pids: Iterable[int], *, now: float, skip: int | None = None) -> ProcessTable:
