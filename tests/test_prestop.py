@@ -128,3 +128,17 @@ def test_cli_refuses_a_foreign_procfs(tmp_path):
                            "--no-pid1-log"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "gpuzombie: error:" in done.stderr
+
+
+@needs_root
+def test_stdlib_entry_point_in_a_pod_without_click(tmp_path):
+    """``python3 -m gpuzombie.prestop`` (what a training image runs) needs neither click nor rich."""
+    script = ("import sys; sys.modules['click'] = None; sys.modules['rich'] = None; "
+              "from gpuzombie.prestop.hook import main; sys.exit(main(['--json', '--no-nvml']))")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                           sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["schema"] == "gpuzombie.prestop/1" and report["results"] == []
+    assert report["pid1_log"] == "PID 1's stdout is our own stdout"

@@ -1,19 +1,14 @@
-"""`gpuzombie prestop`: the preStop hook. SIGTERM the pod's GPU holders and orphans, wait, SIGKILL."""
+"""`gpuzombie prestop`: the preStop hook. SIGTERM the pod's GPU holders and orphans, wait, SIGKILL.
+
+The same run as ``python3 -m gpuzombie.prestop`` (stdlib only, faster to start in a hook)."""
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from gpuzombie.cli.common import echo_json, json_option, procfs_option, to_jsonable
-from gpuzombie.errors import GpuzombieError
-from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.nvml import default_backend
-from gpuzombie.prestop import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopEvent, render_text, run_prestop
-from gpuzombie.prestop.pid1log import Pid1Log
-from gpuzombie.prestop.targets import in_host_pid_namespace
-from gpuzombie.proc.procfs import Procfs
+from gpuzombie.cli.common import json_option, procfs_option
+from gpuzombie.prestop import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT
+from gpuzombie.prestop.hook import run_hook
 
 
 @click.command()
@@ -38,30 +33,6 @@ def command(timeout: float, kill_wait: float, dry_run: bool, no_orphans: bool, n
     Run it inside the pod's PID namespace (as a preStop exec hook). Exit 0: every target is gone
     (or there was none); 1: something survived SIGKILL; 2: usage or environment error.
     """
-    if timeout < 0 or kill_wait < 0:
-        raise GpuzombieError("--timeout and --kill-wait must be >= 0", ExitStatus.ERROR)
-    # In the host's PID namespace PID 1 is the node's init: its stdout is no container log.
-    sink = Pid1Log() if pid1_log and not in_host_pid_namespace(procfs) else None
-    live_out = sys.stderr if as_json else sys.stdout
-
-    def on_event(event: PrestopEvent) -> None:
-        line = f"gpuzombie prestop: [{event.at_s:7.3f}s] {event.message}"
-        click.echo(line, file=live_out)
-        if sink is not None:
-            sink.write_line(line)
-
-    try:
-        report = run_prestop(procfs=Procfs(procfs), nvml=None if no_nvml else default_backend(),
-                             timeout=timeout, kill_wait=kill_wait, dry_run=dry_run,
-                             include_orphans=not no_orphans, on_event=on_event)
-    finally:
-        if sink is not None:
-            sink.close()
-    if as_json:
-        data = to_jsonable(report)
-        data["pid1_log"] = ("written to /proc/1/fd/1" if sink is not None and sink.why_not is None
-                            else (sink.why_not if sink is not None else "off"))
-        echo_json(data)
-    else:
-        click.echo(render_text(report))
-    return report.exit_status
+    return run_hook(procfs=procfs, timeout=timeout, kill_wait=kill_wait, dry_run=dry_run,
+                    include_orphans=not no_orphans, use_nvml=not no_nvml, pid1_log=pid1_log,
+                    as_json=as_json)

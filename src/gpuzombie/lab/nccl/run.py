@@ -27,6 +27,7 @@ from gpuzombie.lab.nccl.sampling import MemorySampler, freed_at, held_before, un
 
 SCHEMA = "gpuzombie.nccl/1"
 GOAL_S = 5.0
+WRAP_UP_S = 25.0
 CPU_STANDIN_LABEL = ("CPU stand-in: gloo backend, host RAM instead of GPU memory; NCCL knobs have "
                      "no effect on gloo, which also notices a dead peer's closed socket by itself")
 
@@ -68,9 +69,13 @@ def run_nccl_comparison(
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     stagger_s: float | None = None,
     startup_timeout_s: float = 240.0,
+    budget_s: float | None = None,
     nvml: NvmlBackend | None = None,
 ) -> dict[str, Any]:
-    """Run the cases side by side; write out_dir/"nccl"; return the JSON-able summary."""
+    """Run the cases side by side; write out_dir/"nccl"; return the JSON-able summary.
+
+    ``budget_s`` caps the whole run (a device call has 10 minutes): the window then ends early
+    enough to leave ``WRAP_UP_S`` for stopping the ranks and writing the results."""
     try:
         import importlib.util
 
@@ -114,9 +119,20 @@ def run_nccl_comparison(
         running = [c for c in launches if c.error is None]
         sampler.start()
         time.sleep(1.0)  # a baseline with every rank holding its memory
+        def watch(until: float) -> bool:
+            """Record exits until ``until``; True when every rank of every case has exited."""
+            while now() < until:
+                for c in running:
+                    for r in c.ranks:
+                        r.poll(now())
+                if kills and all(r.exited_at is not None for c in running for r in c.ranks):
+                    return True
+                time.sleep(0.02)
+            return False
+
         for i, c in enumerate(running):
             if i:
-                time.sleep(stagger_s)
+                watch(now() + stagger_s)
             victim = c.ranks[0]
             if victim.handle is not None:
                 victim.handle.send(signal.SIGKILL)
@@ -124,21 +140,18 @@ def run_nccl_comparison(
             progress(f"nccl: case {c.spec.key}: SIGKILL rank 0 (pid {victim.pid}) at {kills[c.spec.key]:.2f} s")
         first_kill = min(kills.values(), default=now())
         end = first_kill + observe_seconds
-        while now() < end:
-            for c in running:
-                for r in c.ranks:
-                    r.poll(now())
-            if all(r.exited_at is not None for c in running for r in c.ranks):
-                break
-            time.sleep(0.05)
+        if budget_s is not None:
+            end = min(end, budget_s - WRAP_UP_S)
+        watch(end)
         time.sleep(min(1.0, max(0.0, end - now())))  # let the last release show in the samples
     finally:
         sampler.stop()
         t_end = now()
+        observed = round(t_end - min(kills.values()), 1) if kills else 0.0
         for c in launches:
             c.stop_all()
     summary = _summarize(launches, kills, sampler.samples, t_end=t_end, device=device, ranks=ranks,
-                         size_mib=size_mib, observe_seconds=observe_seconds, nvml=nvml if gpu else None)
+                         size_mib=size_mib, observe_seconds=observed, nvml=nvml if gpu else None)
     write_results(nccl_dir, summary, sampler.samples)
     for line in summary["table_md"].splitlines():
         progress(line)
