@@ -154,7 +154,7 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     report = run_trace(node, crictl)
     rows = by_pid(report)
     worker = rows[200][0]
-    assert (worker.nspid, worker.gpu_index, worker.gpu_memory, worker.nsmi, worker.verdict) == (7, 0, 2658 * MIB, True, "live")
+    assert (worker.nspid, worker.gpu_index, worker.gpu_memory_mib, worker.nsmi, worker.verdict) == (7, 0, 2658, True, "live")
     assert (worker.qos, worker.pod, worker.namespace, worker.container) == ("burstable", "gpu-zombie-nofix", "gpu-zombie-test", "worker")
     assert (worker.runtime, worker.cgroup_driver, worker.cgroup_version) == ("containerd", "systemd", "v2")
     zombie = rows[201][0]
@@ -172,9 +172,9 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     assert 500 not in rows and 202 not in rows and 1 not in rows  # not GPU-related, not zombies
 
     gpu0, gpu1 = report.gpus
-    assert (gpu0.baseline, gpu0.unexplained, gpu0.verdict) == (615 * MIB, 291 * MIB, "ghost")
+    assert (gpu0.baseline_mib, gpu0.unexplained_mib, gpu0.verdict) == (615, 291, "ghost")
     assert "pid 300 (pod training/nccl-rank1), listed on GPU 1, also holds /dev/nvidia0" in gpu0.likely_causes[0]
-    assert gpu1.unexplained == 0 and gpu1.verdict == "ok"
+    assert gpu1.unexplained_mib == 0 and gpu1.verdict == "ok"
     s = report.summary
     assert (s.zombies, s.gone, s.ghost_gpus, s.fd_only, s.gpu_processes, s.healthy) == (1, 1, 1, 2, 3, False)
     # Two calls for the node and one inspect for the id they did not name: never one per container.

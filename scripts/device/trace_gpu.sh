@@ -158,7 +158,7 @@ for name in ("trace", "trace-after-kill", "trace-nccl"):
     d = json.load(open(path)); s = d["summary"]
     secs = open(os.path.join(out, name + ".txt")).read().rsplit("seconds=", 1)[-1].strip()
     for g in d["gpus"] or [None]:
-        mib = lambda k: "-" if g is None else str(g[k] >> 20)
+        mib = lambda k: "-" if g is None else f"{g[k + '_mib']:.0f}"
         print(f"{name:<18} {s['rows']:>4} {s['gpu_processes']:>4} {s['zombies']:>4} {s['fd_only']:>7} "
               f"{'-' if g is None else g['index']:>3} {mib('used'):>7} {mib('baseline'):>6} {mib('process_memory'):>7} "
               f"{mib('unexplained'):>6} {'-' if g is None else g['verdict']:<8} {secs:>7}")

@@ -20,6 +20,38 @@ procfs_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
 
+def ghost_options(fn: Any) -> Any:
+    """--ghost-threshold-mib, --baseline-mib and the hidden --nvml-replay: the GPU-memory options
+    every command that judges ghost memory shares (observe, trace)."""
+    from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
+    from gpuzombie.gpu.nvml import MIB
+
+    for option in reversed((
+        click.option("--ghost-threshold-mib", type=click.IntRange(min=0), default=DEFAULT_GHOST_THRESHOLD // MIB,
+                     show_default=True, help="Flag a GPU when unexplained memory exceeds this."),
+        click.option("--baseline-mib", type=click.IntRange(min=0), default=None,
+                     help="Memory used with no process at all. Default: the driver's reservation from NVML."),
+        click.option("--nvml-replay", type=click.Path(dir_okay=False), default=None, hidden=True,
+                     help="Read NVML state from a JSON snapshot instead of the driver (tests, replays)."),
+    )):
+        fn = option(fn)
+    return fn
+
+
+def nvml_backend(replay: str | None) -> Any:
+    """The real NVML, or a snapshot recorded as JSON (``--nvml-replay``)."""
+    from gpuzombie.errors import GpuzombieError
+    from gpuzombie.gpu.nvml import FakeNvml, default_backend
+
+    if replay is None:
+        return default_backend()
+    try:
+        with open(replay) as f:
+            return FakeNvml.from_dict(json.load(f))
+    except (OSError, ValueError, TypeError) as exc:
+        raise GpuzombieError(f"cannot replay NVML snapshot {replay}: {exc}") from exc
+
+
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, enums, tuples and mappings to plain JSON types, recursively."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

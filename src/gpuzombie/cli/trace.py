@@ -7,12 +7,11 @@ import time
 
 import click
 
-from gpuzombie.cli.common import echo_json, json_option, procfs_option
-from gpuzombie.cli.observe import _replayed
+from gpuzombie.cli.common import echo_json, ghost_options, json_option, nvml_backend, procfs_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, current_view
-from gpuzombie.gpu.nvml import MIB, default_backend
+from gpuzombie.gpu.attribution import current_view
+from gpuzombie.gpu.nvml import MIB
 from gpuzombie.k8s import cri
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
@@ -30,12 +29,7 @@ from gpuzombie.trace.scan import is_live_procfs
               show_default=True, metavar="S", help="Give up on crictl after S seconds (ids only, a warning).")
 @click.option("--pod-resources-socket", default=DEFAULT_SOCKET, show_default=True, metavar="PATH",
               help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.")
-@click.option("--ghost-threshold-mib", type=click.IntRange(min=0), default=DEFAULT_GHOST_THRESHOLD // MIB,
-              show_default=True, help="Flag a GPU when unexplained memory exceeds this.")
-@click.option("--baseline-mib", type=click.IntRange(min=0), default=None,
-              help="Memory used with no process at all. Default: the driver's reservation from NVML.")
-@click.option("--nvml-replay", type=click.Path(dir_okay=False), default=None, hidden=True,
-              help="Read NVML state from a JSON snapshot instead of the driver (tests, replays).")
+@ghost_options
 def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout: float,
             pod_resources_socket: str, ghost_threshold_mib: int, baseline_mib: int | None,
             nvml_replay: str | None) -> int:
@@ -54,7 +48,7 @@ def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout:
     try:
         report = trace_node(
             procfs=Procfs(procfs),
-            nvml=_replayed(nvml_replay) if nvml_replay else default_backend(),
+            nvml=nvml_backend(nvml_replay),
             view=current_view(),
             names=lambda ids: cri.lookup(crictl_path, ids, timeout=crictl_timeout),
             resources=list_pod_resources(pod_resources_socket),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from gpuzombie.gpu.nvml import MIB
 from gpuzombie.trace.report import TraceReport, TraceRow
 
 COLUMNS = ("PID", "NSPID", "STATE", "GPU", "GPU_MEM", "NSMI", "QOS", "POD", "NAMESPACE", "CONTAINER")
 
 
-def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value // MIB} MiB"
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} MiB"
 
 
 def _gpu(row: TraceRow) -> str:
@@ -30,7 +29,7 @@ def _cells(row: TraceRow) -> tuple[str, ...]:
         "-" if row.nspid is None else str(row.nspid),
         row.state,
         _gpu(row),
-        _mib(row.gpu_memory),
+        _mib(row.gpu_memory_mib),
         "Y" if row.nsmi else "N",
         row.qos or "-",
         pod,
@@ -54,9 +53,9 @@ def render_text(report: TraceReport) -> str:
         out.append("")
         for g in report.gpus:
             mark = {"ok": "ok", "ghost": "GHOST", "cannot_tell": "cannot tell"}.get(g.verdict, g.verdict)
-            out.append(f"GPU {g.index} {g.name} ({g.uuid}): used {_mib(g.used)} = baseline "
-                       f"{_mib(g.baseline)} + processes {_mib(g.process_memory)} + unexplained "
-                       f"{_mib(g.unexplained)}  [{mark}]")
+            out.append(f"GPU {g.index} {g.name} ({g.uuid}): used {_mib(g.used_mib)} = baseline "
+                       f"{_mib(g.baseline_mib)} + processes {_mib(g.process_memory_mib)} + unexplained "
+                       f"{_mib(g.unexplained_mib)}  [{mark}]")
             for cause in g.likely_causes:
                 out.append(f"  likely cause: {cause}")
             if g.allocated_to and not g.likely_causes:

@@ -24,7 +24,7 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend
+from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
@@ -49,8 +49,8 @@ class TraceRow:
     gpu_index: int | None
     """The GPU NVML lists it on; for fd-only holders None (see ``devices``)."""
     gpu_uuid: str | None
-    gpu_memory: int | None
-    """Bytes NVML attributes to it on that GPU; None when not listed or not reported."""
+    gpu_memory_mib: float | None
+    """MiB NVML attributes to it on that GPU; None when not listed or not reported."""
     nsmi: bool
     """Listed by NVML (the seed's NSMI column: nvidia-smi sees it)."""
     verdict: str
@@ -79,17 +79,18 @@ class Allocation:
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU's memory, accounted for: used = baseline + processes + unexplained."""
+    """One GPU's memory in MiB, accounted for: used = baseline + processes + unexplained."""
 
     index: int
     uuid: str
     name: str
-    total: int
-    used: int
-    baseline: int
+    total_mib: float
+    used_mib: float
+    baseline_mib: float
     baseline_source: str
-    process_memory: int
-    unexplained: int
+    process_memory_mib: float
+    unexplained_mib: float
+    threshold_mib: float
     verdict: str
     """ok, ghost (flagged above the threshold) or cannot_tell."""
     flagged: bool
@@ -140,6 +141,11 @@ class TraceReport:
 NamesLookup = Callable[[Iterable[str]], CriNames]
 
 
+def mib(n: int) -> float:
+    """Bytes to MiB, one decimal: the unit of every memory figure in the report (as in observe)."""
+    return round(n / MIB, 1)
+
+
 def _gpu_nodes(devices: Iterable[str]) -> list[int]:
     return sorted({int(m.group(1)) for d in devices if (m := _GPU_NODE.match(d))})
 
@@ -156,7 +162,7 @@ def _row(proc: ProcessInfo | None, ref: ContainerRef | None, names: CriNames, *,
         comm=proc.comm if proc else None,
         gpu_index=gpu[0],
         gpu_uuid=gpu[1],
-        gpu_memory=memory,
+        gpu_memory_mib=None if memory is None else mib(memory),
         nsmi=nsmi,
         verdict=verdict,
         qos=ref.qos if ref else None,
@@ -217,7 +223,7 @@ def _peer_evidence(device: GpuDevice, rows: list[TraceRow]) -> list[str]:
 
 
 def account_memory(device: GpuDevice, ghost: GhostMemory, rows: list[TraceRow],
-                   resources: PodResources) -> GpuMemory:
+                   resources: PodResources, threshold: int) -> GpuMemory:
     causes = list(ghost.likely_causes)
     if ghost.unexplained > 0 and ghost.verdict != "ok":
         causes = _peer_evidence(device, rows) + causes
@@ -228,9 +234,10 @@ def account_memory(device: GpuDevice, ghost: GhostMemory, rows: list[TraceRow],
         causes.append("allocated by the kubelet to " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}"
                                                                   for a in allocated))
     return GpuMemory(
-        index=device.index, uuid=device.uuid, name=device.name, total=device.memory_total,
-        used=device.memory_used, baseline=ghost.baseline, baseline_source=ghost.baseline_source,
-        process_memory=ghost.process_memory, unexplained=ghost.unexplained, verdict=ghost.verdict,
+        index=device.index, uuid=device.uuid, name=device.name, total_mib=mib(device.memory_total),
+        used_mib=mib(device.memory_used), baseline_mib=mib(ghost.baseline),
+        baseline_source=ghost.baseline_source, process_memory_mib=mib(ghost.process_memory),
+        unexplained_mib=mib(ghost.unexplained), threshold_mib=mib(threshold), verdict=ghost.verdict,
         flagged=ghost.flagged, likely_causes=tuple(causes), allocated_to=allocated,
     )
 
@@ -264,7 +271,7 @@ def trace_node(
     containers = {p.pid: parse_cgroup_lines(p.cgroup) for p in table}
     cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
     rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
-    memory = tuple(account_memory(d, g, rows, resources) for d, g in zip(gpus.devices, att.ghosts))
+    memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
     warnings = list(cri.warnings)
     if resources.warning:
         warnings.append(resources.warning)
