@@ -79,6 +79,7 @@ start_pod() {
   sh -c '[ -n "$1" ] && echo $$ > "$1/cgroup.procs"; exec unshare --pid --fork --mount-proc --kill-child sh -c "$2 & exec sleep infinity"' \
     _ "$cg" "$cmd" >>"$LOG" 2>&1 &
   PIDS+=($!)
+  disown $!  # no "Killed" job notices at cleanup
 }
 
 nvml_count() {
@@ -133,8 +134,8 @@ dist.all_reduce(x); torch.cuda.synchronize(); print("ready", rank, flush=True)
 while True:
     dist.all_reduce(x); torch.cuda.synchronize(); time.sleep(0.05)
 EOF
-  python3 "$TMP/rank.py" 0 >>"$LOG" 2>&1 & R0=$!; PIDS+=($R0)
-  python3 "$TMP/rank.py" 1 >>"$LOG" 2>&1 & R1=$!; PIDS+=($R1)
+  python3 "$TMP/rank.py" 0 >>"$LOG" 2>&1 & R0=$!; PIDS+=($R0); disown $R0
+  python3 "$TMP/rank.py" 1 >>"$LOG" 2>&1 & R1=$!; PIDS+=($R1); disown $R1
   if wait_for 2 40; then
     sleep 2
     kill -9 "$R0"; sleep 3
