@@ -57,3 +57,19 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(NcclScenarioError, match="2\\+ GPUs"):
         run_nccl_comparison(ranks=2, device="cuda", out_dir=tmp_path, cases=None, observe_seconds=1,
                             progress=print, nvml=FakeNvml(NO_GPU))
+
+
+def test_module_entry_point_prints_the_table(tmp_path):
+    """``python3 -m gpuzombie.lab.nccl`` as the README and the device script run it (one case)."""
+    pytest.importorskip("torch.distributed")
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run([sys.executable, "-m", "gpuzombie.lab.nccl", "--device", "cpu", "--cases", "e",
+                           "--observe-seconds", "10", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0, done.stderr
+    assert "| e gpuzombie.graceful |" in done.stdout
+    assert (tmp_path / "nccl" / "comparison.md").exists()
