@@ -91,7 +91,8 @@ def scenario_metrics(*, samples: Sequence[Sample], marks: dict[str, float | None
         "grace_s": grace,
         "waited_whole_grace": sigkill is not None,
         "pod_exit_after_delete_s": None if pod_exit is None else round(pod_exit - delete, 3),
-        "sigkill_to_free_s": None if sigkill is None or free is None else round(free - sigkill, 3),
+        "sigkill_to_free_s": None if sigkill is None or free is None or free < sigkill
+                             else round(free - sigkill, 3),
         "grace_waste_gib_s": round(integral_gib_s(samples, delete, end), 3),
         "kill9_to_free_s": None if kill9_latency is None else round(kill9_latency, 3),
         "release_within_2x_kill9": (None if latency is None or kill9_latency is None

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -61,6 +61,16 @@ def init_argv(init: str, main_command: str) -> list[str]:
     if init == "dumb-init":
         return [init_binary("dumb-init"), "--", *shell]
     raise PodError(f"unknown init {init!r} (one of {', '.join(INITS)})")
+
+
+def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment with PYTHONPATH made absolute: entering a mount namespace (nsenter --mount)
+    moves the working directory to its root, where ``PYTHONPATH=src`` would point at nothing."""
+    env = dict(environ)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
+                                            for p in env["PYTHONPATH"].split(os.pathsep))
+    return env
 
 
 def children_of(pid: int) -> list[int]:
@@ -123,7 +133,7 @@ class Pod:
         self.launch = [*PDEATHSIG, *self.argv]
         self.log = log
         self.events = events
-        self.env = env
+        self.env = env if env is not None else absolute_pythonpath(os.environ)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1 = 0
         self.pidns = 0

@@ -56,8 +56,13 @@ def _sigterm(e: Entry) -> tuple[str, bool]:
     if "exited_after_sigkill" in outcomes:
         t = e["config"]["prestop_timeout"]
         return f"❌ SIG_IGN: killed by preStop's SIGKILL fallback after {t:g} s", False
+    rc = e["deletion"]["prestop_rc"]
+    if m["waited_whole_grace"] and rc is not None:
+        return f"❌ preStop did not finish within the grace (exit {rc}): SIGKILL at the grace's end", False
+    if m["waited_whole_grace"] and e["init"] == "sleep":
+        return "❌ SIG_IGN; PID 1 (sleep) has no handler, so the kernel drops SIGTERM: SIGKILL at the grace's end", False
     if m["waited_whole_grace"]:
-        return f"❌ SIG_IGN; PID 1 ({e['init']}) drops SIGTERM: SIGKILL at the grace's end", False
+        return f"❌ SIG_IGN; PID 1 ({e['init']}) outlived SIGTERM: SIGKILL at the grace's end", False
     return (f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the "
             "namespace", False)
 

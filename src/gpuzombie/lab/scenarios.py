@@ -74,8 +74,9 @@ class LabConfig:
 
     @property
     def prestop_timeout(self) -> float:
-        """preStop's own SIGTERM→SIGKILL wait: the seed's 20 s, or two thirds of a shorter grace."""
-        return round(min(20.0, self.grace * 2 / 3), 1)
+        """preStop's own SIGTERM→SIGKILL wait: the seed's 20 s in a 30 s grace; in a shorter
+        grace, what leaves a third of it (at least 1.5 s) for the hook's start and SIGKILL."""
+        return round(max(0.2, min(20.0, self.grace - max(1.5, self.grace / 3))), 1)
 
     @property
     def prestop_kill_wait(self) -> float:
@@ -118,7 +119,9 @@ def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
 
 
 def prestop_command(config: LabConfig) -> list[str]:
-    return [sys.executable, "-m", "gpuzombie", "prestop", "--json", "--timeout",
+    """The hook as a pod would run it; the stdlib-only entry of ``gpuzombie prestop`` (same
+    options and JSON), which starts without click and rich: its start-up is part of S4's latency."""
+    return [sys.executable, "-m", "gpuzombie.prestop", "--json", "--timeout",
             f"{config.prestop_timeout:g}", "--kill-wait", f"{config.prestop_kill_wait:g}"]
 
 
