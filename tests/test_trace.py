@@ -315,9 +315,69 @@ def test_cli_bad_input_is_one_line(argv, needle, capsys):
     assert needle in err and len(err.splitlines()) == 1
 
 
-def test_cli_unreadable_procfs(tmp_path, capsys):
-    if os.geteuid() == 0:
-        pytest.skip("root reads a mode-000 directory anyway")
-    root = tmp_path / "proc"
-    root.mkdir(mode=0)
-    assert main(["trace", "--procfs", str(root)]) == 2
+def test_cli_procfs_that_is_no_procfs(tmp_path, capsys):
+    # An empty directory (no /proc/stat): one line naming the tree, exit 2.
+    assert main(["trace", "--procfs", str(tmp_path), "--pod-resources-socket", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gpuzombie: error: cannot read {tmp_path}") and len(err.splitlines()) == 1
+
+
+def test_readme_example_is_this_nodes_table(node, crictl):
+    """The README's example output is what trace prints for this test's node (tested documentation)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Node trace"):]
+    example = section[section.index("```\nPID") + 4: section.index("\n```", section.index("```\nPID") + 4)]
+    assert example == render_text(run_trace(node, crictl))
+
+
+def test_scan_of_the_real_proc_finds_a_zombie_and_a_device_holder(tmp_path):
+    """The candidate scan on the live /proc: a real unreaped child, a real holder of a stand-in
+    device node, and nothing of the many other processes of this machine."""
+    import subprocess
+
+    from gpuzombie.trace.scan import relevant_pids
+
+    device = tmp_path / "nvidia0"
+    device.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(30)"])
+    zombie = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        found: list[int] = []
+        while time.monotonic() < deadline:
+            found = relevant_pids(Procfs("/proc", device_prefix=str(tmp_path / "nvidia")), [], skip=os.getpid())
+            if holder.pid in found and zombie.pid in found:
+                break
+            time.sleep(0.05)
+        assert holder.pid in found and zombie.pid in found
+        assert os.getpid() not in found
+    finally:
+        holder.kill()
+        holder.wait()
+        zombie.wait()
+
+
+def test_cli_refuses_a_live_proc_without_root():
+    """Without root, others' fds are unreadable: a one-line error, not a silently empty table.
+    A forked child drops to uid 65534 for real and runs the already imported CLI."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        try:
+            sys.stderr = os.fdopen(write_end, "w")  # pytest's capture replaced the object, not fd 2
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            code = main(["trace", "--pod-resources-socket", "/nonexistent"])
+            sys.stderr.flush()
+            os._exit(code)
+        finally:
+            os._exit(99)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        err = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 2, err
+    assert err.strip() == "gpuzombie: error: trace reads every process's fds and cgroup: run it as root"
