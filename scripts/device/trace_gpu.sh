@@ -110,7 +110,8 @@ say "trace done at $(elapsed) s"
 
 VICTIM=$(python3 -c "
 import json; d = json.load(open('$OUT/trace.json'))
-print(next((r['pid'] for r in d['rows'] if r['nsmi'] and r['pod_uid'] == '$UID_A'), ''))" 2>>"$LOG")
+listed = [r for r in d['rows'] if r['nsmi'] and r['state'] != '-']
+print(next((r['pid'] for r in listed if r['pod_uid'] == '$UID_A'), listed[0]['pid'] if listed else ''))" 2>>"$LOG")
 if [ -n "$VICTIM" ]; then
   kill -9 "$VICTIM"
   for _ in $(seq 30); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$VICTIM" || break; sleep 0.1; done
