@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 pytest.importorskip("helm_python", reason="helm-python-sdk is in the 'chart' extra")
@@ -197,3 +199,13 @@ def test_values_schema_rejects_mistakes(values, complaint):
     """values.schema.json: a typo fails the install instead of being silently ignored."""
     with pytest.raises(helm.HelmValuesError, match=complaint):
         render(values)
+
+
+def test_cd_packaging_gives_a_chart_that_renders(tmp_path):
+    """What cd.yaml does on tag v0.2.0: package with the tag's version; the archive still renders."""
+    archive = helm.package(CHART_DIR, destination=tmp_path, version="0.2.0", app_version="0.2.0")
+    assert pathlib.Path(archive).name == "gpu-zombie-test-0.2.0.tgz"
+    with helm.Chart.load(archive) as chart:
+        assert chart.version == "0.2.0"
+        rendered = chart.render(None, name="gpu-zombie-test", namespace=NAMESPACE)
+    assert sum("kind: Pod" in text for text in rendered.values()) == len(DEFAULT_SCENARIOS)
