@@ -164,3 +164,24 @@ def test_kernel_backstop_when_cleanup_holds_the_gil():
     code, took = wait_exit(proc, 6)
     assert code == -signal.SIGALRM
     assert 1.9 <= took < 3.5
+
+
+def test_a_peer_dying_while_stopping_brings_the_deadline_closer():
+    # SIGTERM first (deadline 30 s), main thread stuck (a rank waiting on a peer that stopped at an
+    # earlier step); then that peer exits: this one must be gone within peer_exit_s, not 30 s.
+    peer = subprocess.Popen(["sleep", "60"])
+    proc = start("""
+        stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
+        stop.watch_pids([int(sys.argv[1])])
+        r, w = os.pipe()
+        print("ready", flush=True)
+        os.read(r, 1)
+    """, str(peer.pid))
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert proc.poll() is None
+    peer.kill()
+    peer.wait()
+    code, took = wait_exit(proc, 5)
+    assert code == 75  # cut short because the peer is gone (cleanup never got the main thread back)
+    assert took < 1.5

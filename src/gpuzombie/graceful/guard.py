@@ -41,6 +41,8 @@ class Guard:
         self.reason: str | None = None
         self.exit_code = 0
         self.stop_requested_at: float | None = None
+        self._deadline_at = float("inf")
+        self._peer_gone = False
         self._stop = threading.Event()
         self._held: list[Any] = []
         self._callbacks: list[Callable[[], None]] = []
@@ -69,16 +71,28 @@ class Guard:
         """Run ``fn`` during shutdown, before the CUDA memory is freed (e.g. a quick checkpoint)."""
         self._callbacks.append(fn)
 
-    def request_stop(self, reason: str, exit_code: int) -> None:
-        """Ask for a stop (signals and the peer monitor call this; so may the script)."""
+    def request_stop(self, reason: str, exit_code: int, *, within_s: float | None = None) -> None:
+        """Ask for a stop (signals and the peer monitor call this; so may the script).
+
+        The first request sets the reason and exit code; a later one can only bring the deadline
+        closer (``within_s``), e.g. a peer dying while this rank is already stopping."""
+        now = time.monotonic()
+        limit = self.deadline_s if within_s is None else min(self.deadline_s, within_s)
         with self._lock:
-            if self._stop.is_set():
+            first = not self._stop.is_set()
+            if first:
+                self.reason, self.exit_code = reason, exit_code
+                self.stop_requested_at = now
+                self._deadline_at = now + limit
+                self._stop.set()
+            elif now + limit < self._deadline_at:
+                self._deadline_at = now + limit
+            else:
                 return
-            self.reason, self.exit_code = reason, exit_code
-            self.stop_requested_at = time.monotonic()
-            self._stop.set()
-        self.log(f"gpuzombie.graceful: stop requested: {reason}; exiting within {self.deadline_s:g} s")
-        threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
+        self.log(f"gpuzombie.graceful: {'stop requested' if first else 'also'}: {reason}; "
+                 f"exiting within {self._deadline_at - now:.3g} s")
+        if first:
+            threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
         self._arm_kernel_backstop()
 
     def shutdown(self, *, exit: bool = True) -> None:
@@ -95,7 +109,9 @@ class Guard:
             # peers are finishing too, and the polite destroy does not wait on anyone dead.
             what = (torchdist.abort_process_group() if self._stop.is_set()
                     else torchdist.destroy_process_group())
-            freed = torchdist.free_cuda_memory()
+            # With a dead peer, cudaFree's implicit sync could wait on a stuck NCCL kernel; the
+            # exit that follows frees everything anyway.
+            freed = "cache left to the exit (peer lost)" if self._peer_gone else torchdist.free_cuda_memory()
             self._cleaned.set()
             self.log(f"gpuzombie.graceful: cleaned up ({what}; {freed})")
         if exit and self._stop.is_set():
@@ -181,29 +197,29 @@ class Guard:
         return monitor
 
     def peer_lost(self, reason: str) -> None:
-        self.request_stop(f"peer lost: {reason}", EXIT_PEER_LOST)
+        self.request_stop(f"peer lost: {reason}", EXIT_PEER_LOST, within_s=self.peer_exit_s)
+        self._peer_gone = True
         # The main thread is most likely blocked in a collective with the dead rank: unblock it.
         self.log(f"gpuzombie.graceful: {torchdist.abort_process_group()}")
-
-    def _limit(self) -> float:
-        return min(self.deadline_s, self.peer_exit_s) if self.exit_code == EXIT_PEER_LOST else self.deadline_s
 
     def _arm_kernel_backstop(self) -> None:
         """If even the watchdog cannot run (a C call holding the GIL), the kernel ends us: SIGALRM
         with its default action terminates the process without any Python code, 1 s after the
         watchdog's own deadline. Used only when nobody handles SIGALRM."""
         if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
-            signal.setitimer(signal.ITIMER_REAL, self._limit() + 1.0)
+            signal.setitimer(signal.ITIMER_REAL, max(0.01, self._deadline_at - time.monotonic()) + 1.0)
 
     def _watchdog(self) -> None:
-        assert self.stop_requested_at is not None
-        limit = self._limit()
-        if self._cleaned.wait(limit):
-            # Cleanup finished; give the interpreter's own exit what is left of the deadline.
-            time.sleep(max(0.0, limit - (time.monotonic() - self.stop_requested_at)))
+        # Re-reads the deadline: a peer dying meanwhile brings it closer.
+        while not self._cleaned.is_set() and time.monotonic() < self._deadline_at:
+            self._cleaned.wait(min(0.05, max(0.0, self._deadline_at - time.monotonic())))
+        if self._cleaned.is_set():
+            # Cleanup finished; the interpreter's own exit gets what is left of the deadline.
+            while time.monotonic() < self._deadline_at:
+                time.sleep(min(0.05, max(0.0, self._deadline_at - time.monotonic())))
             code = self.exit_code
         else:
-            code = EXIT_DEADLINE if self.exit_code != EXIT_PEER_LOST else EXIT_PEER_LOST
+            code = EXIT_PEER_LOST if self._peer_gone else EXIT_DEADLINE
         self.log(f"gpuzombie.graceful: deadline reached ({self.reason}): exiting hard with {code}")
         _flush()
         os._exit(code)

@@ -119,6 +119,8 @@ def run_nccl_comparison(
         running = [c for c in launches if c.error is None]
         sampler.start()
         time.sleep(1.0)  # a baseline with every rank holding its memory
+        next_note = [now() + 30.0]
+
         def watch(until: float) -> bool:
             """Record exits until ``until``; True when every rank of every case has exited."""
             while now() < until:
@@ -127,6 +129,11 @@ def run_nccl_comparison(
                         r.poll(now())
                 if kills and all(r.exited_at is not None for c in running for r in c.ranks):
                     return True
+                if now() >= next_note[0]:
+                    next_note[0] = now() + 30.0
+                    hung = [c.spec.key for c in running if any(r.exited_at is None for r in c.ranks[1:])]
+                    progress(f"nccl: {now() - min(kills.values(), default=now()):.0f} s after the first "
+                             f"kill; survivors still running in case(s): {', '.join(hung) or 'none'}")
                 time.sleep(0.02)
             return False
 
