@@ -126,8 +126,9 @@ class PynvmlBackend:
             devices = tuple(self._read_device(nv, i) for i in range(count))
             driver = _text(nv.nvmlSystemGetDriverVersion())
             cuda = _optional(nv, nv.nvmlSystemGetCudaDriverVersion)
-        except nv.NVMLError as exc:
-            return GpuSnapshot(available=False, reason=f"NVML query failed: {exc}")
+        except (nv.NVMLError, OSError, AttributeError) as exc:
+            # AttributeError: an nvidia-ml-py older than the function or constant we asked for.
+            return GpuSnapshot(available=False, reason=f"NVML query failed: {type(exc).__name__}: {exc}")
         return GpuSnapshot(
             available=True, driver_version=driver, cuda_driver_version=cuda, devices=devices
         )
@@ -153,7 +154,7 @@ class PynvmlBackend:
                 processes.append(
                     GpuProcess(
                         pid=int(p.pid),
-                        used_memory=None if used in (None, nv.NVML_VALUE_NOT_AVAILABLE) else int(used),
+                        used_memory=_known_memory(used),
                         kind=kind,
                         name=_optional(nv, lambda pid=p.pid: _text(nv.nvmlSystemGetProcessName(pid))),
                     )
@@ -169,6 +170,15 @@ class PynvmlBackend:
             processes=tuple(processes),
             minor_number=_optional(nv, nv.nvmlDeviceGetMinorNumber, handle),
         )
+
+
+NOT_AVAILABLE_MIN = 1 << 63
+"""NVML marks an unknown amount with all bits set (NVML_VALUE_NOT_AVAILABLE_ulonglong); pynvml versions
+differ in whether they turn it into None, so both are accepted."""
+
+
+def _known_memory(used: int | None) -> int | None:
+    return None if used is None or used >= NOT_AVAILABLE_MIN else int(used)
 
 
 def _text(value: bytes | str) -> str:
