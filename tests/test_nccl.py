@@ -73,3 +73,24 @@ def test_module_entry_point_prints_the_table(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| e gpuzombie.graceful |" in done.stdout
     assert (tmp_path / "nccl" / "comparison.md").exists()
+
+
+def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
+    """The NCCL hang, on gloo: a rank that waits forever after its collective failed. The window
+    ends, the row says "still running", and the orchestrator kills what is left."""
+    pytest.importorskip("torch.distributed")
+    import psutil
+
+    from gpuzombie.lab.nccl import CaseSpec
+
+    specs = {"h": CaseSpec("h", "hangs", "test double of NCCL's hang", on_error="hang"),
+             "e": CaseSpec("e", "gpuzombie.graceful", "graceful", graceful=True)}
+    summary = run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=None, observe_seconds=4,
+                                  progress=lambda line: None, nvml=FakeNvml(NO_GPU), specs=specs)
+    hung, graceful = summary["cases"]
+    survivor = hung["survivors"][0]
+    assert survivor["exit_s"] is None and survivor["memory_free_s"] is None
+    assert 3.5 <= survivor["still_running_at_s"] < 10 and not hung["goal_met"]
+    assert graceful["goal_met"]
+    assert "still running at" in (tmp_path / "nccl" / "comparison.md").read_text()
+    assert not psutil.pid_exists(survivor["pid"]) or psutil.Process(survivor["pid"]).status() == "zombie"

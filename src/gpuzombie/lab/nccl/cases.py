@@ -33,6 +33,9 @@ class CaseSpec:
     launcher: str = "direct"
     """``direct``: one process per rank; ``torchrun``: torch.distributed.run's elastic agent."""
     graceful: bool = False
+    on_error: str = "raise"
+    """``hang``: a rank whose collective fails keeps its memory and waits (for orchestration tests
+    on gloo, which fails fast where NCCL hangs)."""
 
 
 def case_specs(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> dict[str, CaseSpec]:

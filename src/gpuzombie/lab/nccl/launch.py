@@ -130,6 +130,8 @@ def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_d
         rank_args += ["--timeout-s", str(spec.timeout_s)]
     if spec.graceful:
         rank_args.append("--graceful")
+    if spec.on_error != "raise":
+        rank_args += ["--on-error", spec.on_error]
     procs: list[subprocess.Popen] = []
     logs: list[IO[bytes]] = []
     if spec.launcher == "torchrun":

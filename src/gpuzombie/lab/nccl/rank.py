@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=10.0)
     ap.add_argument("--peer-exit-s", type=float, default=2.0)
     ap.add_argument("--ready-file", required=True)
+    ap.add_argument("--on-error", choices=("raise", "hang"), default="raise",
+                    help="hang: keep the memory and wait when a collective fails (test double of a hang)")
     args = ap.parse_args(argv)
 
     import torch
@@ -64,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                    "torch": torch.__version__, "world": world}, f)
     os.replace(ready_file + ".tmp", ready_file)
     if guard is None:
-        while True:
-            step()
+        try:
+            while True:
+                step()
+        except Exception:
+            if args.on_error == "raise":
+                raise
+            while True:
+                time.sleep(3600)
     with guard:
         while not guard.should_stop():
             step()

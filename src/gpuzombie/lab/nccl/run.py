@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
-from gpuzombie.lab.nccl.cases import CASE_KEYS, DEFAULT_COLLECTIVE_TIMEOUT_S, case_specs
+from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S, CaseSpec, case_specs
 from gpuzombie.lab.nccl.launch import CaseLaunch, launch_case, wait_ready
 from gpuzombie.lab.nccl.report import write_results
 from gpuzombie.lab.nccl.sampling import MemorySampler, freed_at, held_before, unexplained_at
@@ -71,6 +71,7 @@ def run_nccl_comparison(
     startup_timeout_s: float = 240.0,
     budget_s: float | None = None,
     nvml: NvmlBackend | None = None,
+    specs: dict[str, CaseSpec] | None = None,
 ) -> dict[str, Any]:
     """Run the cases side by side; write out_dir/"nccl"; return the JSON-able summary.
 
@@ -85,15 +86,15 @@ def run_nccl_comparison(
         pass
     nvml = nvml or default_backend()
     ranks, device = _resolve(ranks, device, nvml)
-    keys = [k for k in CASE_KEYS if cases is None or k in cases]
-    unknown = sorted(set(cases or ()) - set(CASE_KEYS))
+    specs = specs or case_specs(collective_timeout_s)
+    keys = [k for k in specs if cases is None or k in cases]
+    unknown = sorted(set(cases or ()) - set(specs))
     if unknown or not keys:
-        raise NcclScenarioError(f"unknown case(s) {unknown}; choose from {', '.join(CASE_KEYS)}")
+        raise NcclScenarioError(f"unknown case(s) {unknown}; choose from {', '.join(specs)}")
     gpu = device == "cuda"
     size_mib = size_mib or (2048 if gpu else 64)
     observe_seconds = observe_seconds or (420.0 if gpu else 20.0)
     stagger_s = stagger_s if stagger_s is not None else (3.0 if gpu else 0.5)
-    specs = case_specs(collective_timeout_s)
     nccl_dir = Path(out_dir) / "nccl"
     log_dir = nccl_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
