@@ -22,6 +22,8 @@ class EventLog:
 
     def __init__(self, clock: float | None = None) -> None:
         self.origin = time.monotonic() if clock is None else clock
+        self.origin_epoch = time.time() - (time.monotonic() - self.origin)
+        """Wall-clock time of t = 0: to place other programs' timestamps (preStop's) on this clock."""
         self._events: list[Event] = []
         self._lock = threading.Lock()
 

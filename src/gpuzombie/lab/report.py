@@ -173,6 +173,9 @@ def comparison_md(data: Mapping[str, Any]) -> str:
             e["metrics"]["release_within_2x_kill9"]]),
         ("preStop exit code / outcomes", lambda e: "—" if e["deletion"]["prestop_rc"] is None else
          f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"),
+        ("deletion → preStop hook running", lambda e: _secs(e["deletion"].get("prestop_started_after_delete_s"))),
+        ("preStop SIGTERM → target gone", lambda e: ", ".join(
+            _secs(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or []) or "—"),
         ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
         ("zombies spawn / kill / delete", lambda e: " / ".join(
             str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete"))),

@@ -129,7 +129,11 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
             "exited_at": round(d.exited_at, 4), "pod_exit_code": d.pod_exit_code,
             "prestop_rc": d.prestop_rc, "prestop_log": d.prestop_stderr.strip(),
             "prestop_outcomes": _prestop_outcomes(prestop_report), "leftovers": list(d.leftovers),
+            "prestop_started_after_delete_s": (
+                None if not prestop_report or "started_at" not in prestop_report
+                else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)),
         },
+        "origin_epoch": run.origin_epoch,
         "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
         "samples": {"t": [round(s.t, 4) for s in run.samples],
                     "held_mib": [round(s.held_bytes / MIB, 2) for s in run.samples],
@@ -144,7 +148,7 @@ def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] 
     for r in report.get("results", []):
         target = r.get("target", {})
         out.append({"pid": target.get("pid"), "comm": target.get("comm"), "outcome": r.get("outcome"),
-                    "gone_after_s": r.get("gone_after_s")})
+                    "signals": r.get("signals"), "exited_after_s": r.get("exited_after_s")})
     return out
 
 

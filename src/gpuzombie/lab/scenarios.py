@@ -102,6 +102,8 @@ class ScenarioRun:
     """Host pids of unshare and PID 1, and the PID namespace's inode: to check nothing is left."""
     metrics: Mapping[str, Any]
     sampler: Mapping[str, float]
+    origin_epoch: float
+    """Wall-clock time of t = 0 of the events and samples."""
     logs: Mapping[str, str] = field(default_factory=dict)
     """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
 
@@ -287,7 +289,7 @@ class _Run:
             sampler={"cpu_seconds": round(self.sampler.cpu_seconds, 4),
                      "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
                      **sampling_stats(samples)},
-            logs=self.logs,
+            origin_epoch=self.events.origin_epoch, logs=self.logs,
         )
 
 
