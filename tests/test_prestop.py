@@ -142,3 +142,15 @@ def test_stdlib_entry_point_in_a_pod_without_click(tmp_path):
     report = json.loads(done.stdout)
     assert report["schema"] == "gpuzombie.prestop/1" and report["results"] == []
     assert report["pid1_log"] == "PID 1's stdout is our own stdout"
+
+
+def test_same_cgroup_keeps_to_this_container(tmp_path):
+    """shareProcessNamespace: another container's GPU holder shares the PID namespace, not the cgroup."""
+    _orphan_tree(tmp_path)
+    (tmp_path / "7" / "cgroup").write_text("0::/kubepods.slice/other-container\n")
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    gpus = GpuSnapshot(available=False, reason="no GPU")
+    assert {t.pid for t in plan_targets(table, gpus, own_pid=20).targets} == {7, 8}
+    plan = plan_targets(table, gpus, own_pid=20, same_cgroup=True)
+    assert {t.pid for t in plan.targets} == {8}
+    assert {e.pid: e.reason for e in plan.excluded}[7] == "in another cgroup (another container of the pod)"

@@ -21,18 +21,21 @@ from gpuzombie.prestop.hook import run_hook
 @click.option("--dry-run", is_flag=True, help="List the targets and signal nothing.")
 @click.option("--no-orphans", is_flag=True, help="Stop only GPU holders, not other orphans.")
 @click.option("--no-nvml", is_flag=True, help="Do not ask NVML (the /dev/nvidia* fd scan still runs).")
+@click.option("--same-cgroup", is_flag=True,
+              help="Only processes in this process's own cgroup (pods with shareProcessNamespace).")
 @click.option("--pid1-log/--no-pid1-log", default=True, show_default=True,
               envvar="GPUZOMBIE_PRESTOP_PID1_LOG",
               help="Also write the log lines to /proc/1/fd/1, so they reach `kubectl logs`.")
 @json_option
 @procfs_option
 def command(timeout: float, kill_wait: float, dry_run: bool, no_orphans: bool, no_nvml: bool,
-            pid1_log: bool, as_json: bool, procfs: str) -> int:
+            same_cgroup: bool, pid1_log: bool, as_json: bool, procfs: str) -> int:
     """Stop every GPU-holding process and orphan of this container, before the kubelet's SIGKILL.
 
     Run it inside the pod's PID namespace (as a preStop exec hook). Exit 0: every target is gone
     (or there was none); 1: something survived SIGKILL; 2: usage or environment error.
     """
     return run_hook(procfs=procfs, timeout=timeout, kill_wait=kill_wait, dry_run=dry_run,
-                    include_orphans=not no_orphans, use_nvml=not no_nvml, pid1_log=pid1_log,
+                    include_orphans=not no_orphans, same_cgroup=same_cgroup, use_nvml=not no_nvml,
+                    pid1_log=pid1_log,
                     as_json=as_json)

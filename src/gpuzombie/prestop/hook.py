@@ -30,6 +30,7 @@ def report_json(report: PrestopReport, pid1_log: str) -> str:
 
 def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
              kill_wait: float = DEFAULT_KILL_WAIT, dry_run: bool = False, include_orphans: bool = True,
+             same_cgroup: bool = False,
              use_nvml: bool = True, pid1_log: bool = True, as_json: bool = False,
              out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result."""
@@ -54,7 +55,8 @@ def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
         nvml = default_backend()
     try:
         report = run_prestop(procfs=Procfs(procfs), nvml=nvml, timeout=timeout, kill_wait=kill_wait,
-                             dry_run=dry_run, include_orphans=include_orphans, on_event=on_event)
+                             dry_run=dry_run, include_orphans=include_orphans, same_cgroup=same_cgroup,
+                             on_event=on_event)
     finally:
         if sink is not None:
             sink.close()
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-orphans", action="store_true")
     ap.add_argument("--no-nvml", action="store_true")
+    ap.add_argument("--same-cgroup", action="store_true",
+                    help="only processes in this process's cgroup (shareProcessNamespace pods)")
     ap.add_argument("--no-pid1-log", action="store_true",
                     default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"))
     ap.add_argument("--json", action="store_true")
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_hook(procfs=args.procfs, timeout=args.timeout, kill_wait=args.kill_wait,
                         dry_run=args.dry_run, include_orphans=not args.no_orphans,
+                        same_cgroup=args.same_cgroup,
                         use_nvml=not args.no_nvml, pid1_log=not args.no_pid1_log, as_json=args.json)
     except GpuzombieError as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)

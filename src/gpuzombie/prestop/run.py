@@ -42,12 +42,13 @@ class PrestopReport:
 
 
 def plan_prestop(*, procfs: Procfs, nvml: NvmlBackend | None = None,
-                 include_orphans: bool = True, own_pid: int | None = None) -> PrestopPlan:
+                 include_orphans: bool = True, same_cgroup: bool = False,
+                 own_pid: int | None = None) -> PrestopPlan:
     """One snapshot of the namespace and NVML, turned into targets and exclusions."""
     me = own_pid if own_pid is not None else own_pid_in(procfs.root)
     table = procfs.snapshot(now=time.time())
     gpus = nvml.read() if nvml is not None else NO_GPU
-    return plan_targets(table, gpus, own_pid=me, include_orphans=include_orphans)
+    return plan_targets(table, gpus, own_pid=me, include_orphans=include_orphans, same_cgroup=same_cgroup)
 
 
 def run_prestop(
@@ -58,6 +59,7 @@ def run_prestop(
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = False,
     include_orphans: bool = True,
+    same_cgroup: bool = False,
     on_event: Callable[[PrestopEvent], None] = lambda e: None,
     clock: Callable[[], float] = time.monotonic,
 ) -> PrestopReport:
@@ -74,13 +76,15 @@ def run_prestop(
             f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)", ExitStatus.ERROR)
     started = time.time()
     t0 = clock()
-    plan = plan_prestop(procfs=procfs, nvml=nvml, include_orphans=include_orphans, own_pid=me)
+    plan = plan_prestop(procfs=procfs, nvml=nvml, include_orphans=include_orphans,
+                        same_cgroup=same_cgroup, own_pid=me)
     on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
     for ex in plan.excluded:
         on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
 
     def rescan() -> PrestopPlan:
-        return plan_prestop(procfs=procfs, nvml=None, include_orphans=include_orphans, own_pid=plan.own_pid)
+        return plan_prestop(procfs=procfs, nvml=None, include_orphans=include_orphans,
+                            same_cgroup=same_cgroup, own_pid=plan.own_pid)
 
     results = execute_plan(plan, procfs_root=procfs.root, timeout=timeout, kill_wait=kill_wait,
                            dry_run=dry_run, rescan=rescan, on_event=on_event, clock=clock)

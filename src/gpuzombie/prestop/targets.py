@@ -115,8 +115,12 @@ def _nvml_matches(refs: tuple[GpuProcessRef, ...], table: ProcessTable,
 
 
 def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
-                 include_orphans: bool = True) -> PrestopPlan:
-    """Decide targets and exclusions from one snapshot. Pure: reads nothing, signals nothing."""
+                 include_orphans: bool = True, same_cgroup: bool = False) -> PrestopPlan:
+    """Decide targets and exclusions from one snapshot. Pure: reads nothing, signals nothing.
+
+    ``same_cgroup`` keeps to processes in this process's own cgroup: with
+    ``shareProcessNamespace: true`` the pod's containers share one PID namespace, and the hook
+    should stop only its own container's processes."""
     me = table.get(own_pid)
     own_pidns = me.pidns if me else None
     in_root = own_pidns == ROOT_PIDNS_INODE
@@ -148,6 +152,8 @@ def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
             why_not = "an ancestor of this process"
         elif own_pidns is None or proc.pidns != own_pidns:
             why_not = "in another PID namespace" if proc.pidns else "PID namespace unreadable"
+        elif same_cgroup and (me is None or not me.cgroup or proc.cgroup != me.cgroup):
+            why_not = "in another cgroup (another container of the pod)"
         elif proc.is_zombie:
             why_not = "zombie: already exited, nothing to signal (its parent must reap it)"
         if why_not:
