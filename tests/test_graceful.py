@@ -185,3 +185,15 @@ def test_a_peer_dying_while_stopping_brings_the_deadline_closer():
     code, took = wait_exit(proc, 5)
     assert code == 75  # cut short because the peer is gone (cleanup never got the main thread back)
     assert took < 1.5
+
+
+def test_an_error_escaping_the_loop_exits_through_the_cleanup():
+    proc = start("""
+        with graceful.install(deadline_s=5) as stop:
+            print("ready", flush=True)
+            raise RuntimeError("NCCL error: remote process exited")
+    """)
+    code, took = wait_exit(proc, 5)
+    assert code == 1 and took < 1.0
+    err = proc.stderr.read()
+    assert "RuntimeError: NCCL error" in err and "cleaned up" in err

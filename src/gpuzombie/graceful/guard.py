@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -124,7 +125,13 @@ class Guard:
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is not None and not isinstance(exc, SystemExit) and not self._stop.is_set():
+            # An error escaping the loop (a collective that failed) takes the same way out, with the
+            # deadline: a plain exit could hang in the communication library's teardown.
+            traceback.print_exception(exc_type, exc, tb)  # type: ignore[arg-type]
+            self.request_stop(f"{type(exc).__name__}: {exc}", 1)
         self.shutdown(exit=True)
 
     # -- machinery ---------------------------------------------------------------------------
