@@ -199,8 +199,12 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                          f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
                          f"{_secs(m['kill9_to_free_s'])} |")
     if nccl is not None:
-        lines += ["", "## NCCL", "", "Written by `gpuzombie lab run --scenario nccl` (files under nccl/):",
-                  "", "```json", json.dumps(nccl, indent=1)[:6000], "```"]
+        lines += ["", "## NCCL", "", "From `gpuzombie lab run --scenario nccl` (its files: "
+                  "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):", ""]
+        if isinstance(nccl, dict) and nccl.get("table_md"):
+            lines.append(str(nccl["table_md"]).rstrip())
+        else:
+            lines += ["```json", json.dumps(nccl, indent=1)[:6000], "```"]
     lines += ["", "Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
               "events marked); each scenario's folder has its own memory.png and notes.md.", ""]
     return "\n".join(lines)

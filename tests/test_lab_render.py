@@ -1,0 +1,52 @@
+"""The GPU paths of the lab without a GPU: NVML snapshots (fakes) rendered like nvidia-smi and
+sampled as memory held."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.lab.sampler import NvmlProbe
+from gpuzombie.lab.smi import render_smi
+from gpuzombie.proc.procfs import Procfs
+
+
+def snapshot(used_mib: int, pids: tuple[int, ...]) -> GpuSnapshot:
+    procs = tuple(GpuProcess(pid=p, used_memory=2658 * MIB, kind="compute", name="python3") for p in pids)
+    device = GpuDevice(index=0, uuid="GPU-0", name="NVIDIA H200", memory_total=143771 * MIB,
+                       memory_used=used_mib * MIB, memory_free=(143771 - used_mib) * MIB,
+                       memory_reserved=615 * MIB, processes=procs)
+    return GpuSnapshot(available=True, driver_version="580.159.04", cuda_driver_version=13000,
+                       devices=(device,))
+
+
+def test_render_like_nvidia_smi():
+    me = Procfs().snapshot([os.getpid()], now=time.time())
+    text = render_smi(snapshot(3281, (4242,)), list(me), title="before deleting the pod", standin=False)
+    assert "Driver Version: 580.159.04   CUDA Version: 13.0" in text
+    assert "3281MiB / 143771MiB" in text and "615MiB" in text
+    assert "4242, python3, 2658 MiB" in text  # the --query-compute-apps form
+    assert f"{os.getpid():>8}" in text and "CPU STAND-IN" not in text
+
+
+def test_render_without_gpu_says_why_and_labels_the_standin():
+    text = render_smi(GpuSnapshot(available=False, reason="NVML unavailable: no driver"), [],
+                      title="after", standin=True)
+    assert "No NVIDIA GPU: NVML unavailable: no driver" in text and "CPU STAND-IN" in text
+    assert "the pod has no process left" in text
+
+
+class FakePod:
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def tree(self) -> list[int]:
+        return self.pids
+
+
+def test_nvml_probe_counts_device_memory_above_baseline_and_the_pods_processes():
+    probe = NvmlProbe(FakePod([11, 12]), FakeNvml(snapshot(615 + 2 * 2667, (11, 99))), 0, 615 * MIB)
+    held, procs = probe.read()
+    assert held == 2 * 2667 * MIB  # device-level: another namespace's process counts too
+    assert procs == 2658 * MIB  # per-process: only the pod's pid 11
