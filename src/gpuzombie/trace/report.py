@@ -54,7 +54,7 @@ class TraceRow:
     nsmi: bool
     """Listed by NVML (the seed's NSMI column: nvidia-smi sees it)."""
     verdict: str
-    """live, zombie, gone, unresolved (NVML entries), fd-only (holds /dev/nvidia*, not listed), zombie."""
+    """live, zombie, gone, unresolved (NVML entries); fd-only (holds /dev/nvidia*, not listed); zombie (any other)."""
     qos: str | None
     pod: str | None
     namespace: str | None
