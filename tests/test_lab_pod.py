@@ -95,3 +95,15 @@ def test_variant_dumb_init_and_uid_1000(tmp_path):
 
 def obs_zombies(entry: dict) -> int:
     return next(o["zombies"] for o in entry["observations"] if o["point"] == "after-kill")
+
+
+def test_variant_main_worker_under_tini_waits_the_whole_grace(tmp_path):
+    """The seed's S2 expectation holds when the workload itself is the container's main process:
+    tini forwards SIGTERM to it, it ignores it, and only SIGKILL at the grace's end frees it."""
+    status = main(["lab", "run", "--scenario", "s2-tini", "--main", "worker", "--grace", "1",
+                   "--size-mib", "16", "--device", "cpu", "--out", str(tmp_path)])
+    assert status == 0
+    entry = json.loads((tmp_path / "results.json").read_text())["scenarios"]["s2-tini-main-worker"]
+    m = entry["metrics"]
+    assert m["waited_whole_grace"] and 1.0 <= m["release_latency_s"] < 2.0
+    assert obs_zombies(entry) == 0 and "--main worker" in entry["provenance"]["command"]

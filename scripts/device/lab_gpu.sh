@@ -3,7 +3,9 @@
 #   1. the four scenarios with the real 30 s grace, GPU memory through torch
 #   2. the same four through the CUDA driver API (ctypes backend), 30 s grace (GRACE_CTYPES)
 #   3. scenario 1 with 10 workers alive at deletion (the seed's 740 GB·s case)
-#   4. scenario 1 with the workers as uid 1000 (the seed's non-root case), short grace
+#   4. scenario 2 with the workload as the container's main process (--main worker): when the seed's
+#      "tini only" expectation of a whole wasted grace holds
+#   5. scenario 1 with the workers as uid 1000 (the seed's non-root case), short grace
 # Everything goes to one results tree, tarred as $OUT/results.tgz (the lead unpacks it as results/);
 # comparison.md and results.json are also copied to $OUT, and the table is printed at the end.
 set -uo pipefail
@@ -42,6 +44,7 @@ run() {  # run <label> <args...>; a failure is logged and the next run goes on
 run "torch, grace $GRACE" --scenario all --grace "$GRACE" --device "$DEVICE" --backend torch
 run "ctypes, grace $GRACE_CTYPES" --scenario all --grace "$GRACE_CTYPES" --device "$DEVICE" --backend ctypes
 run "S1 with 10 workers" --scenario s1-nofix --workers 10 --grace "$GRACE" --device "$DEVICE" --backend torch
+run "S2 with the worker as main process" --scenario s2-tini --main worker --grace "$GRACE" --device "$DEVICE" --backend torch
 run "S1 as uid 1000" --scenario s1-nofix --uid 1000 --grace "${GRACE_UID:-10}" --device "$DEVICE" --backend torch
 
 # The GPU tests of the workloads (torch and ctypes hold real memory).

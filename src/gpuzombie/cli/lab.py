@@ -58,7 +58,8 @@ def exact_command() -> list[str]:
     argv = ctx.command_path.split()
     for name, value in ctx.params.items():
         if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            option = next(o for o in ctx.command.params if o.name == name)
+            argv += [option.opts[0], str(value)]
     return argv
 
 
@@ -96,11 +97,15 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
               help="Memory each worker holds.")
 @click.option("--init", "init", type=click.Choice([i for i in INITS if i != "sleep"]), default=None,
               help="Another init for S2-S4 (variants: tini-g, dumb-init).")
+@click.option("--main", "main_process", type=click.Choice(["sleep", "worker"]), default="sleep",
+              show_default=True,
+              help="The container's main process under the init in S2-S4: sleep (experiments via "
+                   "kubectl exec, the seed's way) or a worker that is the workload itself.")
 @click.option("--ranks", type=int, default=None, help="NCCL ranks (--scenario nccl).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True)
 def run_command(scenario: str, workers: int, grace: float, device: str, backend: str, uid: int | None,
-                size_mib: int, init: str | None, ranks: int | None, out: Path) -> int:
+                size_mib: int, init: str | None, main_process: str, ranks: int | None, out: Path) -> int:
     """Run scenario(s): start pod → parent spawns and exits → observe → kill -9 a worker →
     observe → delete (preStop, SIGTERM, SIGKILL at grace end) → observe; write OUT/."""
     console = Console(stderr=True, log_path=False)
@@ -110,7 +115,7 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     if backend == CPU_STANDIN:
         console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
     config = LabConfig(workers=workers, grace=grace, device=device, backend=backend, size_mib=size_mib,
-                       uid=uid, init=init)
+                       uid=uid, init=init, main=main_process)
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     runs: list[ScenarioRun] = []
     nccl = None

@@ -43,17 +43,18 @@ class PodError(RuntimeError):
     """The pod could not be started or cleaned up."""
 
 
-def init_argv(init: str, main_command: str) -> list[str]:
+def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> list[str]:
     """PID 1 and the container's command, as the scenario says.
 
     ``sleep``: the seed's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
     which becomes PID 1 and never reaps). With an init, the shell runs the main command in the
     foreground and then execs sleep, so the parent's orphans are re-parented to the init, as when
-    ``kubectl exec`` starts parent.py in a tini container.
+    ``kubectl exec`` starts parent.py in a tini container. ``then`` is what the shell execs last:
+    the container's long-running main process (``sleep infinity``, or a workload).
     """
     if init == "sleep":
-        return ["sh", "-c", f"{main_command} & exec sleep infinity"]
-    shell = ["sh", "-c", f"{main_command}; exec sleep infinity"]
+        return ["sh", "-c", f"{main_command} & exec {then}"]
+    shell = ["sh", "-c", f"{main_command}; exec {then}"]
     if init == "tini":
         return [init_binary("tini"), "-s", "--", *shell]
     if init == "tini-g":
@@ -126,10 +127,11 @@ class Pod:
     """One pod: start it, run commands inside it (nsenter), delete it like the kubelet."""
 
     def __init__(self, name: str, init: str, main_command: Sequence[str], *, log: IO[str],
-                 events: EventLog, env: dict[str, str] | None = None) -> None:
+                 events: EventLog, env: dict[str, str] | None = None,
+                 then: Sequence[str] = ("sleep", "infinity")) -> None:
         self.name = name
         self.init = init
-        self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command))]
+        self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command), shlex.join(then))]
         self.launch = [*PDEATHSIG, *self.argv]
         self.log = log
         self.events = events

@@ -47,6 +47,8 @@ def run_key(run: ScenarioRun) -> str:
         parts.append(f"uid{c.uid}")
     if run.init != run.scenario.init:
         parts.append(run.init)
+    if c.main != "sleep" and run.scenario.init != "sleep":
+        parts.append("main-worker")
     if c.backend == "ctypes":
         parts.append("ctypes")
     return "-".join(parts)

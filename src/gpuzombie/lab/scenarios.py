@@ -9,6 +9,7 @@ worker → observe → delete the pod (the kubelet's order) → observe. The par
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -27,6 +28,8 @@ from gpuzombie.lab.smi import render_smi
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 Progress = Callable[[str], None]
+SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.M)
+READY = re.compile(r"^ready pid=(\d+) ", re.M)
 PARENT = "gpuzombie.workloads.parent"
 
 
@@ -69,6 +72,10 @@ class LabConfig:
     gpu_index: int = 0
     init: str | None = None
     """Another init for the scenarios that use tini (``tini-g``, ``dumb-init``)."""
+    main: str = "sleep"
+    """The container's main process under the init (S2-S4): ``sleep`` (experiments run through
+    ``kubectl exec``, the seed's way) or ``worker`` (the workload itself is the main process:
+    a SIGTERM-ignoring worker, the fixed one in S4)."""
     sample_interval: float = 0.01
     ready_timeout: float = 180.0
 
@@ -118,6 +125,16 @@ def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
     if config.uid is not None:
         cmd += ["--uid", str(config.uid)]
     return cmd
+
+
+def main_process(scenario: Scenario, config: LabConfig) -> list[str]:
+    """What the container's shell execs last (S1 always sleep: its PID 1 is sleep)."""
+    if config.main == "sleep" or scenario.init == "sleep":
+        return ["sleep", "infinity"]
+    module = "gpuzombie.workloads.worker_fixed" if scenario.fixed else "gpuzombie.workloads.worker"
+    return [sys.executable, "-m", module, "--size-mib", str(config.size_mib), "--device", config.device,
+            "--backend", "auto" if config.backend == CPU_STANDIN else config.backend,
+            "--gpu-index", str(config.gpu_index)]
 
 
 def prestop_command(config: LabConfig) -> list[str]:
@@ -188,30 +205,37 @@ class _Run:
                       f"orphans={obs.orphans}")
 
     def wait_for_workers(self, log_path: str) -> None:
-        want = self.config.workers + 1
-        spawned = False
+        """Wait for every ``ready`` line and the parent's exit; name the pod's processes.
+
+        The parent prints its own pid and its workers' pids as the pod sees them; they are mapped
+        to host pids once all are ready (a worker forked but not yet exec'd still looks like the
+        parent). A ``ready`` pid that the parent did not spawn is the container's main worker.
+        """
+        main_worker = self.then[0] != "sleep"
+        want = self.config.workers + 1 + main_worker
+        spawned: list[int] = []
 
         def ready() -> bool:
-            nonlocal spawned
             text = _read(log_path)
             if "error pid=" in text or "Traceback" in text:
                 raise ScenarioError(f"{self.scenario.name}: a workload failed:\n{text[-2000:]}")
-            if not spawned and " spawned " in text:
-                spawned = True
-                self.events.add("spawn", f"parent spawned {want} worker(s)")
-                for p in host_view(self.pod, {}):
-                    if p.role in ("parent", "worker"):
-                        self.roles[p.host_pid] = p.role
-            return text.count("\nready ") + text.startswith("ready ") >= want and "parent exiting" in text
+            if not spawned and (m := SPAWNED.search(text)):
+                spawned.extend(int(p) for p in [m.group(1), *m.group(2).split()])
+                self.events.add("spawn", f"parent spawned {len(spawned) - 1} worker(s)")
+            return len(READY.findall(text)) >= want and "parent exiting" in text
 
         if not _wait(ready, self.config.ready_timeout, 0.01):
             raise ScenarioError(f"{self.scenario.name}: workers not ready after "
                                 f"{self.config.ready_timeout:.0f} s:\n{_read(log_path)[-2000:]}")
-        for p in host_view(self.pod, {}):  # late workers, if the first look was early
-            if p.role in ("parent", "worker"):
-                self.roles.setdefault(p.host_pid, p.role)
-        parents = [pid for pid, role in self.roles.items() if role == "parent"]
-        _wait(lambda: all(_state(pid) in (None, "Z") for pid in parents), 10.0)
+        by_pod_pid = {p.pod_pid: p.host_pid for p in host_view(self.pod, {})}
+        parent_pod_pid, worker_pod_pids = spawned[0], set(spawned[1:])
+        for pod_pid in map(int, READY.findall(_read(log_path))):
+            if pod_pid in by_pod_pid:
+                self.roles[by_pod_pid[pod_pid]] = "worker" if pod_pid in worker_pod_pids else "main"
+        parent = by_pod_pid.get(parent_pod_pid)
+        if parent is not None:
+            self.roles[parent] = "parent"
+            _wait(lambda: _state(parent) in (None, "Z"), 10.0)
         self.events.add("parent-exit", "the parent exited without wait()")
 
     def kill_victim(self) -> bool:
@@ -235,7 +259,9 @@ class _Run:
         s, c = self.scenario, self.config
         nvml_before = self.nvml.read()
         with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{s.name}-", suffix=".log") as log:
-            self.pod = Pod(s.name, self.init, parent_command(s, c), log=log, events=self.events)
+            self.then = main_process(s, c)
+            self.pod = Pod(s.name, self.init, parent_command(s, c), log=log, events=self.events,
+                           then=self.then)
             probe: Probe
             if self.standin:
                 probe = RssProbe(self.pod)
