@@ -13,7 +13,8 @@ OUT=${OUT:-/tmp/lab-gpu-out}
 GRACE=${GRACE:-30}
 GRACE_CTYPES=${GRACE_CTYPES:-30}
 WORK=${WORK:-/tmp/gpuzombie-lab}
-DEVICE=${DEVICE:-cuda}   # DEVICE=cpu GRACE=2 GRACE_CTYPES=2: a dry run on a machine without a GPU
+DEVICE=${DEVICE:-cuda}   # DEVICE=cpu GRACE=2 GRACE_CTYPES=2 SIZE_MIB=64: a dry run without a GPU
+SIZE_MIB=${SIZE_MIB:-2048}
 mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK/results"
 
@@ -37,7 +38,7 @@ run() {  # run <label> <args...>; a failure is logged and the next run goes on
   local label=$1; shift
   log "$label: gpuzombie lab run $*" | tee -a "$OUT/lab-gpu.log"
   local t0=$SECONDS
-  gz lab run --out "$WORK/results" "$@" 2>&1 | tail -n 40 | tee -a "$OUT/lab-gpu.log"
+  gz lab run --out "$WORK/results" --size-mib "$SIZE_MIB" "$@" 2>&1 | tail -n 40 | tee -a "$OUT/lab-gpu.log"
   echo "rc=${PIPESTATUS[0]} took=$((SECONDS - t0))s" | tee -a "$OUT/lab-gpu.log"
 }
 
@@ -45,7 +46,9 @@ run "torch, grace $GRACE" --scenario all --grace "$GRACE" --device "$DEVICE" --b
 run "ctypes, grace $GRACE_CTYPES" --scenario all --grace "$GRACE_CTYPES" --device "$DEVICE" --backend ctypes
 run "S1 with 10 workers" --scenario s1-nofix --workers 10 --grace "$GRACE" --device "$DEVICE" --backend torch
 run "S2 with the worker as main process" --scenario s2-tini --main worker --grace "$GRACE" --device "$DEVICE" --backend torch
-run "S1 as uid 1000" --scenario s1-nofix --uid 1000 --grace "${GRACE_UID:-10}" --device "$DEVICE" --backend torch
+# uid 1000 must be able to read the package: run it from a world-readable copy of src/.
+rm -rf /tmp/gz-src && cp -r src /tmp/gz-src && chmod -R a+rX /tmp/gz-src
+PYTHONPATH=/tmp/gz-src run "S1 as uid 1000" --scenario s1-nofix --uid 1000 --grace "${GRACE_UID:-10}" --device "$DEVICE" --backend torch
 
 # The GPU tests of the workloads (torch and ctypes hold real memory).
 log "pytest -m gpu (workloads)" | tee -a "$OUT/lab-gpu.log"

@@ -39,11 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uid", type=int, default=None, help="run the workers as this uid")
     args = parser.parse_args(argv)
 
-    children = [
-        subprocess.Popen(worker_command(args), stdout=subprocess.PIPE, text=True, user=args.uid,
-                         close_fds=True)
-        for _ in range(args.workers)
-    ]
+    children = []
+    for _ in range(args.workers):
+        try:
+            children.append(subprocess.Popen(worker_command(args), stdout=subprocess.PIPE, text=True,
+                                             user=args.uid, close_fds=True))
+        except OSError as exc:  # e.g. --uid 1000 cannot read this Python or its PYTHONPATH
+            who = f" as uid {args.uid}" if args.uid is not None else ""
+            print(f"error pid={os.getpid()} cannot start a worker{who}: {exc}", flush=True)
+            os._exit(2)
     print(f"parent pid={os.getpid()} spawned {len(children)} worker(s): "
           + " ".join(str(c.pid) for c in children), flush=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
