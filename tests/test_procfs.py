@@ -45,7 +45,7 @@ def test_fake_tree_snapshot(tmp_path):
     worker = table.get(3)
     assert worker.nvidia_fds == ("/dev/nvidia0", "/dev/nvidiactl")
     assert worker.nspid == (532, 3) and worker.innermost_pid == 3
-    assert worker.pidns == 4026532000
+    assert worker.pidns != table.get(1).pidns  # NSpid of two levels: a child namespace
     assert table.get(4).is_zombie and table.get(4).command == "[python3]"
     assert [p.pid for p in table.children(1)] == [3, 4]
     assert table.boot_time == 1700000000
@@ -59,11 +59,11 @@ def test_vanished_pid_is_skipped(tmp_path):
 
 
 def test_process_gone_mid_read_is_dropped(tmp_path):
-    """stat was read, then status is gone (the process exited): no half-read process in the table."""
+    """stat was read, then cmdline is gone (the process exited): no half-read process in the table."""
     (tmp_path / "stat").write_text("btime 1700000000\n")
     make_fake_proc(tmp_path, 1, ppid=0)
     make_fake_proc(tmp_path, 7, ppid=1)
-    (tmp_path / "7" / "status").unlink()
+    (tmp_path / "7" / "cmdline").unlink()
     assert list(Procfs(str(tmp_path)).snapshot(now=time.time()).processes) == [1]
 
 
@@ -72,3 +72,15 @@ def test_device_prefix_stand_in(tmp_path):
     make_fake_proc(tmp_path, 1, ppid=0, fds=("/tmp/dev/nvidia0", "/dev/nvidia1"))
     proc = Procfs(str(tmp_path), device_prefix="/tmp/dev/nvidia").snapshot(now=time.time()).get(1)
     assert proc.nvidia_fds == ("/tmp/dev/nvidia0",)
+
+
+def test_status_is_read_only_for_processes_of_other_namespaces(tmp_path):
+    """In the tree's own namespace NSpid is (pid,): the status file is skipped (it is the costliest)."""
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0, uid=0)
+    make_fake_proc(tmp_path, 5, ppid=1, uid=1000)
+    make_fake_proc(tmp_path, 6, ppid=1, nspid=(6, 1))
+    (tmp_path / "5" / "status").write_text("garbage that would not parse\n")
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    assert table.get(5).nspid == (5,) and table.get(5).uid == 1000
+    assert table.get(6).nspid == (6, 1)

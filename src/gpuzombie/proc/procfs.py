@@ -52,6 +52,8 @@ class ProcessInfo:
     comm: str
     cmdline: tuple[str, ...]
     uid: int | None
+    """Effective uid, as the owner of /proc/<pid> (like ``ps -o user``; 0 for non-dumpable
+    processes such as setuid programs)."""
     start_ticks: int
     start_time: float
     pgid: int
@@ -191,17 +193,30 @@ _GONE = (errno.ENOENT, errno.ESRCH, errno.ENOTDIR)
 _READ_SIZE = 65536
 
 
+def _read_fd(fd: int) -> bytes:
+    data = os.read(fd, _READ_SIZE)
+    if len(data) < _READ_SIZE:  # procfs hands a small file over in one read: skip the EOF read
+        return data
+    chunks = [data]
+    while chunk := os.read(fd, _READ_SIZE):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _read_bytes(path: str) -> bytes:
     """One open/read/close through the os layer: a third of the cost of ``open().read()``."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        data = os.read(fd, _READ_SIZE)
-        if len(data) < _READ_SIZE:  # procfs hands a small file over in one read: skip the EOF read
-            return data
-        chunks = [data]
-        while chunk := os.read(fd, _READ_SIZE):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _read_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_owned(path: str) -> tuple[bytes, int]:
+    """The file's bytes and its owner's uid (for /proc/<pid>/* the process's effective uid)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read_fd(fd), os.fstat(fd).st_uid
     finally:
         os.close(fd)
 
@@ -244,15 +259,26 @@ class Procfs:
                 found.add(target)
         return tuple(sorted(found))
 
-    def read_process(self, pid: int, boot_time: float, *, with_cgroup: bool = True) -> ProcessInfo | None:
+    def tree_pidns(self) -> int | None:
+        """The PID namespace this tree shows (its PID 1's); None when PID 1 is not readable."""
+        try:
+            return parse_ns_link(os.readlink(f"{self.root}/1/ns/pid"))
+        except OSError:
+            return None
+
+    def read_process(self, pid: int, boot_time: float, *, with_cgroup: bool = True,
+                     tree_pidns: int | None = None) -> ProcessInfo | None:
         """Read one process; None when it has vanished (or never was).
 
         A file that denies access (another user's fds without root) leaves its fields empty and
-        sets ``access_denied``; a process that exits mid-read is dropped as a whole.
+        sets ``access_denied``; a process that exits mid-read is dropped as a whole. A process in
+        ``tree_pidns`` (the tree's own namespace) has the NSpid chain ``(pid,)``: its status file,
+        the costliest file the kernel generates here, is not read.
         """
         base = f"{self.root}/{pid}"
         try:
-            stat = parse_stat(_read_bytes(f"{base}/stat").decode(errors="replace"))
+            raw_stat, owner = _read_owned(f"{base}/stat")
+            stat = parse_stat(raw_stat.decode(errors="replace"))
         except (OSError, ValueError, IndexError):
             return None
         # Each read below: denied -> leave the field empty and say so; gone -> drop the process.
@@ -268,18 +294,19 @@ class Procfs:
             except PermissionError:
                 denied = True
             try:
-                status = parse_status(_read_bytes(f"{base}/status").decode(errors="replace"))
+                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
             except PermissionError:
                 denied = True
+            if pidns is None or pidns != tree_pidns:
+                try:
+                    status = parse_status(_read_bytes(f"{base}/status").decode(errors="replace"))
+                except PermissionError:
+                    denied = True
             if with_cgroup:
                 try:
                     cgroup = parse_cgroup(_read_bytes(f"{base}/cgroup").decode(errors="replace"))
                 except PermissionError:
                     denied = True
-            try:
-                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
-            except PermissionError:
-                denied = True
             try:
                 fds = self._nvidia_fds(f"{base}/fd")
             except PermissionError:
@@ -294,7 +321,7 @@ class Procfs:
             state=stat.state,
             comm=stat.comm,
             cmdline=cmdline,
-            uid=status.uid,
+            uid=owner,
             start_ticks=stat.start_ticks,
             start_time=boot_time + stat.start_ticks / self.clock_ticks,
             pgid=stat.pgid,
@@ -316,9 +343,10 @@ class Procfs:
         (observe): one read in five, on a node with thousands of processes.
         """
         boot = self.boot_time()
+        tree_pidns = self.tree_pidns()
         processes: dict[int, ProcessInfo] = {}
         for pid in self.pids() if pids is None else pids:
-            proc = self.read_process(pid, boot, with_cgroup=with_cgroup)
+            proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns)
             if proc is not None:
                 processes[pid] = proc
         children: dict[int, list[int]] = {}
