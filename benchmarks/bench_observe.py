@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from gpuzombie.gpu.nvml import NO_GPU, FakeNvml
-from gpuzombie.observe import observe
+from gpuzombie.observe import ObserveReport, observe
 from gpuzombie.proc.procfs import NVIDIA_DEVICE_PREFIX, Procfs
 
 SLEEP = "/bin/sleep"
@@ -71,13 +71,17 @@ def reap(pids: list[int]) -> None:
             pass
 
 
-def median_time(fn, runs: int) -> tuple[float, object]:
-    times, result = [], None
+def interleaved_medians(fns: list, runs: int) -> list[tuple[float, object]]:
+    """Run the contenders in turns (a, b, c, a, b, c, ...) so that load from other work on the
+    machine falls on all of them alike; the median time of each, and its last result."""
+    times: list[list[float]] = [[] for _ in fns]
+    results: list[object] = [None] * len(fns)
     for _ in range(runs):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            results[i] = fn()
+            times[i].append(time.perf_counter() - start)
+    return [(statistics.median(t), r) for t, r in zip(times, results, strict=True)]
 
 
 def ratio(seed_s: float, ours_s: float) -> str:
@@ -113,9 +117,8 @@ def main() -> None:
         def seed():
             return subprocess.run(["sh", "-c", shell_cmd], capture_output=True, text=True)
 
-        ours_s, report = median_time(ours, args.runs)
-        seed_s, shell = median_time(seed, args.runs)
-        cli_s, _ = median_time(cli, args.runs)
+        (ours_s, report), (seed_s, shell), (cli_s, _) = interleaved_medians([ours, seed, cli], args.runs)
+        assert isinstance(report, ObserveReport) and isinstance(shell, subprocess.CompletedProcess)
     finally:
         reap(pids)
 
@@ -123,7 +126,7 @@ def main() -> None:
     fuser_holders = len(set(shell.stdout.split(f"\n{MARK}\n", 1)[-1].split()))
     ours_holders = len(report.attribution.fd_holders)
     print(f"# bench_observe: {args.processes} sleeping processes (spawned in {spawn_s:.1f} s), "
-          f"{report.view.processes_seen} processes seen in total, median of {args.runs} runs")
+          f"{report.view.processes_seen} processes seen in total, median of {args.runs} interleaved runs")
     print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} (other work on the machine), "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
