@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import needs_root, needs_tini
+
 from gpuzombie.cli.main import main
 from gpuzombie.lab.pod import pids_in_pidns
 

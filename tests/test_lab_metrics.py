@@ -1,6 +1,12 @@
 """The lab's arithmetic on hand-made sample series."""
 
-from gpuzombie.lab.metrics import GIB, dropped_at, integral_gib_s, released_at, scenario_metrics
+from gpuzombie.lab.metrics import (
+    GIB,
+    dropped_at,
+    integral_gib_s,
+    released_at,
+    scenario_metrics,
+)
 from gpuzombie.lab.sampler import Sample
 
 

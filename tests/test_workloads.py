@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -10,13 +9,19 @@ import sys
 import time
 
 import pytest
-
 from conftest import needs_root
+
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.pod import Pod, children_of
-from gpuzombie.workloads.memory import (CPU_STANDIN, CPU_STANDIN_LABEL, MIB, MemoryBackendError, hold,
-                                        resolve_backend)
+from gpuzombie.workloads.memory import (
+    CPU_STANDIN,
+    CPU_STANDIN_LABEL,
+    MIB,
+    MemoryBackendError,
+    hold,
+    resolve_backend,
+)
 
 SIZE = 32
 
@@ -98,7 +103,8 @@ def test_parent_standalone_reports_ready_workers():
     # stderr to /dev/null: the orphan inherits it, and a pipe would stay open after the parent
     proc = subprocess.run([sys.executable, "-m", "gpuzombie.workloads.parent", "--workers", "1",
                            "--size-mib", "8", "--device", "cpu", "--fixed"],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60,
+                          check=False)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and lines[-1].startswith("parent exiting")
     worker = int(lines[0].split(": ")[1])
@@ -121,6 +127,6 @@ def test_gpu_backends_hold_gpu_memory(backend):
         "from gpuzombie.workloads.memory import hold; from gpuzombie.gpu.nvml import PynvmlBackend as B\n"
         "d=lambda: B().read().device(0).memory_used\n"
         f"a=d(); h=hold(256, device='cuda', backend='{backend}'); b=d(); h.release(); print(a, b, h.backend)")],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120, check=False)
     before, during, name = out.stdout.split()
     assert name == backend and int(during) - int(before) >= 256 * MIB

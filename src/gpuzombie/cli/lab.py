@@ -16,8 +16,20 @@ from gpuzombie.gpu.nvml import default_backend
 from gpuzombie.lab.pod import INITS
 from gpuzombie.lab.report import build
 from gpuzombie.lab.results import run_key, write_results
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, ScenarioRun, run_scenario
-from gpuzombie.workloads.memory import BACKENDS, CPU_STANDIN, CPU_STANDIN_LABEL, DEVICES, torch_installed
+from gpuzombie.lab.scenarios import (
+    SCENARIOS,
+    LabConfig,
+    ScenarioError,
+    ScenarioRun,
+    run_scenario,
+)
+from gpuzombie.workloads.memory import (
+    BACKENDS,
+    CPU_STANDIN,
+    CPU_STANDIN_LABEL,
+    DEVICES,
+    torch_installed,
+)
 
 CHOICES = (*SCENARIOS, "nccl", "all")
 

@@ -8,6 +8,7 @@ size by default) from that sample on.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from gpuzombie.lab.sampler import Sample
 
@@ -50,7 +51,7 @@ def integral_gib_s(samples: Sequence[Sample], start: float, end: float) -> float
         return 0.0
     total = 0.0
     points = [(s.t, float(s.held_bytes)) for s in samples]
-    for (t0, h0), (t1, h1) in zip(points, points[1:]):
+    for (t0, h0), (t1, h1) in pairwise(points):
         lo, hi = max(t0, start), min(t1, end)
         if hi <= lo or t1 == t0:
             continue
@@ -61,7 +62,7 @@ def integral_gib_s(samples: Sequence[Sample], start: float, end: float) -> float
 
 def sampling_stats(samples: Sequence[Sample]) -> dict[str, float]:
     """How regular the sampling was: count, mean and max interval (ms)."""
-    gaps = [b.t - a.t for a, b in zip(samples, samples[1:])]
+    gaps = [b.t - a.t for a, b in pairwise(samples)]
     return {
         "count": len(samples),
         "mean_interval_ms": round(1000 * sum(gaps) / len(gaps), 2) if gaps else 0.0,

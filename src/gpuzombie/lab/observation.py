@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.lab.pod import Pod
-from gpuzombie.proc.procfs import Procfs, ProcessInfo, ProcessTable
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0
 

@@ -194,7 +194,8 @@ class Pod:
         """Run a command inside the pod's PID and mount namespaces (``kubectl exec``)."""
         cmd = ["nsenter", "--target", str(self.pid1), "--pid", "--mount", *argv]
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env)
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env,
+                                  check=False)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
             return subprocess.CompletedProcess(cmd, 124, out or "", f"timed out after {timeout:.1f} s")

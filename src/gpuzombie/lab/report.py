@@ -63,8 +63,8 @@ def _sigterm(e: Entry) -> tuple[str, bool]:
         return "❌ SIG_IGN; PID 1 (sleep) has no handler, so the kernel drops SIGTERM: SIGKILL at the grace's end", False
     if m["waited_whole_grace"]:
         return f"❌ SIG_IGN; PID 1 ({e['init']}) outlived SIGTERM: SIGKILL at the grace's end", False
-    return (f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the "
-            "namespace", False)
+    return ((f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the "
+            "namespace"), False)
 
 
 def _kill9(e: Entry) -> tuple[str, bool]:
@@ -141,8 +141,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                   "> workers, standing in for GPU memory; the process and signal behaviour is real.", ""]
     gpu = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in prov.get("gpus", [])) or "none"
     lines += [
-        f"- date: {prov.get('date_utc')} · machine: {prov.get('hostname')} ({prov.get('cpu')}, "
-        f"{prov.get('cpus')} CPUs) · kernel: {prov.get('kernel')} · cgroup {prov.get('cgroup')}",
+        (f"- date: {prov.get('date_utc')} · machine: {prov.get('hostname')} ({prov.get('cpu')}, "
+        f"{prov.get('cpus')} CPUs) · kernel: {prov.get('kernel')} · cgroup {prov.get('cgroup')}"),
         f"- GPU: {gpu} · driver: {prov.get('driver') or '—'} · torch: {prov.get('torch') or '—'}",
         f"- command: `{prov.get('command')}`",
     ]
@@ -150,8 +150,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         c = first["config"]
         lines.append(f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
                      f"(+1 killed with kill -9) · {c['size_mib']} MiB each · memory: {first['memory']}")
-    lines += ["", "Cells show our measurement; where it disagrees with the seed's value the seed's is "
-              "beside it in bold (the seed measured S1 and expected S2–S4).", "",
+    lines += ["", ("Cells show our measurement; where it disagrees with the seed's value the seed's is "
+              "beside it in bold (the seed measured S1 and expected S2–S4)."), "",
               "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |", "|---|---|---|---|---|"]
     for label, seed, seed_yes, read in ROWS:
         cells = [_cell(e, s, y, read) for e, s, y in zip(base, seed, seed_yes)]
@@ -188,8 +188,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
     variants = [k for k in scenarios if k not in BASE]
     if variants:
-        lines += ["", "## Variants", "", "| run | PID 1 | workers | memory | uid | zombies after kill | "
-                  "deletion → free | waited whole grace | grace waste (GiB·s) | kill -9 → free |",
+        lines += ["", "## Variants", "", ("| run | PID 1 | workers | memory | uid | zombies after kill | "
+                  "deletion → free | waited whole grace | grace waste (GiB·s) | kill -9 → free |"),
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for k in variants:
             e = scenarios[k]
@@ -199,14 +199,14 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                          f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
                          f"{_secs(m['kill9_to_free_s'])} |")
     if nccl is not None:
-        lines += ["", "## NCCL", "", "From `gpuzombie lab run --scenario nccl` (its files: "
-                  "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):", ""]
+        lines += ["", "## NCCL", "", ("From `gpuzombie lab run --scenario nccl` (its files: "
+                  "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):"), ""]
         if isinstance(nccl, dict) and nccl.get("table_md"):
             lines.append(str(nccl["table_md"]).rstrip())
         else:
             lines += ["```json", json.dumps(nccl, indent=1)[:6000], "```"]
-    lines += ["", "Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
-              "events marked); each scenario's folder has its own memory.png and notes.md.", ""]
+    lines += ["", ("Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
+              "events marked); each scenario's folder has its own memory.png and notes.md."), ""]
     return "\n".join(lines)
 
 
@@ -239,16 +239,16 @@ def notes_for(key: str, e: Entry) -> str:
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
     lines += ["", "## Numbers", "", "```json", json.dumps(m, indent=1), "```",
-              f"", f"Sampler: {e['sampler']}", ""]
+              "", f"Sampler: {e['sampler']}", ""]
     if d.get("prestop_log"):
         lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
     if e["init"] != "sleep" and not e["scenario"]["prestop"] and not m["waited_whole_grace"]:
         lines += ["## Why the grace was not used up", "",
-                  f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
+                  (f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
                   "child died, the init exited with it, and the kernel SIGKILLs every process of a PID "
                   "namespace whose init exits, the SIGTERM-ignoring workers included. The seed "
                   "expected the whole grace here; an init whose main child survives SIGTERM (or a "
-                  "worker that is the main process) would use it up.", ""]
+                  "worker that is the main process) would use it up."), ""]
     return "\n".join(lines)
 
 

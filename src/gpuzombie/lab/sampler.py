@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
@@ -104,7 +104,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuzombie-sampler", daemon=True)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

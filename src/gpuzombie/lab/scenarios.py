@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
-from gpuzombie.lab.metrics import scenario_metrics, sampling_stats
+from gpuzombie.lab.metrics import sampling_stats, scenario_metrics
 from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
 from gpuzombie.lab.pod import Deletion, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
@@ -28,8 +28,8 @@ from gpuzombie.lab.smi import render_smi
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 Progress = Callable[[str], None]
-SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.M)
-READY = re.compile(r"^ready pid=(\d+) ", re.M)
+SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.MULTILINE)
+READY = re.compile(r"^ready pid=(\d+) ", re.MULTILINE)
 PARENT = "gpuzombie.workloads.parent"
 
 
@@ -172,7 +172,7 @@ def trace_from_host(timeout: float = 60.0) -> str:
 
     cmd = [sys.executable, "-m", "gpuzombie", "trace"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return f"# gpuzombie trace timed out after {timeout:.0f} s\n"
     out = (done.stdout + done.stderr).rstrip()

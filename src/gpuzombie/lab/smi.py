@@ -63,9 +63,9 @@ def render_smi(gpus: GpuSnapshot, pod_processes: Sequence[ProcessInfo], *, title
                   for _, p in procs]
     lines += ["", "# the pod's processes seen from the host (host pid / pid in the pod)",
               f"{'HOST_PID':>8} {'POD_PID':>7} {'PPID':>7} {'STATE':>5} {'RSS_MIB':>8}  COMMAND"]
-    for p in pod_processes:
-        lines.append(f"{p.pid:>8} {p.innermost_pid:>7} {p.ppid:>7} {p.state:>5} "
-                     f"{p.rss_bytes / MIB:>8.1f}  {p.command[:100]}")
+    for proc in pod_processes:
+        lines.append(f"{proc.pid:>8} {proc.innermost_pid:>7} {proc.ppid:>7} {proc.state:>5} "
+                     f"{proc.rss_bytes / MIB:>8.1f}  {proc.command[:100]}")
     if not pod_processes:
         lines.append("(none: the pod has no process left)")
     return "\n".join(lines) + "\n"

@@ -104,10 +104,11 @@ def _hold_cpu(size: int) -> Holding:
     # faults every page in inside the kernel (half the time of touching them from Python); the
     # touch loop is the fallback where MAP_POPULATE is missing.
     populate = getattr(mmap, "MAP_POPULATE", 0)
-    buf: mmap.mmap | None = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    mapping = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
     if not populate:
         for offset in range(0, size, mmap.PAGESIZE):
-            buf[offset] = 1
+            mapping[offset] = 1
+    buf: mmap.mmap | None = mapping
 
     def release() -> None:
         nonlocal buf

@@ -13,7 +13,13 @@ import os
 import signal
 import sys
 
-from gpuzombie.workloads.memory import BACKENDS, DEVICES, Holding, MemoryBackendError, hold
+from gpuzombie.workloads.memory import (
+    BACKENDS,
+    DEVICES,
+    Holding,
+    MemoryBackendError,
+    hold,
+)
 
 DEFAULT_SIZE_MIB = 2048
 
