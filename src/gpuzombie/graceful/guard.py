@@ -131,7 +131,7 @@ class Guard:
             # An error escaping the loop (a collective that failed) takes the same way out, with the
             # deadline: a plain exit could hang in the communication library's teardown. A failed
             # collective usually means a dead peer: give the monitor a moment to say so (exit 75).
-            traceback.print_exception(exc_type, exc, tb)  # type: ignore[arg-type]
+            traceback.print_exception(exc)
             if self.peers is not None:
                 self._stop.wait(min(0.5, self.peer_exit_s))
             self.request_stop(f"{type(exc).__name__}: {exc}", 1)

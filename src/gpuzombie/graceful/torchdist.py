@@ -67,6 +67,7 @@ def destroy_process_group() -> str:
     if not dist_initialized():
         return "no process group"
     torch = _torch()
+    assert torch is not None  # dist_initialized() said so
     try:
         torch.distributed.destroy_process_group()
         return "destroyed"

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         device, backend = torch.device("cuda", gpu), "nccl"
     else:
         gpu, device, backend = None, torch.device("cpu"), "gloo"
-    kwargs = {"timeout": timedelta(seconds=args.timeout_s)} if args.timeout_s else {}
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, **kwargs)
+    timeout = timedelta(seconds=args.timeout_s) if args.timeout_s else None  # None: PyTorch's default
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
     held = torch.ones(args.size_mib * (1 << 20) // 4, dtype=torch.float32, device=device)
     x = torch.ones(1 << 18, device=device)  # 1 MiB per all_reduce
 
