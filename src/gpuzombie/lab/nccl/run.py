@@ -197,8 +197,8 @@ def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: lis
             })
         entry["survivors"] = survivors
         frees = [s["memory_free_s"] for s in survivors]
-        known = [f for f in frees if f is not None]
-        entry["all_free_s"] = max(known) if known and len(known) == len(frees) else None
+        measured = [f for f in frees if f is not None]
+        entry["all_free_s"] = max(measured) if measured and len(measured) == len(frees) else None
         entry["goal_met"] = entry["all_free_s"] is not None and entry["all_free_s"] <= GOAL_S
         dead_gpu = c.ranks[0].gpu if c.ranks else None
         entry["dead_rank_gpu"] = dead_gpu
