@@ -197,3 +197,19 @@ def test_an_error_escaping_the_loop_exits_through_the_cleanup():
     assert code == 1 and took < 1.0
     err = proc.stderr.read()
     assert "RuntimeError: NCCL error" in err and "cleaned up" in err
+
+
+def test_the_readme_example_runs_as_written():
+    """The README's two-line adoption, with stand-ins for the model, the data and the step."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Graceful shutdown for training scripts"):]
+    example = section[section.index("```python") + len("```python"):]
+    example = example[:example.index("```")]
+    stand_ins = ("model, optimizer = bytearray(1 << 20), bytearray(1 << 20)\n"
+                 "def batches():\n    print('ready', flush=True)\n    while True:\n        yield 1\n"
+                 "loader = batches()\n"
+                 "def train_step(batch):\n    time.sleep(0.01)\n")
+    proc = start(stand_ins + example)
+    proc.send_signal(signal.SIGTERM)
+    code, took = wait_exit(proc, 5)
+    assert code == 128 + signal.SIGTERM and took < 1.0
