@@ -3,7 +3,8 @@
 # Run from the repo root:   bash scripts/device/prestop_gpu.sh        (budget: 60 s)
 # A "pod" (unshare PID + mount namespace, tini as PID 1) runs the seed's parent.py twice: one
 # worker that ignores SIGTERM (S1-S3) and one with the SIGTERM handler (S4), 2 GiB each. Then
-# prestop runs INSIDE the pod (nsenter --pid --mount), as a preStop hook would, with --timeout 5.
+# prestop runs INSIDE the pod (nsenter --pid --mount), as a preStop hook would
+# (python3 -m gpuzombie.prestop --timeout 5).
 # Measured from the host with NVML every 10 ms: seconds from prestop's start until each worker's
 # memory is free (its pid gone from NVML) and until the GPU is back at its baseline.
 # Writes $OUT/prestop_gpu.json and prints a table. Without a GPU: DEVICE=cpu (RSS stand-in).
@@ -78,8 +79,10 @@ def sample():
 threading.Thread(target=sample, daemon=True).start()
 time.sleep(0.3)
 t0 = time.monotonic()
-done = subprocess.run(["nsenter", "--target", str(pid1), "--pid", "--mount", "python3", "-m", "gpuzombie",
-                       "prestop", "--timeout", prestop_timeout, "--json"], capture_output=True, text=True)
+# The hook as a pod spec would run it: the stdlib entry point (no click/rich imports).
+done = subprocess.run(["nsenter", "--target", str(pid1), "--pid", "--mount", "python3", "-m",
+                       "gpuzombie.prestop", "--timeout", prestop_timeout, "--json"],
+                      capture_output=True, text=True)
 t_prestop = time.monotonic() - t0
 wait_for(lambda: samples and all(w not in samples[-1][2] for w in workers)
          and (not gpu or samples[-1][1] <= baseline + 64 * MIB), 10)
