@@ -1,8 +1,9 @@
 """The seed's numbers from a scenario's samples and events: release latency, grace waste, ...
 
 Pure functions over ``Sample``s (seconds on the events' clock, bytes held), so they are tested on
-hand-made series. "Released" means held memory at or below a threshold (half of one worker's
-size by default) from that sample on.
+hand-made series. "Released" means held memory back at the baseline within a tolerance (5 % of one
+worker's size, at least 32 MiB) from that sample on; a worker's ``kill -9`` counts as freed when
+held memory fell by 90 % of its size.
 """
 
 from __future__ import annotations
@@ -13,6 +14,17 @@ from itertools import pairwise
 from gpuzombie.lab.sampler import Sample
 
 GIB = 1024**3
+MIB = 1024**2
+
+
+def release_tolerance(worker_bytes: int) -> int:
+    """Held memory at or below this counts as back at the baseline."""
+    return max(32 * MIB, worker_bytes // 20)
+
+
+def kill_drop(worker_bytes: int) -> int:
+    """How far held memory must fall for one killed worker's memory to count as freed."""
+    return worker_bytes * 9 // 10
 
 
 def released_at(samples: Sequence[Sample], after: float, threshold: int) -> float | None:
@@ -75,14 +87,14 @@ def scenario_metrics(*, samples: Sequence[Sample], marks: dict[str, float | None
     """Release latency, grace waste and the kill -9 comparison, from the samples and event times.
 
     ``marks`` holds the event times: delete, sigkill (None when PID 1 exited within the grace),
-    pod_exit and kill9. Memory counts as released at half of one worker's size or less.
+    pod_exit and kill9.
     """
-    threshold = worker_bytes // 2
+    threshold = release_tolerance(worker_bytes)
     delete, sigkill, pod_exit, kill9 = (marks.get(k) for k in ("delete", "sigkill", "pod_exit", "kill9"))
     assert delete is not None
     free = released_at(samples, delete, threshold)
     end = free if free is not None else (samples[-1].t if samples else delete)
-    kill9_free = dropped_at(samples, kill9, threshold) if kill9 is not None else None
+    kill9_free = dropped_at(samples, kill9, kill_drop(worker_bytes)) if kill9 is not None else None
     latency = None if free is None else free - delete
     kill9_latency = None if kill9_free is None or kill9 is None else kill9_free - kill9
     return {

@@ -253,12 +253,22 @@ def notes_for(key: str, e: Entry) -> str:
 
 
 def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.0) -> None:
+    """A dotted line per event; events closer than 1 % of the axis share one label."""
+    lo, hi = ax.get_xlim()
     ymax = ax.get_ylim()[1]
-    for i, ev in enumerate(ev for ev in events if ev["name"] in MARKED_EVENTS):
+    groups: list[tuple[float, list[str]]] = []
+    for ev in events:
+        if ev["name"] not in MARKED_EVENTS:
+            continue
         x = ev["t"] - shift
         ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey",
                    linestyle=":", linewidth=0.8)
-        ax.text(x, ymax * (0.95 - 0.09 * (i % 5)), ev["name"], rotation=90, fontsize=6,
+        if groups and x - groups[-1][0] < 0.01 * (hi - lo):
+            groups[-1][1].append(ev["name"])
+        else:
+            groups.append((x, [ev["name"]]))
+    for i, (x, names) in enumerate(groups):
+        ax.text(x, ymax * (0.97 - 0.12 * (i % 2)), " + ".join(names), rotation=90, fontsize=6,
                 va="top", ha="right")
 
 

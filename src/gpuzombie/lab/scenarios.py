@@ -20,7 +20,12 @@ from typing import Any
 
 from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
-from gpuzombie.lab.metrics import sampling_stats, scenario_metrics
+from gpuzombie.lab.metrics import (
+    kill_drop,
+    release_tolerance,
+    sampling_stats,
+    scenario_metrics,
+)
 from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
 from gpuzombie.lab.pod import Deletion, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
@@ -249,7 +254,7 @@ class _Run:
         _wait(lambda: _state(victim) in (None, "Z"), 5.0)
         # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
         # observe.sh ran some seconds after the kill.
-        threshold = self.config.size_mib * MIB // 2
+        threshold = kill_drop(self.config.size_mib * MIB)
         before = self.sampler_held_before_kill
         _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= before - threshold, 5.0)
         time.sleep(0.2)
@@ -285,7 +290,7 @@ class _Run:
                     self.progress(f"{s.name}: deleting the pod (grace {c.grace:g} s"
                                   + (", preStop first)" if s.prestop else ")"))
                     deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
-                    threshold = c.size_mib * MIB // 2
+                    threshold = release_tolerance(c.size_mib * MIB)
                     _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= threshold, 5.0)
                     time.sleep(0.3)  # a tail of samples after the release, for the plot
             finally:
