@@ -35,6 +35,20 @@ def wait_exit(proc: subprocess.Popen, limit: float) -> tuple[int, float]:
     return code, time.monotonic() - t0
 
 
+def start_stuck_with_a_peer() -> tuple[subprocess.Popen, subprocess.Popen]:
+    """A peer process, and a child watching it whose main thread blocks forever (as in a
+    collective with a dead rank)."""
+    peer = subprocess.Popen(["sleep", "60"])
+    proc = start("""
+        stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
+        stop.watch_pids([int(sys.argv[1])])
+        r, w = os.pipe()
+        print("ready", flush=True)
+        os.read(r, 1)
+    """, str(peer.pid))
+    return peer, proc
+
+
 def test_sigterm_stops_the_loop_and_exits_within_the_deadline():
     proc = start("""
         stop = graceful.install(deadline_s=5)
@@ -116,14 +130,7 @@ def test_dead_peer_stops_this_process_fast():
 
 
 def test_dead_peer_with_a_stuck_main_thread_exits_within_peer_exit():
-    peer = subprocess.Popen(["sleep", "60"])
-    proc = start("""
-        stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
-        stop.watch_pids([int(sys.argv[1])])
-        r, w = os.pipe()
-        print("ready", flush=True)
-        os.read(r, 1)
-    """, str(peer.pid))
+    peer, proc = start_stuck_with_a_peer()
     peer.kill()
     peer.wait()
     code, took = wait_exit(proc, 5)
@@ -169,14 +176,7 @@ def test_kernel_backstop_when_cleanup_holds_the_gil():
 def test_a_peer_dying_while_stopping_brings_the_deadline_closer():
     # SIGTERM first (deadline 30 s), main thread stuck (a rank waiting on a peer that stopped at an
     # earlier step); then that peer exits: this one must be gone within peer_exit_s, not 30 s.
-    peer = subprocess.Popen(["sleep", "60"])
-    proc = start("""
-        stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
-        stop.watch_pids([int(sys.argv[1])])
-        r, w = os.pipe()
-        print("ready", flush=True)
-        os.read(r, 1)
-    """, str(peer.pid))
+    peer, proc = start_stuck_with_a_peer()
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert proc.poll() is None
