@@ -64,6 +64,18 @@ def test_prestop_stops_ignoring_and_handling_workers_and_orphans(tmp_path):
 
 
 @needs_root
+def test_children_orphaned_by_the_first_round_are_stopped_too(tmp_path):
+    res = run_pod("cascade", tmp_path)
+    assert res["rc"] == 0, res["stderr"]
+    results = {r["target"]["pid"]: r for r in res["report"]["results"]}
+    family, child = res["pids"]["family"], res["pids"]["child"]
+    assert results[family]["outcome"] == "exited_after_sigterm" and not results[family]["found_by_rescan"]
+    assert results[child]["outcome"] == "exited_after_sigterm" and results[child]["found_by_rescan"]
+    assert res["alive"] == {"family": False, "child": False}
+    assert res["wall_s"] < 3  # done when the last one exits, not at the timeout
+
+
+@needs_root
 def test_dry_run_signals_nothing(tmp_path):
     res = run_pod("dry-run", tmp_path)
     assert res["rc"] == 0

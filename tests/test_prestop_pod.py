@@ -43,6 +43,8 @@ procs = {}
 for role in sys.argv[1:]:
     if role == "sleep":
         procs[role] = subprocess.Popen(["sleep", "120"])
+    elif role == "family":  # exits on SIGTERM, leaving its own child (a sleep) behind
+        procs[role] = subprocess.Popen(["sh", "-c", "trap 'exit 0' TERM; sleep 120 & wait"])
     else:
         procs[role] = subprocess.Popen([sys.executable, "-c", WORKER, role], stdout=subprocess.PIPE)
         procs[role].stdout.readline()
@@ -101,6 +103,22 @@ def scenario_e2e(dry_run: bool) -> dict:
     return result
 
 
+def scenario_cascade() -> dict:
+    """An orphan with a child of its own: the child becomes an orphan only when its parent exits."""
+    pids = spawn_orphans("family")
+    child = None
+    deadline = time.monotonic() + 5
+    while child is None and time.monotonic() < deadline:
+        kids = open(f"/proc/{pids['family']}/task/{pids['family']}/children").read().split()
+        child = int(kids[0]) if kids else None
+        time.sleep(0.01)
+    pids["child"] = child
+    result = run_cli("--timeout", "3", "--kill-wait", "1")
+    result["pids"] = pids
+    result["alive"] = {role: alive(pid) for role, pid in pids.items()}
+    return result
+
+
 def scenario_reuse(use_pidfd: bool) -> dict:
     from gpuzombie.prestop import execute_plan, plan_prestop
     from gpuzombie.proc import Procfs
@@ -136,6 +154,8 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if scenario in ("e2e", "dry-run"):
         result = scenario_e2e(dry_run=scenario == "dry-run")
+    elif scenario == "cascade":
+        result = scenario_cascade()
     elif scenario in ("reuse", "reuse-nopidfd"):
         result = scenario_reuse(use_pidfd=scenario == "reuse")
     else:

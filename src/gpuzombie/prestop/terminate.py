@@ -148,13 +148,13 @@ def execute_plan(
     next_rescan = clock() + RESCAN_INTERVAL
     while clock() < deadline:
         reap_exits()
-        if clock() >= next_rescan:
+        # Re-scan on a tick, and at once when the last target is gone: its children were
+        # re-parented before its exit became visible, so the scan finds them if there are any.
+        if not live() or clock() >= next_rescan:
             sweep(signal.SIGTERM)
             next_rescan = clock() + RESCAN_INTERVAL
             if not live():
                 break  # everything exited and a fresh scan found nothing new
-        if not live() and rescan is None:
-            break
         handles = [t.handle for t in live() if t.handle]
         wait_any_exit(handles, max(0.0, min(deadline, next_rescan) - clock()))
 
