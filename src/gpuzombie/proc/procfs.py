@@ -259,12 +259,22 @@ class Procfs:
                 found.add(target)
         return tuple(sorted(found))
 
-    def tree_pidns(self) -> int | None:
-        """The PID namespace this tree shows (its PID 1's); None when PID 1 is not readable."""
-        try:
-            return parse_ns_link(os.readlink(f"{self.root}/1/ns/pid"))
-        except OSError:
-            return None
+    def tree_pidns(self, pids: Iterable[int] = (), *, tries: int = 16) -> int | None:
+        """The PID namespace this tree shows: that of a process whose NSpid has one level.
+
+        PID 1's link is the first try, but it may deny access even to root (a hardened init), so
+        a few more of the lowest pids follow; None when none can tell (then every status is read).
+        """
+        for pid in list(dict.fromkeys((1, *pids)))[:tries]:
+            base = f"{self.root}/{pid}"
+            try:
+                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
+                nspid = parse_status(_read_bytes(f"{base}/status").decode(errors="replace")).nspid
+            except OSError:
+                continue
+            if pidns is not None and len(nspid) == 1:
+                return pidns
+        return None
 
     def read_process(self, pid: int, boot_time: float, *, with_cgroup: bool = True,
                      tree_pidns: int | None = None) -> ProcessInfo | None:
@@ -343,9 +353,10 @@ class Procfs:
         (observe): one read in five, on a node with thousands of processes.
         """
         boot = self.boot_time()
-        tree_pidns = self.tree_pidns()
+        wanted = self.pids() if pids is None else list(pids)
+        tree_pidns = self.tree_pidns(wanted)
         processes: dict[int, ProcessInfo] = {}
-        for pid in self.pids() if pids is None else pids:
+        for pid in wanted:
             proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns)
             if proc is not None:
                 processes[pid] = proc
