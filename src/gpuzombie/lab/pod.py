@@ -10,6 +10,7 @@ grace-period waste. ``--kill-child`` is only the backstop if the lab itself dies
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -24,8 +25,23 @@ from typing import IO
 from gpuzombie.lab.events import EventLog
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
-# If the lab itself dies, the kernel SIGKILLs unshare, and --kill-child takes the pod with it.
-PDEATHSIG = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
+
+
+@functools.cache
+def pdeathsig_prefix() -> tuple[str, ...]:
+    """``setpriv --pdeathsig KILL`` where util-linux has it: if the lab itself dies, the kernel
+    SIGKILLs unshare, and --kill-child takes the pod with it."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ()
+    try:
+        usage = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=5,
+                               check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return (setpriv, "--pdeathsig", "KILL") if "--pdeathsig" in usage else ()
+
+
 INITS = ("sleep", "tini", "tini-g", "dumb-init")
 INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init"}
 
@@ -132,7 +148,7 @@ class Pod:
         self.name = name
         self.init = init
         self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command), shlex.join(then))]
-        self.launch = [*PDEATHSIG, *self.argv]
+        self.launch = [*pdeathsig_prefix(), *self.argv]
         self.log = log
         self.events = events
         self.env = env if env is not None else absolute_pythonpath(os.environ)
