@@ -40,15 +40,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from fakeproc import make_fake_proc, make_fake_root  # noqa: E402
+from fakeproc import make_fake_proc, make_fake_root
 
-from gpuzombie.gpu.attribution import ReaderView  # noqa: E402
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot  # noqa: E402
-from gpuzombie.k8s import cri  # noqa: E402
-from gpuzombie.k8s.podresources import PodResources  # noqa: E402
-from gpuzombie.proc.procfs import Procfs  # noqa: E402
-from gpuzombie.trace.render import render_text  # noqa: E402
-from gpuzombie.trace.report import trace_node  # noqa: E402
+from gpuzombie.gpu.attribution import ReaderView
+from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.k8s import cri
+from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.render import render_text
+from gpuzombie.trace.report import trace_node
 
 SEED_SH = r"""
 P="$1"; CRICTL="$2"
@@ -128,7 +128,7 @@ class Clock:
     """Wall time and CPU time (ours + waited-for children's): on a shared, overloaded machine the
     CPU seconds say what each approach costs, the wall seconds what a user waits."""
 
-    def __enter__(self) -> Clock:
+    def __enter__(self) -> Clock:  # noqa: PYI034 (final in effect)
         self.wall0, self.cpu0 = time.perf_counter(), self._cpu()
         return self
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fakeproc import make_fake_proc, make_fake_root
+
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
@@ -135,7 +135,10 @@ def node(tmp_path):
     return root
 
 
-def run_trace(node, crictl, resources=PodResources(source=None), timeout=5.0):
+NO_RESOURCES = PodResources(source=None)
+
+
+def run_trace(node, crictl, resources=NO_RESOURCES, timeout=5.0):
     return trace_node(
         procfs=Procfs(str(node)), nvml=FakeNvml(gpus()), view=ReaderView(in_root_pidns=True),
         names=lambda ids: cri.lookup(str(crictl), ids, timeout=timeout), resources=resources,
@@ -210,7 +213,7 @@ def test_hanging_crictl_is_bounded(node, crictl, monkeypatch):
 def test_failing_crictl_gives_ids_and_one_warning(node, crictl, monkeypatch):
     monkeypatch.setenv("FAKE_CRICTL_MODE", "fail")
     report = run_trace(node, crictl)
-    assert [w for w in report.warnings if "crictl" in w][0].startswith("crictl: 'ps -a' exited 1: connect:")
+    assert next(w for w in report.warnings if "crictl" in w).startswith("crictl: 'ps -a' exited 1: connect:")
     assert "11111111-2222-3333-4444-555555555555" in render_text(report)
 
 

@@ -8,10 +8,11 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-
 from conftest import needs_root
+
 from gpuzombie.cli.main import main
 from gpuzombie.k8s.cgroup import cgroup_version, parse_cgroup_lines
 from gpuzombie.proc.procfs import Procfs
@@ -28,7 +29,8 @@ pytestmark = [
 
 
 def _podman(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([PODMAN, "--runtime", RUNC, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([PODMAN, "--runtime", RUNC, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 @pytest.fixture
@@ -57,12 +59,12 @@ def _zombie_child(pid: int) -> int | None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
-            children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             children = []
         for child in children:
             try:
-                if open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                     return int(child)
             except OSError:
                 continue

@@ -85,7 +85,7 @@ def parse_cgroup_path(path: str) -> ContainerRef | None:
     driver: str | None = None
     in_kubepods = False
     for i, part in enumerate(parts):
-        if part == "kubepods" or part.endswith("kubepods.slice") or part.endswith("-kubepods"):
+        if part == "kubepods" or part.endswith(("kubepods.slice", "-kubepods")):
             in_kubepods = True
             continue
         if _MONITOR.fullmatch(part):

@@ -28,7 +28,7 @@ from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.proc.procfs import ProcessInfo, Procfs, ProcessTable
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 from gpuzombie.trace.scan import scan
 
 SCHEMA = "gpuzombie.trace/1"

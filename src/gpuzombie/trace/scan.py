@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from gpuzombie.proc.procfs import Procfs, ProcessTable
+from gpuzombie.proc.procfs import ProcessTable, Procfs
 
 
 def _state(root: str, pid: int) -> str | None:
