@@ -50,3 +50,19 @@ def test_nvml_probe_counts_device_memory_above_baseline_and_the_pods_processes()
     held, procs = probe.read()
     assert held == 2 * 2667 * MIB  # device-level: another namespace's process counts too
     assert procs == 2658 * MIB  # per-process: only the pod's pid 11
+
+
+def test_results_of_another_kind_are_replaced_not_mixed(tmp_path):
+    import json
+
+    from gpuzombie.lab.results import SCHEMA, write_results
+
+    gpu_run = {"schema": SCHEMA, "kind": "gpu: NVIDIA H200", "scenarios": {}, "nccl": {"x": 1}}
+    (tmp_path / "results.json").write_text(json.dumps(gpu_run))
+    write_results([], tmp_path, command=["gpuzombie", "lab", "report"],
+                  gpus=GpuSnapshot(available=False, reason="none"), nccl=None)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["kind"] == "cpu-standin" and "nccl" not in data
+    write_results([], tmp_path, command=["x"], gpus=GpuSnapshot(available=False), nccl={"y": 2})
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["nccl"] == {"y": 2} and data["kind"] == "cpu-standin"

@@ -154,21 +154,34 @@ def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] 
     return out
 
 
+def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
+    """What the memory was: ``cpu-standin`` or ``gpu: <names>``; runs of one kind only are merged."""
+    standin = (runs[0].config.backend == CPU_STANDIN) if runs else not (gpus.available and gpus.devices)
+    if standin:
+        return CPU_STANDIN
+    return "gpu: " + ", ".join(sorted({d.name for d in gpus.devices}))
+
+
 def write_results(runs: Sequence[ScenarioRun], out_dir: Path, *, command: Sequence[str],
                   gpus: GpuSnapshot, nccl: Mapping[str, Any] | None = None) -> Path:
-    """Write every scenario's files and results.json, then comparison.md, notes.md and plots."""
+    """Write every scenario's files and results.json, then comparison.md, notes.md and plots.
+
+    An earlier results.json of the same kind is merged (new scenarios replace old ones); one of
+    another kind (GPU results, and now a CPU stand-in run) is replaced, never mixed into one table.
+    """
     from gpuzombie.lab import report
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULTS_JSON
-    data: dict[str, Any] = {"schema": SCHEMA, "scenarios": {}}
+    kind = results_kind(runs, gpus)
+    data: dict[str, Any] = {"schema": SCHEMA, "kind": kind, "scenarios": {}}
     if path.exists():
         try:
             old = json.loads(path.read_text())
-            if old.get("schema") == SCHEMA:
-                data = old
         except ValueError:
-            pass
+            old = {}
+        if old.get("schema") == SCHEMA and old.get("kind") == kind:
+            data = old
     prov = provenance(command, gpus)
     data["provenance"] = prov
     for run in runs:
