@@ -84,3 +84,17 @@ def test_status_is_read_only_for_processes_of_other_namespaces(tmp_path):
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
     assert table.get(5).nspid == (5,) and table.get(5).uid == 1000
     assert table.get(6).nspid == (6, 1)
+
+
+def test_kernel_threads_are_read_from_stat_alone(tmp_path):
+    """PF_KTHREAD in the stat flags: no argv, fds or namespace to read (a big node has thousands)."""
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0)
+    make_fake_proc(tmp_path, 2, ppid=0, comm="kthreadd", cmdline=b"")
+    kthread = make_fake_proc(tmp_path, 90, ppid=2, comm="kworker/0:1", cmdline=b"")
+    (kthread / "stat").write_text("90 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 50 0 0 0")
+    for name in ("cmdline", "status", "cgroup"):
+        (kthread / name).unlink()  # would drop a user process as "gone mid-read"
+    proc = Procfs(str(tmp_path)).snapshot(now=time.time()).get(90)
+    assert proc is not None and proc.command == "[kworker/0:1]" and proc.nspid == (90,)
+    assert parse_stat(STAT_WITH_PARENS).is_kernel_thread is False

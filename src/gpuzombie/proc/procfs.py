@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class StatFields:
     sid: int
     start_ticks: int
     rss_pages: int
+    flags: int = 0
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,7 @@ def parse_stat(text: str) -> StatFields:
         sid=int(rest[3]),
         start_ticks=int(rest[19]),
         rss_pages=int(rest[21]),
+        flags=int(rest[6]),
     )
 
 
@@ -291,6 +298,9 @@ class Procfs:
             stat = parse_stat(raw_stat.decode(errors="replace"))
         except (OSError, ValueError, IndexError):
             return None
+        if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
+            return self._process(pid, stat, owner, boot_time, cmdline=(), nspid=(pid,), pidns=tree_pidns,
+                                 cgroup=(), fds=(), denied=False)
         # Each read below: denied -> leave the field empty and say so; gone -> drop the process.
         denied = False
         cmdline: tuple[str, ...] = ()
@@ -325,18 +335,24 @@ class Procfs:
             if exc.errno in _GONE:
                 return None  # exited mid-read: drop it rather than report half a process
             denied = True
+        return self._process(pid, stat, owner, boot_time, cmdline=cmdline, nspid=status.nspid or (pid,),
+                             pidns=pidns, cgroup=cgroup, fds=fds, denied=denied)
+
+    def _process(self, pid: int, stat: StatFields, uid: int, boot_time: float, *, cmdline: tuple[str, ...],
+                 nspid: tuple[int, ...], pidns: int | None, cgroup: tuple[str, ...], fds: tuple[str, ...],
+                 denied: bool) -> ProcessInfo:
         return ProcessInfo(
             pid=pid,
             ppid=stat.ppid,
             state=stat.state,
             comm=stat.comm,
             cmdline=cmdline,
-            uid=owner,
+            uid=uid,
             start_ticks=stat.start_ticks,
             start_time=boot_time + stat.start_ticks / self.clock_ticks,
             pgid=stat.pgid,
             sid=stat.sid,
-            nspid=status.nspid or (pid,),
+            nspid=nspid,
             pidns=pidns,
             cgroup=cgroup,
             nvidia_fds=fds,
