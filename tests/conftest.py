@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import psutil
 import pytest
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for PID namespaces")
-needs_tini = pytest.mark.skipif(shutil.which("tini") is None, reason="tini not installed")
+from markers import needs_root, needs_tini  # noqa: F401  (defined once; kept importable from here)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Skip markers shared by test files.
 
-Import them from here, not from ``conftest``: with a second conftest.py in a subfolder (tests/k8s/),
+Import them from here rather than from ``conftest``: with a second conftest.py in a subfolder,
 ``from conftest import ...`` resolves to whichever was imported first and fails at random.
 """
 
