@@ -65,7 +65,7 @@ except (OSError, ValueError, KeyError) as exc:
 for label, pid in (("uid1000", int(w1000)), ("uid0", int(w0))):
     row = next((r for r in rows if r.get("pid") == pid), None)
     nvml = "yes" if row and row.get("nsmi") else "no"
-    mib = f"{row['gpu_memory'] // 2**20}" if row and row.get("gpu_memory") else "-"
+    mib = f"{row['gpu_memory_mib']:.0f}" if row and row.get("gpu_memory_mib") else "-"
     fds = "yes" if row and row.get("devices") else "no"
     print(f"{name:<22} {label:<8} {nvml:<6} {mib:<10} {fds:<6} {rc} / {took}")
 EOF
