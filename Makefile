@@ -5,17 +5,19 @@ PYTHON ?= python3
 DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static
 LAB_ARGS ?=
 
-.PHONY: setup lab test
-setup:
+.PHONY: debian lab test
+debian:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	$(PYTHON) -m pip install -q -e '.[test]'
 
-lab: setup
+# The lab needs only the plots; the tests add the chart tools, grpcio and a CPU build of torch.
+lab: debian
+	$(PYTHON) -m pip install -q -e '.[plot,init]'
 	gpuzombie lab run $(LAB_ARGS)
 
-test: setup
+test: debian
+	$(PYTHON) -m pip install -q -e '.[test]'
 	$(PYTHON) -m pytest -q
