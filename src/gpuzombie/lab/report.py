@@ -268,8 +268,8 @@ def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.
         else:
             groups.append((x, [ev["name"]]))
     for i, (x, names) in enumerate(groups):
-        ax.text(x, ymax * (0.97 - 0.12 * (i % 2)), " + ".join(names), rotation=90, fontsize=6,
-                va="top", ha="right")
+        ax.text(x, ymax * 0.97, " + ".join(names), rotation=90, fontsize=6, va="top",
+                ha="right" if i % 2 else "left", clip_on=True)
 
 
 def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
@@ -286,7 +286,7 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
     for key, e in scenarios.items():
         fig, ax = plt.subplots(figsize=(9, 3.2))
         ax.plot(e["samples"]["t"], e["samples"]["held_mib"], linewidth=1)
-        ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.15 + 1)
+        ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
         _mark_events(ax, e["events"])
         ax.set_xlabel("seconds since the pod started")
         ax.set_ylabel("memory held (MiB)")
@@ -298,18 +298,18 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     if scenarios:
-        fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 1.9 * len(scenarios) + 0.6), squeeze=False)
+        fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 2.6 * len(scenarios) + 0.6), squeeze=False)
         for ax, (key, e) in zip(axes[:, 0], scenarios.items()):
             delete = e["deletion"]["requested_at"]
             ax.plot([t - delete for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1)
-            ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.15 + 1)
+            ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
             _mark_events(ax, e["events"], shift=delete)
             ax.set_ylabel("MiB", fontsize=7)
             ax.set_title(f"{key} (waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s)", fontsize=8)
         axes[-1, 0].set_xlabel("seconds since the deletion request")
         first = next(iter(scenarios.values()))
-        fig.suptitle(f"memory held per scenario: {first['memory']}", fontsize=8)
-        fig.tight_layout()
+        fig.suptitle(f"memory held per scenario: {first['memory']}", fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1, 0.99))
         path = out_dir / "memory-timeline.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
