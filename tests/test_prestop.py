@@ -166,3 +166,18 @@ def test_same_cgroup_keeps_to_this_container(tmp_path):
     plan = plan_targets(table, gpus, own_pid=20, same_cgroup=True)
     assert {t.pid for t in plan.targets} == {8}
     assert {e.pid: e.reason for e in plan.excluded}[7] == "in another cgroup (another container of the pod)"
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--timeout", "x"], {}),
+    (["--timeout", "nan"], {}),
+    (["--kill-wait", "-1"], {}),
+    ([], {"GPUZOMBIE_PRESTOP_TIMEOUT": "abc"}),
+], ids=["not-a-number", "nan", "negative", "bad-env"])
+def test_stdlib_entry_point_usage_errors_are_one_line_exit_2(args, env):
+    done = subprocess.run([sys.executable, "-m", "gpuzombie.prestop", "--dry-run", "--no-nvml",
+                           "--no-pid1-log", *args],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC, **env})
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpuzombie: ") and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""

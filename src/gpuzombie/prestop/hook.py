@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
-from typing import TextIO
+import traceback
+from typing import NoReturn, TextIO
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
@@ -28,6 +30,13 @@ def report_json(report: PrestopReport, pid1_log: str) -> str:
     return json.dumps({**dataclasses.asdict(report), "pid1_log": pid1_log}, indent=2)
 
 
+def pid1_log_status(sink: Pid1Log | None) -> str:
+    """Where the live log's copy went, for the JSON report's ``pid1_log``."""
+    if sink is None:
+        return "off"
+    return sink.why_not or f"written to {sink.path}"
+
+
 def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
              kill_wait: float = DEFAULT_KILL_WAIT, dry_run: bool = False, include_orphans: bool = True,
              same_cgroup: bool = False,
@@ -36,8 +45,9 @@ def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
     """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if timeout < 0 or kill_wait < 0:
-        raise GpuzombieError("--timeout and --kill-wait must be >= 0", ExitStatus.ERROR)
+    # NaN would pass a plain ``< 0`` check and make the deadline comparisons always false.
+    if not all(math.isfinite(v) and v >= 0 for v in (timeout, kill_wait)):
+        raise GpuzombieError("--timeout and --kill-wait must be finite numbers >= 0", ExitStatus.ERROR)
     # In the host's PID namespace PID 1 is the node's init: its stdout is no container log.
     sink = Pid1Log() if pid1_log and not in_host_pid_namespace(procfs) else None
     live = err if as_json else out
@@ -61,20 +71,33 @@ def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
         if sink is not None:
             sink.close()
     if as_json:
-        where = ("written to /proc/1/fd/1" if sink is not None and sink.why_not is None
-                 else (sink.why_not if sink is not None else "off"))
-        print(report_json(report, where or "off"), file=out, flush=True)
+        print(report_json(report, pid1_log_status(sink)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
     return report.exit_status
 
 
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (its default prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m gpuzombie.prestop",
-                                 description="SIGTERM this container's GPU holders and orphans, wait, "
-                                             "SIGKILL the rest. Exit 0 all gone, 1 survivors, 2 error.")
+    """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click)."""
+    ap = _Parser(prog="python3 -m gpuzombie.prestop",
+                 description="SIGTERM this container's GPU holders and orphans, wait, "
+                             "SIGKILL the rest. Exit 0 all gone, 1 survivors, 2 error, 130 interrupted.")
+    # String defaults go through ``type`` too, so a bad environment value is a usage error.
     ap.add_argument("--timeout", type=float,
-                    default=float(os.environ.get("GPUZOMBIE_PRESTOP_TIMEOUT", DEFAULT_TIMEOUT)))
+                    default=os.environ.get("GPUZOMBIE_PRESTOP_TIMEOUT", str(DEFAULT_TIMEOUT)),
+                    help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_TIMEOUT:g}, "
+                         "or GPUZOMBIE_PRESTOP_TIMEOUT)")
     ap.add_argument("--kill-wait", type=float, default=DEFAULT_KILL_WAIT)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-orphans", action="store_true")
@@ -87,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", "/proc"))
     try:
         args = ap.parse_args(argv)
-    except SystemExit as exc:
+    except _UsageError as exc:
+        print(f"gpuzombie: usage error: {exc} (see '{ap.prog} --help')", file=sys.stderr)
+        return ExitStatus.ERROR
+    except SystemExit as exc:  # --help
         return ExitStatus.ERROR if exc.code else ExitStatus.OK
     try:
         return run_hook(procfs=args.procfs, timeout=args.timeout, kill_wait=args.kill_wait,
@@ -97,3 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     except GpuzombieError as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)
         return exc.status
+    except KeyboardInterrupt:
+        print("gpuzombie: interrupted", file=sys.stderr)
+        return ExitStatus.INTERRUPTED
+    except Exception as exc:  # the last line of defence, as gpuzombie.cli.main has it
+        if os.environ.get("GPUZOMBIE_DEBUG"):
+            traceback.print_exc()
+        print(f"gpuzombie: internal error: {type(exc).__name__}: {exc} (set GPUZOMBIE_DEBUG=1 for details)",
+              file=sys.stderr)
+        return ExitStatus.ERROR

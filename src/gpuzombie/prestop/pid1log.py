@@ -14,6 +14,8 @@ PID1_STDOUT = "/proc/1/fd/1"
 
 
 class Pid1Log:
+    """A best-effort copy of the hook's lines; ``why_not`` says why there is none (None: working)."""
+
     def __init__(self, path: str = PID1_STDOUT) -> None:
         self.path = path
         self.fd: int | None = None
@@ -35,10 +37,6 @@ class Pid1Log:
         except OSError as exc:
             self.why_not = f"cannot open {path}: {exc.strerror}"
 
-    @property
-    def active(self) -> bool:
-        return self.fd is not None
-
     def write_line(self, line: str) -> None:
         if self.fd is None:
             return
@@ -46,7 +44,8 @@ class Pid1Log:
             os.write(self.fd, (line.rstrip("\n") + "\n").encode(errors="replace"))
         except BlockingIOError:
             pass  # a full pipe: lose the line, never block the hook
-        except OSError:
+        except OSError as exc:  # e.g. PID 1's stdout closed: stop trying, and say so in the report
+            self.why_not = f"writing to {self.path} failed: {exc.strerror}"
             self.close()
 
     def close(self) -> None:
