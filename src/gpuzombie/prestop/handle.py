@@ -9,6 +9,7 @@ pidfds the start time is re-checked right before each ``kill()`` (a race of micr
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -114,12 +115,15 @@ class ProcessHandle:
 
 
 def wait_any_exit(handles: list[ProcessHandle], timeout: float) -> None:
-    """Sleep up to ``timeout`` s, waking early when a pinned process exits."""
-    pidfds = [h.pidfd for h in handles if h.pidfd is not None]
-    if not pidfds or len(pidfds) < len(handles):
-        select.select([], [], [], max(0.0, min(timeout, 0.05)) if handles else max(0.0, timeout))
-        return
+    """Sleep up to ``timeout`` s, waking early when a pinned process exits.
+
+    Only a pidfd can wake us: when any handle has none (no pidfd support), the caller's /proc
+    re-check runs every 50 ms instead."""
+    timeout = max(0.0, timeout)
+    if any(h.pidfd is None for h in handles):
+        timeout = min(timeout, 0.05)
     poller = select.poll()
-    for fd in pidfds:
-        poller.register(fd, select.POLLIN)
-    poller.poll(max(0, int(timeout * 1000)))
+    for h in handles:
+        if h.pidfd is not None:
+            poller.register(h.pidfd, select.POLLIN)
+    poller.poll(math.ceil(timeout * 1000))  # rounded up: a sub-millisecond rest must not spin

@@ -107,6 +107,7 @@ def execute_plan(
             state = item.handle.send(sig)
         except PermissionError:
             item.outcome = Outcome.DENIED
+            item.handle.close()
             emit("error", item.target.pid, f"{name} refused: permission denied")
             return
         if state is Liveness.ALIVE:
@@ -125,12 +126,16 @@ def execute_plan(
              f"{item.exited_after:.3f} s ({outcome.value})")
 
     def live() -> list[_Tracked]:
+        """Signalled and not yet seen to exit (every one has an open handle)."""
         return [t for t in tracked.values() if t.outcome is None and t.handle is not None]
+
+    def handles() -> list[ProcessHandle]:
+        return [t.handle for t in live() if t.handle is not None]
 
     def reap_exits() -> None:
         for item in live():
-            state = item.handle.liveness() if item.handle else Liveness.EXITED
-            if state is not Liveness.ALIVE:
+            assert item.handle is not None
+            if item.handle.liveness() is not Liveness.ALIVE:
                 finish(item, _exit_outcome(item))
 
     def sweep(sig: int) -> None:
@@ -155,8 +160,7 @@ def execute_plan(
             next_rescan = clock() + RESCAN_INTERVAL
             if not live():
                 break  # everything exited and a fresh scan found nothing new
-        handles = [t.handle for t in live() if t.handle]
-        wait_any_exit(handles, max(0.0, min(deadline, next_rescan) - clock()))
+        wait_any_exit(handles(), max(0.0, min(deadline, next_rescan) - clock()))
 
     reap_exits()
     sweep(signal.SIGKILL)
@@ -165,13 +169,13 @@ def execute_plan(
             send(item, signal.SIGKILL)
     kill_deadline = clock() + kill_wait
     while live() and clock() < kill_deadline:
-        wait_any_exit([t.handle for t in live() if t.handle], min(kill_deadline - clock(), RESCAN_INTERVAL))
+        wait_any_exit(handles(), min(kill_deadline - clock(), RESCAN_INTERVAL))
         reap_exits()
     for item in live():
         item.outcome = Outcome.SURVIVED
         emit("survivor", item.target.pid, f"pid {item.target.pid} ({item.target.comm}) still alive "
              f"{kill_wait:.1f} s after SIGKILL (D state in the driver?)")
-        if item.handle:
+        if item.handle is not None:
             item.handle.close()
     return _results(tracked)
 
