@@ -181,3 +181,26 @@ def test_stdlib_entry_point_usage_errors_are_one_line_exit_2(args, env):
     assert done.returncode == 2
     assert done.stderr.startswith("gpuzombie: ") and done.stderr.count("\n") == 1, done.stderr
     assert done.stdout == ""
+
+
+def test_host_pid_namespace_keeps_to_its_own_cgroup(tmp_path):
+    """A hostPID pod's hook (or a node shell) shares the namespace with nvidia-persistenced and
+    every other hostPID pod: only its own cgroup's GPU holders are targets, and no orphans."""
+    from gpuzombie.prestop.targets import ROOT_PIDNS_INODE
+
+    make_fake_root(tmp_path)
+    host = {"pidns": ROOT_PIDNS_INODE}
+    make_fake_proc(tmp_path, 1, ppid=0, comm="systemd", **host)
+    make_fake_proc(tmp_path, 300, ppid=1, comm="nvidia-persiste", fds=("/dev/nvidiactl",), pgid=300, **host)
+    make_fake_proc(tmp_path, 400, ppid=1, comm="python3", fds=("/dev/nvidia0",), pgid=5, **host)
+    make_fake_proc(tmp_path, 500, ppid=1, comm="python3", fds=("/dev/nvidia0",), pgid=5, **host)
+    make_fake_proc(tmp_path, 20, ppid=1, pgid=5, **host)  # this process
+    for pid, cgroup in ((300, "/system.slice/nvidia-persistenced.service"), (400, "/kubepods.slice/other")):
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::{cgroup}\n")
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
+    assert plan.in_root_pidns and not plan.orphans_included
+    assert [t.pid for t in plan.targets] == [500]  # same cgroup as this process
+    excluded = {e.pid: e.reason for e in plan.excluded}
+    assert excluded[300].startswith("in another cgroup (host PID namespace")
+    assert excluded[400].startswith("in another cgroup (host PID namespace")

@@ -105,7 +105,8 @@ def run_prestop(
 def _plan_line(plan: PrestopPlan) -> str:
     gpu = "NVML available" if plan.gpu_available else f"NVML not used ({plan.gpu_reason})"
     orphans = "orphans included" if plan.orphans_included else (
-        "orphans not swept (host PID namespace)" if plan.in_root_pidns else "orphans not swept")
+        "orphans not swept, own cgroup only (host PID namespace)" if plan.in_root_pidns
+        else "orphans not swept")
     return (f"{len(plan.targets)} target(s) in pid namespace {plan.own_pidns} "
             f"(PID 1: {plan.pid1_command}); {orphans}; {gpu}")
 

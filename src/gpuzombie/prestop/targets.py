@@ -120,12 +120,15 @@ def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
 
     ``same_cgroup`` keeps to processes in this process's own cgroup: with
     ``shareProcessNamespace: true`` the pod's containers share one PID namespace, and the hook
-    should stop only its own container's processes."""
+    should stop only its own container's processes. In the host's PID namespace (a ``hostPID``
+    pod, a node shell) it is always on: there the namespace also holds the node's own GPU users
+    (nvidia-persistenced, DCGM) and every other hostPID pod, none of which the hook may stop."""
     me = table.get(own_pid)
     own_pidns = me.pidns if me else None
     in_root = own_pidns == ROOT_PIDNS_INODE
     # In the host's namespace PID 1 is the node's init with legitimate children: no orphan sweep.
     orphans_on = include_orphans and not in_root
+    own_cgroup_only = same_cgroup or in_root
     view = ReaderView(in_root_pidns=in_root, own_pid=own_pid)
     refs = attribute_processes(table, gpus, view) if gpus.available else ()
     nvml_memory = _nvml_matches(refs, table, own_pidns)
@@ -152,8 +155,9 @@ def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
             why_not = "an ancestor of this process"
         elif own_pidns is None or proc.pidns != own_pidns:
             why_not = "in another PID namespace" if proc.pidns else "PID namespace unreadable"
-        elif same_cgroup and (me is None or not me.cgroup or proc.cgroup != me.cgroup):
-            why_not = "in another cgroup (another container of the pod)"
+        elif own_cgroup_only and (me is None or not me.cgroup or proc.cgroup != me.cgroup):
+            why_not = ("in another cgroup (host PID namespace: only this process's own cgroup)"
+                       if in_root else "in another cgroup (another container of the pod)")
         elif proc.is_zombie:
             why_not = "zombie: already exited, nothing to signal (its parent must reap it)"
         if why_not:
