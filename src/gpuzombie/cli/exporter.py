@@ -1,0 +1,141 @@
+"""`gpuzombie exporter`: the node's zombies, orphans, GPU memory by pod, ghost memory and grace
+risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import click
+
+from gpuzombie.cli.common import ghost_options, nvml_backend, procfs_option
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.gpu.nvml import MIB
+from gpuzombie.k8s import cri
+from gpuzombie.k8s.podresources import DEFAULT_SOCKET
+from gpuzombie.trace.scan import is_live_procfs
+
+
+def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+    from gpuzombie.exporter.server import parse_listen
+
+    try:
+        return parse_listen(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _import_exporter() -> Any:
+    try:
+        import gpuzombie.exporter as exporter
+    except ImportError as exc:
+        raise GpuzombieError(f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' "
+                             f"({exc})") from exc
+    return exporter
+
+
+def _warn_on_change(echo: Any) -> Any:
+    """Log a scan's warnings and errors once each time they change, not on every scrape."""
+    seen: list[tuple[str, ...]] = [()]
+
+    def on_result(result: Any) -> None:
+        lines: tuple[str, ...]
+        if result.scan is None:
+            lines = (f"scan failed: {result.error}",)
+        else:
+            lines = tuple(result.scan.trace.warnings) + tuple(result.scan.namespaces.warnings)
+        if lines != seen[0]:
+            seen[0] = lines
+            for line in lines:
+                echo(f"gpuzombie exporter: warning: {line}")
+    return on_result
+
+
+def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> int:
+    server = exporter.PrometheusExporter(registry, listen=listen)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:  # no work here: the main loop stops the server
+        received.append(signum)
+        stop.set()
+
+    try:
+        bound = server.start()
+    except OSError as exc:
+        raise GpuzombieError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        click.echo(f"gpuzombie exporter: serving http://{bound}/metrics (one node scan at most every "
+                   f"{min_interval:g} s)", err=True)
+        while not stop.wait(3600):
+            pass
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo(f"gpuzombie exporter: stopped ({signal.Signals(received[0]).name})", err=True)
+    return int(ExitStatus.INTERRUPTED if received[0] == signal.SIGINT else ExitStatus.OK)
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:9400", show_default=True, callback=_listen, metavar="HOST:PORT",
+              envvar="GPUZOMBIE_EXPORTER_LISTEN",
+              help="Address to serve /metrics on (loopback unless asked). Env: GPUZOMBIE_EXPORTER_LISTEN.")
+@procfs_option
+@click.option("--min-interval", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+              help="Reuse the last node scan for scrapes within S seconds of it.")
+@click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
+@click.option("--crictl", "crictl_path", default=None, metavar="PATH",
+              help="crictl to ask for pod and container names. Default: crictl on PATH, if any.")
+@click.option("--pod-resources-socket", default=DEFAULT_SOCKET, show_default=True, metavar="PATH",
+              help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.")
+@ghost_options
+def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_path: str | None,
+            pod_resources_socket: str, ghost_threshold_mib: int, baseline_mib: int | None,
+            nvml_replay: str | None) -> int:
+    """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
+    holders, ghost memory per GPU and GPU memory at grace-period risk.
+
+    Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use
+    or an unreadable /proc, 130 on Ctrl-C.
+    """
+    exporter = _import_exporter()
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuzombie.gpu.attribution import current_view
+    from gpuzombie.k8s.podresources import list_pod_resources
+    from gpuzombie.proc.procfs import Procfs
+
+    if not os.path.isdir(procfs):
+        raise GpuzombieError(f"procfs root {procfs} is not a directory")
+    if is_live_procfs(procfs) and os.geteuid() != 0:
+        raise GpuzombieError("the exporter reads every process's fds and cgroup: run it as root")
+    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
+        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")
+    nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
+
+    def scan() -> Any:
+        return exporter.scan_node(
+            procfs=Procfs(procfs), nvml=nvml, view=current_view(),
+            names=lambda ids: cri.lookup(crictl_path, ids),
+            resources=lambda: list_pod_resources(pod_resources_socket),
+            baseline=None if baseline_mib is None else baseline_mib * MIB,
+            threshold=ghost_threshold_mib * MIB,
+        )
+
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    collector = exporter.NodeCollector(scan, min_interval=float("inf") if once else min_interval,
+                                       on_result=_warn_on_change(echo))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    if once:
+        result = collector.latest()
+        if result.scan is None:
+            raise GpuzombieError(f"cannot scan {procfs}: {result.error}")
+        click.echo(generate_latest(registry).decode(), nl=False)
+        return int(ExitStatus.OK)
+    return _serve(exporter, registry, listen, min_interval)

@@ -1,0 +1,12 @@
+"""The Prometheus exporter (`gpuzombie exporter`): zombies, orphans, GPU memory by pod, ghost memory
+and grace-period risk of a node, scanned at most every ``min_interval`` seconds.
+
+Needs the ``exporter`` extra (prometheus-client); the only package that imports it.
+"""
+
+from gpuzombie.exporter.collector import DEFAULT_MIN_INTERVAL, NodeCollector, ScanResult
+from gpuzombie.exporter.scan import NodeScan, PodLabels, scan_node
+from gpuzombie.exporter.server import DEFAULT_LISTEN, ListenAddress, PrometheusExporter, parse_listen
+
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_MIN_INTERVAL", "ListenAddress", "NodeCollector", "NodeScan",
+           "PodLabels", "PrometheusExporter", "ScanResult", "parse_listen", "scan_node"]

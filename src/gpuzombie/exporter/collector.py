@@ -1,0 +1,85 @@
+"""The Prometheus collector: one node scan per scrape at most every ``min_interval`` seconds.
+
+A scrape storm (several Prometheus replicas, a dashboard refreshing) then reads the cached scan
+instead of walking /proc again; a failed scan is cached the same way and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuzombie.exporter.metrics import node_metrics
+from gpuzombie.exporter.scan import NodeScan
+
+DEFAULT_MIN_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """The last attempt: a scan, or the one-line reason it failed."""
+
+    at: float
+    """Monotonic time of the attempt (the cache's clock)."""
+    taken_at: float
+    """Wall time of the attempt (exposed)."""
+    scan: NodeScan | None
+    error: str | None
+
+
+class NodeCollector(Collector):
+    def __init__(self, scan: Callable[[], NodeScan], *, min_interval: float = DEFAULT_MIN_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
+                 on_result: Callable[[ScanResult], None] | None = None) -> None:
+        self._scan = scan
+        self.min_interval = min_interval
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._on_result = on_result
+        self._lock = threading.Lock()
+        self._last: ScanResult | None = None
+        self.scans = 0
+        self.errors = 0
+
+    def latest(self) -> ScanResult:
+        """The cached result while it is younger than ``min_interval``, else a new scan. Scrapes that
+        arrive during a scan wait for it rather than starting their own."""
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last.at < self.min_interval:
+                return self._last
+            self.scans += 1
+            try:
+                result = ScanResult(now, self._wall_clock(), self._scan(), None)
+            except Exception as exc:  # an unreadable /proc or a driver bug: a metric, never a 500
+                self.errors += 1
+                result = ScanResult(now, self._wall_clock(), None, f"{type(exc).__name__}: {exc}")
+            self._last = result
+        if self._on_result is not None:
+            self._on_result(result)
+        return result
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not scan the node
+
+    def collect(self) -> Iterator[Metric]:
+        result = self.latest()
+        ok = result.scan is not None
+        yield GaugeMetricFamily("gpuzombie_scan_success", "1 when the last scan read the node, 0 when it "
+                                "failed (then the node metrics are absent).", value=float(ok))
+        yield GaugeMetricFamily("gpuzombie_scan_timestamp_seconds", "Wall time of the last scan (cached "
+                                "for --min-interval seconds).", value=result.taken_at)
+        if result.scan is not None:
+            yield GaugeMetricFamily("gpuzombie_scan_duration_seconds", "How long the last scan took.",
+                                    value=result.scan.duration_s)
+        yield CounterMetricFamily("gpuzombie_scans", "Node scans done (scrapes within --min-interval "
+                                  "reuse the last one).", value=self.scans)
+        yield CounterMetricFamily("gpuzombie_scan_errors", "Node scans that failed.", value=self.errors)
+        if result.scan is not None:
+            yield from node_metrics(result.scan)

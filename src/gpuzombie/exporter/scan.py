@@ -1,0 +1,89 @@
+"""One node scan for the exporter: the trace report (GPU processes, fd holders, zombies, memory per
+GPU, mapped to pods) plus the per-namespace survey (orphans, zombies by parent, SIGTERM reach),
+with one CRI lookup naming the containers of both."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuzombie.exporter.namespaces import NamespaceScan, NamespaceSurvey, survey
+from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
+from gpuzombie.gpu.nvml import NvmlBackend
+from gpuzombie.k8s.cri import CriNames
+from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.report import NamesLookup, TraceReport, TraceRow, trace_node
+
+
+@dataclass(frozen=True)
+class PodLabels:
+    """The namespace/pod/container labels of a finding; empty strings where unknown (host
+    processes), ids where the runtime gave no names."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+    @classmethod
+    def of_row(cls, row: TraceRow) -> PodLabels:
+        container = row.container or (row.container_id[:13] if row.container_id else "")
+        return cls(row.namespace or "", row.pod or row.pod_uid or "", container)
+
+    @classmethod
+    def of_namespace(cls, ns: NamespaceScan, names: CriNames) -> PodLabels:
+        ref = ns.container
+        if ref is None:
+            return cls()
+        cnames, pnames = names.container(ref.container_id), names.pod(ref.pod_uid)
+        # A pod sandbox (pause) holds a shared process namespace: the pod is known, no container.
+        container = (cnames.container if cnames and cnames.container != "POD" else None) or (
+            "" if cnames and cnames.container == "POD" else ref.short_id or "")
+        return cls(
+            (cnames.namespace if cnames else None) or (pnames.namespace if pnames else None) or "",
+            (cnames.pod if cnames else None) or (pnames.pod if pnames else None) or ref.pod_uid or "",
+            container,
+        )
+
+
+@dataclass(frozen=True)
+class NodeScan:
+    trace: TraceReport
+    namespaces: NamespaceSurvey
+    names: CriNames
+    duration_s: float
+
+    def labels(self, ns: NamespaceScan) -> PodLabels:
+        return PodLabels.of_namespace(ns, self.names)
+
+
+def scan_node(
+    *,
+    procfs: Procfs,
+    nvml: NvmlBackend,
+    view: ReaderView,
+    names: NamesLookup,
+    resources: Callable[[], PodResources],
+    now: float | None = None,
+    baseline: int | None = None,
+    threshold: int = DEFAULT_GHOST_THRESHOLD,
+    clock: Callable[[], float] = time.perf_counter,
+) -> NodeScan:
+    """Survey the namespaces, then trace the node asking the runtime once for both's containers.
+    Raises OSError when the procfs cannot be listed."""
+    started = clock()
+    now = time.time() if now is None else now
+    namespaces = survey(procfs, now=now)
+    extra = {ns.container.container_id for ns in namespaces.namespaces
+             if ns.container and ns.container.container_id}
+    asked: list[CriNames] = []
+
+    def lookup(ids: Iterable[str]) -> CriNames:
+        asked.append(names(sorted(set(ids) | extra)))
+        return asked[-1]
+
+    trace = trace_node(procfs=procfs, nvml=nvml, view=view, names=lookup, resources=resources(), now=now,
+                       baseline=baseline, threshold=threshold)
+    return NodeScan(trace=trace, namespaces=namespaces, names=asked[0] if asked else CriNames(source=None),
+                    duration_s=clock() - started)

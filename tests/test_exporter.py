@@ -1,0 +1,293 @@
+"""`gpuzombie exporter`: a fake node (fake /proc with container namespaces, fake NVML) scraped over a
+real HTTP server on 127.0.0.1; a real zombie and orphan in a real PID namespace, scraped from the
+CLI as a subprocess and stopped with SIGTERM; the min-interval cache; bad addresses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
+from markers import needs_root
+from pidns import PidNamespace, wait_until
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuzombie.cli.main import main
+from gpuzombie.exporter import NodeCollector, PrometheusExporter, parse_listen, scan_node
+from gpuzombie.exporter.namespaces import parse_sigterm, survey
+from gpuzombie.gpu.attribution import ReaderView
+from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.k8s.cri import ContainerNames, CriNames
+from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.proc.procfs import Procfs
+
+GIB = 1024 * MIB
+CID_A, CID_B, CID_C = "a" * 64, "b" * 64, "c" * 64
+UID_A, UID_B, UID_C = ("11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000",
+                       "12345678-1234-1234-1234-123456789abc")
+NS_A, NS_B, NS_C = 4026533001, 4026533002, 4026533003
+SIGTERM_MASK = "0000000000004000"
+NONE_MASK = "0000000000000000"
+
+
+def cgroup(uid: str, cid: str) -> str:
+    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{cid}.scope\n")
+
+
+def signals(d: Path, *, blk=NONE_MASK, ign=NONE_MASK, cgt=NONE_MASK) -> None:
+    with open(d / "status", "a") as f:
+        f.write(f"SigBlk:\t{blk}\nSigIgn:\t{ign}\nSigCgt:\t{cgt}\n")
+
+
+def container(root: Path, inode: int, uid: str, cid: str, procs: list[dict]) -> None:
+    """A container's processes on the node (host pids) and in its own /proc under <pid1>/root/proc.
+    Each proc: host, local, ppid_local, comm, and optional state, fds, sig."""
+    local_root = root / str(procs[0]["host"]) / "root" / "proc"
+    host_of = {p["local"]: p["host"] for p in procs}
+    for p in procs:
+        kw = dict(state=p.get("state", "S"), comm=p["comm"], cmdline=p.get("cmdline", p["comm"].encode() + b"\0"),
+                  fds=p.get("fds", ()), pidns=inode, starttime=1000 + p["local"])
+        host = make_fake_proc(root, p["host"], ppid=host_of.get(p["ppid"], 50), nspid=(p["host"], p["local"]), **kw)
+        (host / "cgroup").write_text(cgroup(uid, cid))
+        if p is procs[0]:
+            local_root.mkdir(parents=True)
+            make_fake_root(local_root)
+        local = make_fake_proc(local_root, p["local"], ppid=p["ppid"], nspid=(p["local"],), **kw)
+        for d in (host, local):
+            signals(d, **p.get("sig", {}))
+
+
+def build_node(root: Path) -> None:
+    root.mkdir()
+    make_fake_root(root)
+    make_fake_proc(root, 1, ppid=0, comm="systemd", cmdline=b"/sbin/init\0", pidns=TREE_PIDNS)
+    make_fake_proc(root, 50, ppid=1, comm="containerd-shim", pidns=TREE_PIDNS)
+    # Host: a process holding /dev/nvidia0 that NVML does not list (NSMI=N).
+    make_fake_proc(root, 90, ppid=1, comm="bash", fds=("/dev/nvidia0",), pidns=TREE_PIDNS)
+    gpu0, gpu1 = ("/dev/nvidia0", "/dev/nvidiactl"), ("/dev/nvidia1", "/dev/nvidiactl")
+    # Scenario 1: PID 1 `sleep` (no handler: drops SIGTERM), an orphaned worker and a zombie worker.
+    container(root, NS_A, UID_A, CID_A, [
+        dict(host=200, local=1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0"),
+        dict(host=201, local=7, ppid=1, comm="python3", fds=gpu0, sig=dict(ign=SIGTERM_MASK)),
+        dict(host=202, local=8, ppid=1, comm="python3", state="Z", cmdline=b""),
+    ])
+    # Scenario 2: tini forwards SIGTERM to its child, which ignores it.
+    container(root, NS_B, UID_B, CID_B, [
+        dict(host=300, local=1, ppid=0, comm="tini", cmdline=b"tini\0--\0python3\0", sig=dict(blk=SIGTERM_MASK)),
+        dict(host=301, local=2, ppid=1, comm="python3", fds=gpu1, sig=dict(ign=SIGTERM_MASK)),
+    ])
+    # Scenario 4: tini and a child with a SIGTERM handler: no grace risk.
+    container(root, NS_C, UID_C, CID_C, [
+        dict(host=400, local=1, ppid=0, comm="tini", cmdline=b"tini\0--\0python3\0", sig=dict(blk=SIGTERM_MASK)),
+        dict(host=401, local=2, ppid=1, comm="python3", fds=gpu1, sig=dict(cgt=SIGTERM_MASK)),
+    ])
+
+
+def gpus() -> GpuSnapshot:
+    # GPU0: the orphaned worker and 1000 MiB nobody accounts for (a ghost); GPU1: two workers.
+    return GpuSnapshot(available=True, driver_version="580.159.04", devices=(
+        GpuDevice(0, "GPU-0000", "NVIDIA H200", 140 * GIB, (615 + 2658 + 1000) * MIB, 0, 615 * MIB,
+                  (GpuProcess(201, 2658 * MIB, "compute", "python3"),)),
+        GpuDevice(1, "GPU-1111", "NVIDIA H200", 140 * GIB, (615 + 3000) * MIB, 0, 615 * MIB,
+                  (GpuProcess(301, 2000 * MIB, "compute", "python3"), GpuProcess(401, 1000 * MIB, "compute", "python3"))),
+    ))
+
+
+def names(ids) -> CriNames:
+    known = {CID_A: ("gpu-zombie-nofix", "worker", UID_A), CID_B: ("gpu-zombie-tini", "worker", UID_B)}
+    return CriNames(source="fake", containers={
+        cid: ContainerNames(cid, c, pod, "gpu-zombie-test", uid, "CONTAINER_RUNNING")
+        for cid, (pod, c, uid) in known.items() if cid in set(ids)})
+
+
+@pytest.fixture
+def node(tmp_path):
+    root = tmp_path / "proc"
+    build_node(root)
+    return root
+
+
+def fake_scan(node):
+    return scan_node(procfs=Procfs(str(node)), nvml=FakeNvml(gpus()), view=ReaderView(in_root_pidns=True),
+                     names=names, resources=lambda: PodResources(source=None))
+
+
+def scrape(url: str) -> dict[str, dict[tuple, float]]:
+    """name -> {sorted label items: value}; samples of counters under their _total name."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    found: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return found
+
+
+def labels(**kw: str) -> tuple:
+    return tuple(sorted(kw.items()))
+
+
+def pod(namespace="", name="", container="", **extra):
+    return labels(namespace=namespace, pod=name, container=container, **extra)
+
+
+@pytest.fixture
+def served(node):
+    registry = CollectorRegistry()
+    collector = NodeCollector(lambda: fake_scan(node), min_interval=60)
+    registry.register(collector)
+    exporter = PrometheusExporter(registry, listen=parse_listen("127.0.0.1:0"))
+    bound = exporter.start()
+    yield f"http://127.0.0.1:{bound.port}/metrics", collector
+    exporter.stop()
+
+
+def test_fake_node_metrics_over_http(served):
+    url, _ = served
+    m = scrape(url)
+    nofix = dict(namespace="gpu-zombie-test", name="gpu-zombie-nofix", container="worker")
+    tini = dict(namespace="gpu-zombie-test", name="gpu-zombie-tini", container="worker")
+    fullfix = dict(name=UID_C, container=CID_C[:13])  # unknown to the runtime: ids
+    assert m["gpuzombie_scan_success"] == {(): 1.0}
+    assert m["gpuzombie_zombies"] == {pod(**nofix): 1.0}
+    assert m["gpuzombie_zombies_by_parent"] == {pod(**nofix, parent="sleep", parent_is_pid1="true"): 1.0}
+    assert m["gpuzombie_orphans"] == {pod(**nofix, verdict="orphan"): 1.0}
+    assert m["gpuzombie_pid1_info"] == {
+        pod(**nofix, program="sleep", kind="non_forking", reaping="false"): 1.0,
+        pod(**tini, program="tini", kind="init", reaping="true"): 1.0,
+        pod(**fullfix, program="tini", kind="init", reaping="true"): 1.0,
+    }
+    assert m["gpuzombie_gpu_process_memory_bytes"] == {
+        pod(**nofix, gpu="0", uuid="GPU-0000", verdict="live"): 2658 * MIB,
+        pod(**tini, gpu="1", uuid="GPU-1111", verdict="live"): 2000 * MIB,
+        pod(**fullfix, gpu="1", uuid="GPU-1111", verdict="live"): 1000 * MIB,
+    }
+    assert m["gpuzombie_gpu_processes"][pod(**tini, gpu="1", uuid="GPU-1111", verdict="live")] == 1
+    assert m["gpuzombie_fd_only_holders"] == {pod(gpu="0"): 1.0}  # the host's bash
+    # The grace risk: scenario 1 (sleep drops SIGTERM) and 2 (tini's child ignores it), not 4.
+    assert m["gpuzombie_grace_risk_gpu_memory_bytes"] == {
+        pod(**nofix, reason="pid1_drops_sigterm"): 2658 * MIB,
+        pod(**tini, reason="main_ignores_sigterm"): 2000 * MIB,
+    }
+    gpu0 = dict(gpu="0", uuid="GPU-0000")
+    assert m["gpuzombie_gpu_unexplained_memory_bytes"][labels(**gpu0)] == 1000 * MIB
+    assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ghost")] == 1
+    assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ok")] == 0
+    assert m["gpuzombie_gpu_baseline_bytes"] == {
+        labels(**gpu0, source="driver_reserved"): 615 * MIB,
+        labels(gpu="1", uuid="GPU-1111", source="driver_reserved"): 615 * MIB}
+    assert m["gpuzombie_gpu_memory_used_bytes"][labels(**gpu0)] == (615 + 2658 + 1000) * MIB
+    assert m["gpuzombie_nvml_available"] == {(): 1.0}
+    assert m["gpuzombie_pid_namespaces"] == {(): 3.0}
+    assert m["gpuzombie_scan_duration_seconds"][()] > 0
+
+
+def test_min_interval_caches_the_scan(served, node):
+    url, collector = served
+    for _ in range(3):
+        assert scrape(url)["gpuzombie_scans_total"] == {(): 1.0}
+    clock = [0.0]
+    counted = NodeCollector(lambda: fake_scan(node), min_interval=5, clock=lambda: clock[0])
+    for t, scans in ((0, 1), (4.9, 1), (5.0, 2), (6, 2), (10.1, 3)):
+        clock[0] = t
+        list(counted.collect())
+        assert counted.scans == scans, t
+
+
+def test_failed_scan_is_a_metric_not_a_500():
+    def broken():
+        raise FileNotFoundError(2, "No such file or directory", "/host/proc")
+    registry = CollectorRegistry()
+    registry.register(NodeCollector(broken, min_interval=0))
+    exporter = PrometheusExporter(registry, listen=parse_listen("127.0.0.1:0"))
+    port = exporter.start().port
+    try:
+        m = scrape(f"http://127.0.0.1:{port}/metrics")
+        m = scrape(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        exporter.stop()
+    assert m["gpuzombie_scan_success"] == {(): 0.0}
+    assert m["gpuzombie_scan_errors_total"] == {(): 2.0} and "gpuzombie_zombies" not in m
+
+
+def test_once_prints_the_exposition(node, tmp_path, capsys):
+    replay = tmp_path / "nvml.json"
+    replay.write_text(json.dumps(dataclasses.asdict(gpus())))
+    assert main(["exporter", "--once", "--procfs", str(node), "--nvml-replay", str(replay)]) == 0
+    out = capsys.readouterr()
+    assert re.search(r'^gpuzombie_zombies_by_parent\{.*parent="sleep".*\} 1\.0$', out.out, re.M)
+    assert 'gpuzombie_gpu_memory_verdict{gpu="0",uuid="GPU-0000",verdict="ghost"} 1.0' in out.out
+    assert "crictl" in out.err  # warnings go to stderr, once
+
+
+def test_sigterm_disposition():
+    d = parse_sigterm("Name:\ttini\nSigBlk:\tfffffffe7ffbfeff\nSigIgn:\t0000000000000000\nSigCgt:\t0\n")
+    assert (d.blocked, d.ignored, d.caught, d.received_as_init) == (True, False, False, True)
+    assert parse_sigterm("SigBlk:\t0\nSigIgn:\t4000\nSigCgt:\t4000\n").received_as_init is False
+    assert parse_sigterm("Name:\tx\n").received_as_init is None  # unknown: never claimed a risk
+
+
+@pytest.mark.parametrize("listen, message", [
+    ("nonsense", "is not HOST:PORT"),
+    ("127.0.0.1:99999", "port must be a number"),
+    ("::1:9400", "IPv6 address in brackets"),
+])
+def test_bad_listen_is_one_line_exit_2(listen, message, node, capsys):
+    assert main(["exporter", "--listen", listen, "--procfs", str(node)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_port_in_use_is_one_line_exit_2(node, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["exporter", "--listen", f"127.0.0.1:{port}", "--procfs", str(node)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err and err.count("\n") == 1
+
+
+@needs_root
+def test_real_zombie_and_orphan_in_a_pid_namespace():
+    # PID 1 becomes `sleep` (never waits): its shell's background job exits into a zombie, and a
+    # subshell's job is re-parented to it (an orphan).
+    with PidNamespace("sh", "-c", "sleep 0.05 & (sleep 1000 &); exec sleep 1000") as ns:
+        inode = os.stat(f"/proc/{ns.pid1}/ns/pid").st_ino
+
+        def judged():
+            found = [n for n in survey(Procfs("/proc"), now=0).namespaces if n.inode == inode]
+            return found if found and found[0].zombies and found[0].pid1.program == "sleep" else None
+
+        (mine,) = wait_until(judged, timeout=10)
+        assert [(z.parent_comm, z.ppid) for z in mine.zombies] == [("sleep", 1)]
+        assert [(o.comm, o.verdict) for o in mine.orphans] == [("sleep", "orphan")]
+        assert mine.grace_risk == "pid1_drops_sigterm"
+
+        exporter = subprocess.Popen([sys.executable, "-m", "gpuzombie", "exporter", "--listen", "127.0.0.1:0",
+                                     "--min-interval", "0"], stderr=subprocess.PIPE, text=True)
+        try:
+            first = exporter.stderr.readline()
+            port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", first).group(1))
+            m = scrape(f"http://127.0.0.1:{port}/metrics")
+            assert m["gpuzombie_zombies_by_parent"][pod(parent="sleep", parent_is_pid1="true")] >= 1
+            assert m["gpuzombie_orphans"][pod(verdict="orphan")] >= 1
+            assert m["gpuzombie_zombies"][pod()] >= 1
+            exporter.send_signal(signal.SIGTERM)
+            assert exporter.wait(timeout=10) == 0
+            assert "stopped (SIGTERM)" in exporter.stderr.read()
+        finally:
+            exporter.kill()
+            exporter.wait()
