@@ -14,7 +14,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
 # Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
-COMMAND_MODULES = ("observe", "trace", "lab", "prestop")
+COMMAND_MODULES = ("observe", "trace", "lab", "prestop", "exporter")
 
 
 class LazyCommands(click.Group):
