@@ -23,7 +23,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuzombie.cli.main import main
-from gpuzombie.exporter import NodeCollector, PrometheusExporter, parse_listen, scan_node
+from gpuzombie.exporter import (
+    NodeCollector,
+    PrometheusExporter,
+    parse_listen,
+    scan_node,
+)
 from gpuzombie.exporter.namespaces import parse_sigterm, survey
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
@@ -56,8 +61,8 @@ def container(root: Path, inode: int, uid: str, cid: str, procs: list[dict]) -> 
     local_root = root / str(procs[0]["host"]) / "root" / "proc"
     host_of = {p["local"]: p["host"] for p in procs}
     for p in procs:
-        kw = dict(state=p.get("state", "S"), comm=p["comm"], cmdline=p.get("cmdline", p["comm"].encode() + b"\0"),
-                  fds=p.get("fds", ()), pidns=inode, starttime=1000 + p["local"])
+        kw = {"state": p.get("state", "S"), "comm": p["comm"], "cmdline": p.get("cmdline", p["comm"].encode() + b"\0"),
+                  "fds": p.get("fds", ()), "pidns": inode, "starttime": 1000 + p["local"]}
         host = make_fake_proc(root, p["host"], ppid=host_of.get(p["ppid"], 50), nspid=(p["host"], p["local"]), **kw)
         (host / "cgroup").write_text(cgroup(uid, cid))
         if p is procs[0]:
@@ -78,19 +83,19 @@ def build_node(root: Path) -> None:
     gpu0, gpu1 = ("/dev/nvidia0", "/dev/nvidiactl"), ("/dev/nvidia1", "/dev/nvidiactl")
     # Scenario 1: PID 1 `sleep` (no handler: drops SIGTERM), an orphaned worker and a zombie worker.
     container(root, NS_A, UID_A, CID_A, [
-        dict(host=200, local=1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0"),
-        dict(host=201, local=7, ppid=1, comm="python3", fds=gpu0, sig=dict(ign=SIGTERM_MASK)),
-        dict(host=202, local=8, ppid=1, comm="python3", state="Z", cmdline=b""),
+        {"host": 200, "local": 1, "ppid": 0, "comm": "sleep", "cmdline": b"sleep\0infinity\0"},
+        {"host": 201, "local": 7, "ppid": 1, "comm": "python3", "fds": gpu0, "sig": {"ign": SIGTERM_MASK}},
+        {"host": 202, "local": 8, "ppid": 1, "comm": "python3", "state": "Z", "cmdline": b""},
     ])
     # Scenario 2: tini forwards SIGTERM to its child, which ignores it.
     container(root, NS_B, UID_B, CID_B, [
-        dict(host=300, local=1, ppid=0, comm="tini", cmdline=b"tini\0--\0python3\0", sig=dict(blk=SIGTERM_MASK)),
-        dict(host=301, local=2, ppid=1, comm="python3", fds=gpu1, sig=dict(ign=SIGTERM_MASK)),
+        {"host": 300, "local": 1, "ppid": 0, "comm": "tini", "cmdline": b"tini\0--\0python3\0", "sig": {"blk": SIGTERM_MASK}},
+        {"host": 301, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"ign": SIGTERM_MASK}},
     ])
     # Scenario 4: tini and a child with a SIGTERM handler: no grace risk.
     container(root, NS_C, UID_C, CID_C, [
-        dict(host=400, local=1, ppid=0, comm="tini", cmdline=b"tini\0--\0python3\0", sig=dict(blk=SIGTERM_MASK)),
-        dict(host=401, local=2, ppid=1, comm="python3", fds=gpu1, sig=dict(cgt=SIGTERM_MASK)),
+        {"host": 400, "local": 1, "ppid": 0, "comm": "tini", "cmdline": b"tini\0--\0python3\0", "sig": {"blk": SIGTERM_MASK}},
+        {"host": 401, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"cgt": SIGTERM_MASK}},
     ])
 
 
@@ -157,9 +162,9 @@ def served(node):
 def test_fake_node_metrics_over_http(served):
     url, _ = served
     m = scrape(url)
-    nofix = dict(namespace="gpu-zombie-test", name="gpu-zombie-nofix", container="worker")
-    tini = dict(namespace="gpu-zombie-test", name="gpu-zombie-tini", container="worker")
-    fullfix = dict(name=UID_C, container=CID_C[:13])  # unknown to the runtime: ids
+    nofix = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-nofix", "container": "worker"}
+    tini = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-tini", "container": "worker"}
+    fullfix = {"name": UID_C, "container": CID_C[:13]}  # unknown to the runtime: ids
     assert m["gpuzombie_scan_success"] == {(): 1.0}
     assert m["gpuzombie_zombies"] == {pod(**nofix): 1.0}
     assert m["gpuzombie_zombies_by_parent"] == {pod(**nofix, parent="sleep", parent_is_pid1="true"): 1.0}
@@ -181,7 +186,7 @@ def test_fake_node_metrics_over_http(served):
         pod(**nofix, reason="pid1_drops_sigterm"): 2658 * MIB,
         pod(**tini, reason="main_ignores_sigterm"): 2000 * MIB,
     }
-    gpu0 = dict(gpu="0", uuid="GPU-0000")
+    gpu0 = {"gpu": "0", "uuid": "GPU-0000"}
     assert m["gpuzombie_gpu_unexplained_memory_bytes"][labels(**gpu0)] == 1000 * MIB
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ghost")] == 1
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ok")] == 0
@@ -195,7 +200,7 @@ def test_fake_node_metrics_over_http(served):
 
 
 def test_min_interval_caches_the_scan(served, node):
-    url, collector = served
+    url, _collector = served
     for _ in range(3):
         assert scrape(url)["gpuzombie_scans_total"] == {(): 1.0}
     clock = [0.0]
@@ -227,7 +232,7 @@ def test_once_prints_the_exposition(node, tmp_path, capsys):
     replay.write_text(json.dumps(dataclasses.asdict(gpus())))
     assert main(["exporter", "--once", "--procfs", str(node), "--nvml-replay", str(replay)]) == 0
     out = capsys.readouterr()
-    assert re.search(r'^gpuzombie_zombies_by_parent\{.*parent="sleep".*\} 1\.0$', out.out, re.M)
+    assert re.search(r'^gpuzombie_zombies_by_parent\{.*parent="sleep".*\} 1\.0$', out.out, re.MULTILINE)
     assert 'gpuzombie_gpu_memory_verdict{gpu="0",uuid="GPU-0000",verdict="ghost"} 1.0' in out.out
     assert "crictl" in out.err  # warnings go to stderr, once
 

@@ -30,7 +30,7 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
 
 def _import_exporter() -> Any:
     try:
-        import gpuzombie.exporter as exporter
+        from gpuzombie import exporter
     except ImportError as exc:
         raise GpuzombieError(f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' "
                              f"({exc})") from exc
@@ -127,7 +127,7 @@ def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_pa
             threshold=ghost_threshold_mib * MIB,
         )
 
-    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    echo = lambda line: click.echo(line, err=True)
     collector = exporter.NodeCollector(scan, min_interval=float("inf") if once else min_interval,
                                        on_result=_warn_on_change(echo))
     registry = CollectorRegistry()

@@ -57,7 +57,7 @@ class NodeCollector(Collector):
             self.scans += 1
             try:
                 result = ScanResult(now, self._wall_clock(), self._scan(), None)
-            except Exception as exc:  # an unreadable /proc or a driver bug: a metric, never a 500
+            except Exception as exc:  # noqa: BLE001  an unreadable /proc or a driver bug: a metric, never a 500
                 self.errors += 1
                 result = ScanResult(now, self._wall_clock(), None, f"{type(exc).__name__}: {exc}")
             self._last = result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -14,13 +14,14 @@ from gpuzombie.trace.report import GpuMemory
 POD = ("namespace", "pod", "container")
 GPU = ("gpu", "uuid")
 VERDICTS = ("ok", "ghost", "cannot_tell")
+Values = defaultdict[tuple[str, ...], float]
 
 
 def _pod(labels: PodLabels) -> tuple[str, str, str]:
     return (labels.namespace, labels.pod, labels.container)
 
 
-def _gauge(name: str, doc: str, labels: tuple[str, ...], values: Counter[tuple[str, ...]] | dict) -> GaugeMetricFamily:
+def _gauge(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=list(labels))
     for key, value in sorted(values.items()):
         family.add_metric(list(key), value)
@@ -33,10 +34,10 @@ def _bytes(mib: float | None) -> float:
 
 def process_metrics(scan: NodeScan) -> Iterator[Metric]:
     """Zombies, GPU processes and fd-only holders from the trace rows, labelled by pod."""
-    zombies: Counter[tuple[str, ...]] = Counter()
-    gpu_count: Counter[tuple[str, ...]] = Counter()
-    gpu_bytes: Counter[tuple[str, ...]] = Counter()
-    fd_only: Counter[tuple[str, ...]] = Counter()
+    zombies: Values = defaultdict(float)
+    gpu_count: Values = defaultdict(float)
+    gpu_bytes: Values = defaultdict(float)
+    fd_only: Values = defaultdict(float)
     for row in scan.trace.rows:
         pod = _pod(PodLabels.of_row(row))
         if row.state == "Z":
@@ -59,11 +60,11 @@ def process_metrics(scan: NodeScan) -> Iterator[Metric]:
 
 def namespace_metrics(scan: NodeScan) -> Iterator[Metric]:
     """PID 1, zombies by parent, orphans and grace risk of each PID namespace below the node's."""
-    pid1: dict[tuple[str, ...], float] = {}
-    by_parent: Counter[tuple[str, ...]] = Counter()
-    orphans: Counter[tuple[str, ...]] = Counter()
-    risk: Counter[tuple[str, ...]] = Counter()
-    memory_by_ns: Counter[int] = Counter()
+    pid1: Values = defaultdict(float)
+    by_parent: Values = defaultdict(float)
+    orphans: Values = defaultdict(float)
+    risk: Values = defaultdict(float)
+    memory_by_ns: defaultdict[int, float] = defaultdict(float)
     for row in scan.trace.rows:
         inode = scan.namespaces.pidns_of.get(row.pid) if row.pid is not None else None
         if row.nsmi and inode is not None:
@@ -102,7 +103,7 @@ def gpu_metrics(scan: NodeScan) -> Iterator[Metric]:
     trace = scan.trace
     yield _gauge("gpuzombie_nvml_available", "1 when NVML answered the last scan, 0 when not (no driver, "
                  "no library, no GPU).", (), {(): float(trace.gpu.available)})
-    total, used, processes, unexplained, baseline, verdict = ({} for _ in range(6))
+    total, used, processes, unexplained, baseline, verdict = (Values(float) for _ in range(6))
     for g in trace.gpus:
         key = (str(g.index), g.uuid)
         total[(*key, g.name)] = _bytes(g.total_mib)
@@ -131,7 +132,7 @@ def node_metrics(scan: NodeScan) -> Iterator[Metric]:
     yield from gpu_metrics(scan)
     warnings = len(scan.trace.warnings) + len(scan.namespaces.warnings)
     yield _gauge("gpuzombie_scan_warnings", "Warnings of the last scan (crictl missing, unreadable "
-                 "namespaces, no NVML); the text is in `gpuzombie exporter --once` and the log.", (),
+                 "namespaces, no NVML); their text goes to stderr each time it changes.", (),
                  {(): float(warnings)})
     yield _gauge("gpuzombie_pid_namespaces", "PID namespaces below the node's that were judged.", (),
                  {(): float(len(scan.namespaces.namespaces))})

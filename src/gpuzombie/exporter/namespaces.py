@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.observe.orphans import Orphan, Zombie, find_orphans, find_zombies
 from gpuzombie.observe.pid1 import Pid1, Pid1Kind, find_pid1
-from gpuzombie.proc.procfs import ProcessTable, Procfs, parse_cgroup, parse_ns_link, parse_status
+from gpuzombie.proc.procfs import (
+    ProcessTable,
+    Procfs,
+    parse_cgroup,
+    parse_ns_link,
+    parse_status,
+)
 
 SIGTERM_BIT = 1 << (15 - 1)  # bit N-1 of the SigBlk/SigIgn/SigCgt masks in /proc/<pid>/status
 
