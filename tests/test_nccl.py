@@ -69,7 +69,7 @@ def test_module_entry_point_prints_the_table(tmp_path):
     src = str(Path(__file__).resolve().parents[1] / "src")
     done = subprocess.run([sys.executable, "-m", "gpuzombie.lab.nccl", "--device", "cpu", "--cases", "e",
                            "--observe-seconds", "10", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": src})
+                          text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": src})
     assert done.returncode == 0, done.stderr
     assert "| e gpuzombie.graceful |" in done.stdout
     assert (tmp_path / "nccl" / "comparison.md").exists()
@@ -94,3 +94,31 @@ def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
     assert graceful["goal_met"]
     assert "still running at" in (tmp_path / "nccl" / "comparison.md").read_text()
     assert not psutil.pid_exists(survivor["pid"]) or psutil.Process(survivor["pid"]).status() == "zombie"
+
+
+def test_ctrl_c_during_start_up_leaves_no_rank_and_no_temp_dir(tmp_path):
+    """Ctrl-C before the sampler started used to fail in the cleanup itself (joining a thread
+    never started), which left every rank running and the ready-file directory behind."""
+    pytest.importorskip("torch.distributed")
+    import os
+
+    import psutil
+
+    from gpuzombie.lab.pod import children_of
+
+    ranks: list[psutil.Process] = []
+    ready_dirs: set[Path] = set()
+
+    def interrupt(line: str) -> None:
+        if "ranks ready" in line:
+            ranks.extend(psutil.Process(pid) for pid in children_of(os.getpid()))
+            ready_dirs.update(Path(r.cmdline()[-1]).parent for r in ranks)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=["a"], observe_seconds=4,
+                            progress=interrupt, nvml=FakeNvml(NO_GPU))
+    assert len(ranks) == 2 and len(ready_dirs) == 1
+    for rank in ranks:
+        assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
+    assert not any(d.exists() for d in ready_dirs)

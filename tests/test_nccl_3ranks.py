@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gpuzombie.lab.nccl import CASE_KEYS
 from test_nccl import check_summary, run_standin
+
+from gpuzombie.lab.nccl import CASE_KEYS
 
 
 def test_three_ranks_all_cases(tmp_path):

@@ -9,12 +9,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from gpuzombie.lab.nccl.cases import CaseSpec
-from gpuzombie.prestop.handle import Liveness, ProcessHandle, ProcessIdentity, read_start_and_state
+from gpuzombie.prestop.handle import (
+    Liveness,
+    ProcessHandle,
+    ProcessIdentity,
+    read_start_and_state,
+)
 
 RANK_MODULE = "gpuzombie.lab.nccl.rank"
 MULTI_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -135,7 +141,7 @@ def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_d
     procs: list[subprocess.Popen] = []
     logs: list[IO[bytes]] = []
     if spec.launcher == "torchrun":
-        log = open(log_dir / f"{spec.key}-torchrun.log", "wb")
+        log = open(log_dir / f"{spec.key}-torchrun.log", "wb")  # noqa: SIM115 (closed by stop_all)
         logs.append(log)
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                 "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
@@ -146,7 +152,7 @@ def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_d
                                       start_new_session=True))
     else:
         for r in range(ranks):
-            log = open(log_dir / f"{spec.key}-rank{r}.log", "wb")
+            log = open(log_dir / f"{spec.key}-rank{r}.log", "wb")  # noqa: SIM115 (closed by stop_all)
             logs.append(log)
             argv = [sys.executable, "-m", RANK_MODULE, *rank_args, "--ready-file", str(ready[r])]
             procs.append(subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
@@ -154,7 +160,8 @@ def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_d
     return CaseLaunch(spec=spec, port=port, procs=procs, logs=logs, ready_files=ready)
 
 
-def wait_ready(launches: list[CaseLaunch], timeout_s: float, clock=time.monotonic) -> None:
+def wait_ready(launches: list[CaseLaunch], timeout_s: float,
+               clock: Callable[[], float] = time.monotonic) -> None:
     """Wait for every case's ranks; a case that fails or times out gets ``error`` and is stopped."""
     deadline = clock() + timeout_s
     pending = [c for c in launches if c.error is None]

@@ -23,7 +23,13 @@ from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S, CaseSpec, case_specs
 from gpuzombie.lab.nccl.launch import CaseLaunch, launch_case, wait_ready
 from gpuzombie.lab.nccl.report import write_results
-from gpuzombie.lab.nccl.sampling import MemorySampler, freed_at, held_before, unexplained_at
+from gpuzombie.lab.nccl.sampling import (
+    MemorySample,
+    MemorySampler,
+    freed_at,
+    held_before,
+    unexplained_at,
+)
 
 SCHEMA = "gpuzombie.nccl/1"
 GOAL_S = 5.0
@@ -98,75 +104,90 @@ def run_nccl_comparison(
     nccl_dir = Path(out_dir) / "nccl"
     log_dir = nccl_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="gpuzombie-nccl-"))
+    progress(f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
+             f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
+             f"observing up to {observe_seconds:g} s after the first kill")
     origin = time.monotonic()
 
     def now() -> float:
         return time.monotonic() - origin
 
-    progress(f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
-             f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
-             f"observing up to {observe_seconds:g} s after the first kill")
-    launches = [launch_case(specs[k], ranks=ranks, device=device, size_mib=size_mib,
-                            run_dir=run_dir, log_dir=log_dir) for k in keys]
+    launches: list[CaseLaunch] = []
+    kills: dict[str, float] = {}
     sampler = MemorySampler(nvml=nvml if gpu else None, clock=now,
                             pids=lambda: [r.pid for c in launches for r in c.ranks if r.exited_at is None])
-    kills: dict[str, float] = {}
-    try:
-        wait_ready(launches, startup_timeout_s)
-        for c in launches:
-            progress(f"nccl: case {c.spec.key} ({c.spec.name}): "
-                     + (f"FAILED to start: {c.error}" if c.error else f"{ranks} ranks ready"))
-        running = [c for c in launches if c.error is None]
-        sampler.start()
-        time.sleep(1.0)  # a baseline with every rank holding its memory
-        next_note = [now() + 30.0]
-
-        def watch(until: float) -> bool:
-            """Record exits until ``until``; True when every rank of every case has exited."""
-            while now() < until:
-                for c in running:
-                    for r in c.ranks:
-                        r.poll(now())
-                if kills and all(r.exited_at is not None for c in running for r in c.ranks):
-                    return True
-                if now() >= next_note[0]:
-                    next_note[0] = now() + 30.0
-                    hung = [c.spec.key for c in running if any(r.exited_at is None for r in c.ranks[1:])]
-                    progress(f"nccl: {now() - min(kills.values(), default=now()):.0f} s after the first "
-                             f"kill; survivors still running in case(s): {', '.join(hung) or 'none'}")
-                time.sleep(0.02)
-            return False
-
-        for i, c in enumerate(running):
-            if i:
-                watch(now() + stagger_s)
-            victim = c.ranks[0]
-            if victim.handle is not None:
-                victim.handle.send(signal.SIGKILL)
-            kills[c.spec.key] = now()
-            progress(f"nccl: case {c.spec.key}: SIGKILL rank 0 (pid {victim.pid}) at {kills[c.spec.key]:.2f} s")
-        first_kill = min(kills.values(), default=now())
-        end = first_kill + observe_seconds
-        if budget_s is not None:
-            end = min(end, budget_s - WRAP_UP_S)
-        watch(end)
-        time.sleep(min(1.0, max(0.0, end - now())))  # let the last release show in the samples
-    finally:
-        sampler.stop()
-        t_end = now()
+    # The ready files live in a directory removed at the end; every rank launched so far is
+    # killed whatever happens (Ctrl-C during the start-up included).
+    with tempfile.TemporaryDirectory(prefix="gpuzombie-nccl-") as tmp:
+        try:
+            for k in keys:
+                launches.append(launch_case(specs[k], ranks=ranks, device=device, size_mib=size_mib,
+                                            run_dir=Path(tmp), log_dir=log_dir))
+            _kill_and_watch(launches, kills, sampler, now=now, ranks=ranks, stagger_s=stagger_s,
+                            observe_seconds=observe_seconds, budget_s=budget_s,
+                            startup_timeout_s=startup_timeout_s, progress=progress)
+        finally:
+            sampler.stop()
+            t_end = now()
+            for c in launches:
+                c.stop_all()
         observed = round(t_end - min(kills.values()), 1) if kills else 0.0
-        for c in launches:
-            c.stop_all()
-    summary = _summarize(launches, kills, sampler.samples, t_end=t_end, device=device, ranks=ranks,
-                         size_mib=size_mib, observe_seconds=observed, nvml=nvml if gpu else None)
+        summary = _summarize(launches, kills, sampler.samples, t_end=t_end, device=device, ranks=ranks,
+                             size_mib=size_mib, observe_seconds=observed, nvml=nvml if gpu else None)
     write_results(nccl_dir, summary, sampler.samples)
     for line in summary["table_md"].splitlines():
         progress(line)
     return summary
 
 
-def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: list, *, t_end: float,
+def _kill_and_watch(launches: list[CaseLaunch], kills: dict[str, float], sampler: MemorySampler, *,
+                    now: Callable[[], float], ranks: int, stagger_s: float, observe_seconds: float,
+                    budget_s: float | None, startup_timeout_s: float,
+                    progress: Callable[[str], None]) -> None:
+    """Wait for the ranks, SIGKILL rank 0 of each case ``stagger_s`` apart (``kills`` records
+    when), then record the survivors' exits until the window or the budget ends."""
+    wait_ready(launches, startup_timeout_s)
+    for c in launches:
+        progress(f"nccl: case {c.spec.key} ({c.spec.name}): "
+                 + (f"FAILED to start: {c.error}" if c.error else f"{ranks} ranks ready"))
+    running = [c for c in launches if c.error is None]
+    sampler.start()
+    time.sleep(1.0)  # a baseline with every rank holding its memory
+    next_note = now() + 30.0
+
+    def watch(until: float) -> bool:
+        """Record exits until ``until``; True when every rank of every case has exited."""
+        nonlocal next_note
+        while now() < until:
+            for c in running:
+                for r in c.ranks:
+                    r.poll(now())
+            if kills and all(r.exited_at is not None for c in running for r in c.ranks):
+                return True
+            if now() >= next_note:
+                next_note = now() + 30.0
+                hung = [c.spec.key for c in running if any(r.exited_at is None for r in c.ranks[1:])]
+                progress(f"nccl: {now() - min(kills.values(), default=now()):.0f} s after the first "
+                         f"kill; survivors still running in case(s): {', '.join(hung) or 'none'}")
+            time.sleep(0.02)
+        return False
+
+    for i, c in enumerate(running):
+        if i:
+            watch(now() + stagger_s)
+        victim = c.ranks[0]
+        if victim.handle is not None:
+            victim.handle.send(signal.SIGKILL)
+        kills[c.spec.key] = now()
+        progress(f"nccl: case {c.spec.key}: SIGKILL rank 0 (pid {victim.pid}) at {kills[c.spec.key]:.2f} s")
+    end = min(kills.values(), default=now()) + observe_seconds
+    if budget_s is not None:
+        end = min(end, budget_s - WRAP_UP_S)
+    watch(end)
+    time.sleep(min(1.0, max(0.0, end - now())))  # let the last release show in the samples
+
+
+def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: list[MemorySample], *, t_end: float,
                device: str, ranks: int, size_mib: int, observe_seconds: float,
                nvml: NvmlBackend | None) -> dict[str, Any]:
     from gpuzombie.lab.nccl.report import comparison_table
@@ -216,7 +237,7 @@ def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: lis
     return summary
 
 
-def _ghost_drop(samples: list, gpu: int | None, case: CaseLaunch) -> float | None:
+def _ghost_drop(samples: list[MemorySample], gpu: int | None, case: CaseLaunch) -> float | None:
     """Unexplained MiB on the dead rank's GPU that vanished when the case's last survivor exited."""
     exits = [r.exited_at for r in case.ranks[1:]]
     if gpu is None or not exits or any(e is None for e in exits):

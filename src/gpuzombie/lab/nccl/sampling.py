@@ -8,7 +8,6 @@ that no process is listed for (DEVICE-FACTS: ~291 MiB on H200).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,8 +55,10 @@ class MemorySampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop sampling; safe before ``start()`` (an interrupted start-up still cleans up)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def sample(self) -> MemorySample:
         t = self.clock()
@@ -82,7 +83,7 @@ class MemorySampler:
         while not self._stop.is_set():
             try:
                 self.samples.append(self.sample())
-            except Exception:
+            except Exception:  # noqa: BLE001, S110
                 pass  # one bad read (a process vanishing mid-query) is no reason to stop sampling
             self._stop.wait(self.interval_s)
 
