@@ -207,8 +207,10 @@ class Guard:
         return monitor
 
     def peer_lost(self, reason: str) -> None:
-        self.request_stop(f"peer lost: {reason}", EXIT_PEER_LOST, within_s=self.peer_exit_s)
+        # Set before the stop is visible: a main thread that sees it and runs shutdown() must
+        # already know not to touch CUDA (its implicit sync could wait on a stuck NCCL kernel).
         self._peer_gone = True
+        self.request_stop(f"peer lost: {reason}", EXIT_PEER_LOST, within_s=self.peer_exit_s)
         # The main thread is most likely blocked in a collective with the dead rank: unblock it.
         self.log(f"gpuzombie.graceful: {torchdist.abort_process_group()}")
 

@@ -19,16 +19,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuzombie.proc.procfs import parse_stat
+
 PREFIX = "gpuzombie/graceful"
 
 
 def _pid_identity(pid: int) -> str:
-    """host/boot/pid-namespace/pid/start: equal strings only for the very same process."""
+    """host|boot|pid-namespace|pid|start ticks: equal strings only for the very same process; ""
+    when any part is unreadable (a restricted /proc)."""
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
         pidns = os.readlink(f"/proc/{pid}/ns/pid")
-        start = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
-    except OSError:
+        with open(f"/proc/{pid}/stat") as f:
+            start = parse_stat(f.read()).start_ticks
+    except (OSError, ValueError, IndexError):
         return ""
     return f"{socket.gethostname()}|{boot}|{pidns}|{pid}|{start}"
 
@@ -51,11 +56,16 @@ class PeerMonitor:
         self._thread: threading.Thread | None = None
         self._fired = False
 
-    def watch_pid(self, pid: int, label: str | None = None) -> bool:
-        """Watch a local process; False when it cannot be pinned (already gone, no pidfds)."""
+    def watch_pid(self, pid: int, label: str | None = None, *, identity: str | None = None) -> bool:
+        """Watch a local process; False when it cannot be pinned (already gone, no pidfds) or, with
+        ``identity`` (a peer's ``_pid_identity``), when the pid now belongs to another process.
+        The identity is checked after the pidfd is open, so the pidfd holds the process checked."""
         try:
             fd = os.pidfd_open(pid)
         except (OSError, AttributeError):
+            return False
+        if identity is not None and _pid_identity(pid) != identity:
+            os.close(fd)
             return False
         self._pidfds[fd] = (pid, label or f"pid {pid}")
         return True
@@ -67,16 +77,17 @@ class PeerMonitor:
         if not exchange_pids:
             return
         me = _pid_identity(os.getpid())
-        store.set(f"{PREFIX}/pid/{rank}", me)
-        local = me.rsplit("|", 2)[0]
+        store.set(f"{PREFIX}/pid/{rank}", me)  # published even when "": the peers wait for the key
+        if not me:
+            return  # our own identity is unreadable: the heartbeat alone watches the peers
+        local = me.rsplit("|", 2)[0]  # host|boot|pid namespace: its pids are our pids
         for peer in range(world_size):
             if peer == rank:
                 continue
             ident = store.get(f"{PREFIX}/pid/{peer}").decode()
-            if ident.rsplit("|", 2)[0] == local:
+            if ident and ident.rsplit("|", 2)[0] == local:
                 pid = int(ident.split("|")[3])
-                if _pid_identity(pid) == ident:
-                    self.watch_pid(pid, f"rank {peer} (pid {pid})")
+                self.watch_pid(pid, f"rank {peer} (pid {pid})", identity=ident)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuzombie-peer-monitor", daemon=True)
