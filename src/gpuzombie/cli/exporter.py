@@ -20,10 +20,8 @@ from gpuzombie.trace.scan import is_live_procfs
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
-    from gpuzombie.exporter.server import parse_listen
-
     try:
-        return parse_listen(value)
+        return _import_exporter().parse_listen(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
