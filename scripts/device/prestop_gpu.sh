@@ -32,6 +32,14 @@ pod = subprocess.Popen(
     ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *init, "sh", "-c",
      f"{mod}; {mod} --fixed; exec sleep infinity"],
     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def give_up(*_):
+    """`timeout` ended us: take the pod (and its GPU memory) down too; --kill-child does the rest."""
+    try:
+        os.killpg(pod.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os._exit(124)
+signal.signal(signal.SIGTERM, give_up)
 pod_lines = []
 def read_pod():
     for line in pod.stdout:
