@@ -71,7 +71,7 @@ def namespace_metrics(scan: NodeScan) -> Iterator[Metric]:
             memory_by_ns[inode] += _bytes(row.gpu_memory_mib)
     for ns in scan.namespaces.namespaces:
         pod = _pod(scan.labels(ns))
-        pid1[(*pod, ns.pid1.program or "", ns.pid1.kind.value, str(ns.pid1.is_reaping_init).lower())] = 1
+        pid1[(*pod, ns.pid1.program or "", ns.pid1.kind.value, str(ns.pid1.is_reaping_init).lower())] += 1
         for z in ns.zombies:
             by_parent[(*pod, z.parent_comm or "", str(z.ppid == 1).lower())] += 1
         for o in ns.orphans:
@@ -80,7 +80,8 @@ def namespace_metrics(scan: NodeScan) -> Iterator[Metric]:
         if reason is not None and memory_by_ns[ns.inode]:
             risk[(*pod, reason)] += memory_by_ns[ns.inode]
     yield _gauge("gpuzombie_pid1_info", "PID 1 of each PID namespace below the node's: its program, "
-                 "kind (init, pause, shell, non_forking, program, ...) and whether it reaps zombies.",
+                 "kind (init, pause, shell, non_forking, program, ...) and whether it reaps zombies; 1 a namespace "
+                 "(more where the labels coincide, as for namespaces outside Kubernetes).",
                  (*POD, "program", "kind", "reaping"), pid1)
     yield _gauge("gpuzombie_zombies_by_parent", "Zombies inside each PID namespace by the parent that "
                  "has not reaped them (parent_is_pid1: the namespace's PID 1 never calls wait()).",
