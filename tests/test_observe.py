@@ -77,14 +77,14 @@ def test_namespace_mode_local_pid_with_unreadable_fds(proc, monkeypatch):
     """Not root: the worker's fd directory is unreadable, NVML's name agrees with the local pid."""
     make_fake_proc(proc, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
     make_fake_proc(proc, 3, ppid=1, uid=1000)
-    real_listdir = os.listdir
+    real_open = os.open
 
-    def listdir(path):
+    def deny_fd_dir(path, *args, **kwargs):  # the kernel refuses the opendir of /proc/<pid>/fd
         if str(path).endswith("/3/fd"):
             raise PermissionError(13, "Permission denied")
-        return real_listdir(path)
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(os, "listdir", listdir)  # root cannot be denied for real
+    monkeypatch.setattr(os, "open", deny_fd_dir)  # root cannot be denied for real
     report = run(proc, [h200(used_mib=3281, processes=[worker(3)])], INSIDE)
     (ref,) = report.attribution.processes
     assert ref.verdict.value == "live" and ref.local_pid == 3 and "unreadable" in ref.evidence

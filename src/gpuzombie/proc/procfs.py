@@ -170,7 +170,7 @@ def parse_status(text: str) -> StatusFields:
 
 def parse_cmdline(raw: bytes) -> tuple[str, ...]:
     """NUL-separated argv; empty for zombies and kernel threads."""
-    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    return tuple(filter(None, raw.decode(errors="replace").split("\0")))
 
 
 def parse_cgroup(text: str) -> tuple[str, ...]:
@@ -255,16 +255,25 @@ class Procfs:
             return ()
 
     def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
-        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed."""
+        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed.
+
+        The directory is opened once and each link read relative to it: the kernel then resolves
+        one name per fd instead of the whole /proc/<pid>/fd/<n> path (most of a node's syscalls).
+        """
         found = set()
-        for name in os.listdir(fd_dir):
-            try:
-                target = os.readlink(f"{fd_dir}/{name}")
-            except OSError:  # the fd was closed between listdir and readlink
-                continue
-            if target.startswith(self.device_prefix):
-                found.add(target)
-        return tuple(sorted(found))
+        prefix = self.device_prefix
+        dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in os.listdir(dir_fd):
+                try:
+                    target = os.readlink(name, dir_fd=dir_fd)
+                except OSError:  # the fd was closed between listdir and readlink
+                    continue
+                if target.startswith(prefix):
+                    found.add(target)
+        finally:
+            os.close(dir_fd)
+        return tuple(sorted(found)) if found else ()
 
     def tree_pidns(self, pids: Iterable[int] = (), *, tries: int = 16) -> int | None:
         """The PID namespace this tree shows: that of a process whose NSpid has one level.
