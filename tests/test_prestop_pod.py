@@ -75,6 +75,18 @@ def alive(pid: int) -> bool:
         return False
 
 
+def first_child(pid: int, limit: float = 5.0) -> int | None:
+    """The first child of ``pid`` once it has one (bounded wait)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    return None
+
+
 def run_cli(*args: str) -> dict:
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "gpuzombie", "prestop", "--json", *args],
@@ -90,13 +102,7 @@ def scenario_e2e(dry_run: bool) -> dict:
                               start_new_session=True)
     # PID 1's own child leading its group (like tini's main process): not an orphan, no GPU.
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
-    deadline = time.monotonic() + 5
-    nested_pid = None
-    while nested_pid is None and time.monotonic() < deadline:
-        kids = open(f"/proc/{nested.pid}/task/{nested.pid}/children").read().split()
-        nested_pid = int(kids[0]) if kids else None
-        time.sleep(0.01)
-    pids.update(nested_unshare=nested.pid, nested=nested_pid, bystander=bystander.pid)
+    pids.update(nested_unshare=nested.pid, nested=first_child(nested.pid), bystander=bystander.pid)
     result = run_cli("--timeout", "1.5", "--kill-wait", "1", *(["--dry-run"] if dry_run else []))
     result["pids"] = pids
     result["alive"] = {role: alive(pid) for role, pid in pids.items()}
@@ -106,13 +112,7 @@ def scenario_e2e(dry_run: bool) -> dict:
 def scenario_cascade() -> dict:
     """An orphan with a child of its own: the child becomes an orphan only when its parent exits."""
     pids = spawn_orphans("family")
-    child = None
-    deadline = time.monotonic() + 5
-    while child is None and time.monotonic() < deadline:
-        kids = open(f"/proc/{pids['family']}/task/{pids['family']}/children").read().split()
-        child = int(kids[0]) if kids else None
-        time.sleep(0.01)
-    pids["child"] = child
+    pids["child"] = first_child(pids["family"])
     result = run_cli("--timeout", "3", "--kill-wait", "1")
     result["pids"] = pids
     result["alive"] = {role: alive(pid) for role, pid in pids.items()}

@@ -33,9 +33,9 @@ def command(timeout: float, kill_wait: float, dry_run: bool, no_orphans: bool, n
     """Stop every GPU-holding process and orphan of this container, before the kubelet's SIGKILL.
 
     Run it inside the pod's PID namespace (as a preStop exec hook). Exit 0: every target is gone
-    (or there was none); 1: something survived SIGKILL; 2: usage or environment error.
+    (or there was none); 1: something survived SIGKILL; 2: usage or environment error;
+    130: interrupted.
     """
     return run_hook(procfs=procfs, timeout=timeout, kill_wait=kill_wait, dry_run=dry_run,
                     include_orphans=not no_orphans, same_cgroup=same_cgroup, use_nvml=not no_nvml,
-                    pid1_log=pid1_log,
-                    as_json=as_json)
+                    pid1_log=pid1_log, as_json=as_json)

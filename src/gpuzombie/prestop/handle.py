@@ -21,6 +21,8 @@ from gpuzombie.proc.procfs import parse_stat
 
 @dataclass(frozen=True)
 class ProcessIdentity:
+    """What a planned target was: its pid alone could name a later process after a reap."""
+
     pid: int
     start_ticks: int
 
@@ -44,6 +46,7 @@ def read_start_and_state(procfs_root: str, pid: int) -> tuple[int, str] | None:
 
 
 def check_identity(procfs_root: str, identity: ProcessIdentity) -> Liveness:
+    """Is the process with ``identity.pid`` now still the one planned for (same start time)?"""
     now = read_start_and_state(procfs_root, identity.pid)
     if now is None:
         return Liveness.EXITED
@@ -54,6 +57,7 @@ def check_identity(procfs_root: str, identity: ProcessIdentity) -> Liveness:
 
 
 def pidfds_supported() -> bool:
+    """Python 3.9+ on Linux has both calls; the kernel may still refuse (ENOSYS before 5.3)."""
     return hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
 
@@ -87,6 +91,7 @@ class ProcessHandle:
         return cls(identity, procfs_root, pidfd), state
 
     def liveness(self) -> Liveness:
+        """A readable pidfd means the process exited (zombie included); else /proc decides."""
         if self.pidfd is not None:
             poller = select.poll()
             poller.register(self.pidfd, select.POLLIN)

@@ -39,9 +39,8 @@ def pid1_log_status(sink: Pid1Log | None) -> str:
 
 def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
              kill_wait: float = DEFAULT_KILL_WAIT, dry_run: bool = False, include_orphans: bool = True,
-             same_cgroup: bool = False,
-             use_nvml: bool = True, pid1_log: bool = True, as_json: bool = False,
-             out: TextIO | None = None, err: TextIO | None = None) -> int:
+             same_cgroup: bool = False, use_nvml: bool = True, pid1_log: bool = True,
+             as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result."""
     out = out or sys.stdout
     err = err or sys.stderr
@@ -118,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_hook(procfs=args.procfs, timeout=args.timeout, kill_wait=args.kill_wait,
                         dry_run=args.dry_run, include_orphans=not args.no_orphans,
-                        same_cgroup=args.same_cgroup,
-                        use_nvml=not args.no_nvml, pid1_log=not args.no_pid1_log, as_json=args.json)
+                        same_cgroup=args.same_cgroup, use_nvml=not args.no_nvml,
+                        pid1_log=not args.no_pid1_log, as_json=args.json)
     except GpuzombieError as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)
         return exc.status
