@@ -16,6 +16,11 @@ from typing import Any, Protocol
 MIB = 1024 * 1024
 
 
+def mib(n: int) -> float:
+    """Bytes to MiB, one decimal: the unit of every memory figure in the JSON reports."""
+    return round(n / MIB, 1)
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     """A process NVML lists on a device, with the pid exactly as NVML reported it."""

@@ -25,7 +25,7 @@ from gpuzombie.gpu.attribution import (
     attribute,
     current_view,
 )
-from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend, default_backend
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, default_backend, mib
 from gpuzombie.observe.orphans import (
     ORPHAN,
     Orphan,
@@ -125,7 +125,7 @@ class ObserveReport:
 
 
 def _mib(n: int | None) -> float | None:
-    return None if n is None else round(n / MIB, 1)
+    return None if n is None else mib(n)
 
 
 def _process_dict(p: ProcessInfo, now: float) -> dict[str, Any]:
@@ -147,10 +147,7 @@ def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
 
 
 def _ghost_dict(g: GhostMemory, threshold: int) -> dict[str, Any]:
-    return {"gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, "used_mib": _mib(g.used),
-            "baseline_mib": _mib(g.baseline), "baseline_source": g.baseline_source,
-            "process_memory_mib": _mib(g.process_memory), "unexplained_mib": _mib(g.unexplained),
-            "threshold_mib": _mib(threshold), "verdict": g.verdict, "flagged": g.flagged,
+    return {"gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, **g.accounting_mib(threshold),
             "likely_causes": list(g.likely_causes)}
 
 

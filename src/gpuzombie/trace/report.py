@@ -24,7 +24,7 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
-from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, NvmlBackend
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, mib
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
@@ -141,11 +141,6 @@ class TraceReport:
 NamesLookup = Callable[[Iterable[str]], CriNames]
 
 
-def mib(n: int) -> float:
-    """Bytes to MiB, one decimal: the unit of every memory figure in the report (as in observe)."""
-    return round(n / MIB, 1)
-
-
 def _gpu_nodes(devices: Iterable[str]) -> list[int]:
     return sorted({int(m.group(1)) for d in devices if (m := _GPU_NODE.match(d))})
 
@@ -235,10 +230,7 @@ def account_memory(device: GpuDevice, ghost: GhostMemory, rows: list[TraceRow],
                                                                   for a in allocated))
     return GpuMemory(
         index=device.index, uuid=device.uuid, name=device.name, total_mib=mib(device.memory_total),
-        used_mib=mib(device.memory_used), baseline_mib=mib(ghost.baseline),
-        baseline_source=ghost.baseline_source, process_memory_mib=mib(ghost.process_memory),
-        unexplained_mib=mib(ghost.unexplained), threshold_mib=mib(threshold), verdict=ghost.verdict,
-        flagged=ghost.flagged, likely_causes=tuple(causes), allocated_to=allocated,
+        **ghost.accounting_mib(threshold), likely_causes=tuple(causes), allocated_to=allocated,
     )
 
 
