@@ -62,6 +62,7 @@ class Guard:
 
     @property
     def stop_event(self) -> threading.Event:
+        """The flag as an Event, for threads (a data loader) that wait on it instead of polling."""
         return self._stop
 
     def hold(self, *objects: Any) -> None:
@@ -98,7 +99,10 @@ class Guard:
 
     def shutdown(self, *, exit: bool = True) -> None:
         """Clean up (callbacks, drop held objects, abort the process group, empty the CUDA cache)
-        and, when a stop was requested and ``exit`` is set, exit at once with the stop's code."""
+        and, when a stop was requested and ``exit`` is set, exit at once with the stop's code.
+
+        Once a stop was requested the watchdog still ends the process at the deadline, even with
+        ``exit=False``: the deadline is a promise to the kubelet, not to this script."""
         if not self._cleaned.is_set():
             for fn in self._callbacks:
                 try:
@@ -139,6 +143,7 @@ class Guard:
 
     # -- machinery ---------------------------------------------------------------------------
     def install(self) -> Guard:
+        """Take over the stop signals; main thread only (CPython allows ``signal.signal`` nowhere else)."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("gpuzombie.graceful.install() must be called from the main thread")
         self._wake_r, self._wake_w = socket.socketpair()
