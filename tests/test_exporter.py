@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
-from markers import needs_root
+from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -242,6 +242,9 @@ def test_sigterm_disposition():
     assert (d.blocked, d.ignored, d.caught, d.received_as_init) == (True, False, False, True)
     assert parse_sigterm("SigBlk:\t0\nSigIgn:\t4000\nSigCgt:\t4000\n").received_as_init is False
     assert parse_sigterm("Name:\tx\n").received_as_init is None  # unknown: never claimed a risk
+    # tini in sigtimedwait: the kernel shows SIGTERM unblocked while it waits for it (measured).
+    waiting = parse_sigterm("SigBlk:\t0\nSigIgn:\t300006\nSigCgt:\t0\n", "do_sigtimedwait.isra.0")
+    assert waiting.received_as_init is True
 
 
 @pytest.mark.parametrize("listen, message", [
@@ -296,3 +299,20 @@ def test_real_zombie_and_orphan_in_a_pid_namespace():
         finally:
             exporter.kill()
             exporter.wait()
+
+
+@needs_root
+@needs_tini
+def test_real_tini_with_a_sigterm_ignoring_child():
+    # tini forwards SIGTERM to its child, which ignores it (inherited SIG_IGN): the whole grace.
+    # tini waits in sigtimedwait, where /proc shows SIGTERM unblocked: it must not read as dropped.
+    with PidNamespace("tini", "--", "sh", "-c", "trap '' TERM; exec sleep 1000") as ns:
+        inode = os.stat(f"/proc/{ns.pid1}/ns/pid").st_ino
+
+        def judged():
+            found = [n for n in survey(Procfs("/proc"), now=0).namespaces if n.inode == inode]
+            return found if found and found[0].main and found[0].main.comm == "sleep" else None
+
+        (mine,) = wait_until(judged, timeout=10)
+        assert mine.pid1.program == "tini" and mine.pid1_sigterm.received_as_init
+        assert mine.main.sigterm.ignored and mine.grace_risk == "main_ignores_sigterm"

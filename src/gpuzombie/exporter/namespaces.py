@@ -29,17 +29,21 @@ SIGTERM_BIT = 1 << (15 - 1)  # bit N-1 of the SigBlk/SigIgn/SigCgt masks in /pro
 
 @dataclass(frozen=True)
 class SigtermDisposition:
-    """What a process does with SIGTERM, from /proc/<pid>/status; None where the line is missing."""
+    """What a process does with SIGTERM, from /proc/<pid>/status and wchan; None where unreadable."""
 
     blocked: bool | None
     ignored: bool | None
     caught: bool | None
+    sigwaiting: bool = False
+    """Asleep in sigtimedwait/sigwait (wchan ``do_sigtimedwait``). There the kernel shows the waited-for
+    signals as unblocked although they are queued to it (tini, dumb-init: measured SigBlk 0 for tini)."""
 
     @property
     def received_as_init(self) -> bool | None:
         """Does a namespace's PID 1 get the kubelet's SIGTERM? The kernel drops a signal sent to a
-        namespace init unless the init catches it or blocks it (tini and dumb-init block all
-        signals and sigwait for them)."""
+        namespace init unless the init catches it, blocks it or waits for it."""
+        if self.sigwaiting:
+            return True
         if self.blocked is None or self.caught is None:
             return None
         return self.blocked or (self.caught and not self.ignored)
@@ -48,7 +52,7 @@ class SigtermDisposition:
 UNKNOWN_DISPOSITION = SigtermDisposition(None, None, None)
 
 
-def parse_sigterm(status_text: str) -> SigtermDisposition:
+def parse_sigterm(status_text: str, wchan: str | None = None) -> SigtermDisposition:
     masks: dict[str, bool] = {}
     for line in status_text.splitlines():
         key, _, value = line.partition(":")
@@ -57,7 +61,13 @@ def parse_sigterm(status_text: str) -> SigtermDisposition:
                 masks[key] = bool(int(value.strip(), 16) & SIGTERM_BIT)
             except ValueError:
                 continue
-    return SigtermDisposition(masks.get("SigBlk"), masks.get("SigIgn"), masks.get("SigCgt"))
+    return SigtermDisposition(masks.get("SigBlk"), masks.get("SigIgn"), masks.get("SigCgt"),
+                              sigwaiting=bool(wchan and wchan.startswith("do_sigtimedwait")))
+
+
+def read_sigterm(view: Procfs, pid: int) -> SigtermDisposition:
+    status = _read_text(view.path(pid, "status"))
+    return parse_sigterm(status, _read_text(view.path(pid, "wchan"))) if status else UNKNOWN_DISPOSITION
 
 
 @dataclass(frozen=True)
@@ -90,14 +100,15 @@ class NamespaceScan:
     def grace_risk(self) -> str | None:
         """Why a deletion would keep this namespace alive for the whole grace period, or None.
 
-        ``pid1_drops_sigterm``: PID 1 neither catches nor blocks SIGTERM, so the kernel drops the
-        kubelet's signal (a ``sleep`` or bash PID 1, a python PID 1 without a handler).
+        ``pid1_drops_sigterm``: PID 1 neither catches, blocks nor waits for SIGTERM, so the kernel
+        drops the kubelet's signal (a ``sleep`` or bash PID 1, a python PID 1 without a handler).
+        A forwarding init (tini, dumb-init, ...) is taken at its word.
         ``main_ignores_sigterm``: a forwarding init passes it on, but the child it started ignores
         it. A process that catches SIGTERM is trusted to act on it (its handler cannot be read).
         """
         if self.pid1.kind is Pid1Kind.PAUSE:
             return None  # pause exits on SIGTERM
-        if self.pid1_sigterm.received_as_init is False:
+        if self.pid1.kind is not Pid1Kind.INIT and self.pid1_sigterm.received_as_init is False:
             return "pid1_drops_sigterm"
         if self.main is not None and self.main.sigterm.ignored and not self.main.sigterm.blocked:
             return "main_ignores_sigterm"
@@ -149,8 +160,7 @@ def _main_process(view: Procfs, table: ProcessTable, pid1: Pid1) -> MainProcess 
     child = min(table.children(1), key=lambda p: (p.start_ticks, p.pid), default=None)
     if child is None:
         return None
-    text = _read_text(view.path(child.pid, "status"))
-    return MainProcess(child.pid, child.comm, parse_sigterm(text) if text else UNKNOWN_DISPOSITION)
+    return MainProcess(child.pid, child.comm, read_sigterm(view, child.pid))
 
 
 def scan_namespace(procfs: Procfs, inode: int, pid1_host: int, *, now: float) -> NamespaceScan | str:
@@ -165,14 +175,13 @@ def scan_namespace(procfs: Procfs, inode: int, pid1_host: int, *, now: float) ->
     pid1 = find_pid1(table)
     if pid1.kind is Pid1Kind.PAUSE and len(table) == 1:
         return ""  # a pod's sandbox without a shared process namespace: nothing to judge
-    status = _read_text(view.path(1, "status"))
     cgroup = _read_text(procfs.path(pid1_host, "cgroup"))
     return NamespaceScan(
         inode=inode,
         pid1_host_pid=pid1_host,
         container=parse_cgroup_lines(parse_cgroup(cgroup)) if cgroup else None,
         pid1=pid1,
-        pid1_sigterm=parse_sigterm(status) if status else UNKNOWN_DISPOSITION,
+        pid1_sigterm=read_sigterm(view, 1),
         main=_main_process(view, table, pid1),
         processes=len(table),
         zombies=find_zombies(table, pid1, now=now),
