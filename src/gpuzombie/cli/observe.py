@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from gpuzombie.cli.common import echo_json, json_option, procfs_option
-from gpuzombie.errors import GpuzombieError
-from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
-from gpuzombie.gpu.nvml import MIB, FakeNvml, NvmlBackend, default_backend
+from gpuzombie.cli.common import echo_json, ghost_options, json_option, nvml_backend, procfs_option
+from gpuzombie.gpu.nvml import MIB
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
-
-
-def _replayed(path: str) -> NvmlBackend:
-    try:
-        with open(path) as f:
-            return FakeNvml.from_dict(json.load(f))
-    except (OSError, ValueError, TypeError) as exc:
-        raise GpuzombieError(f"cannot replay NVML snapshot {path}: {exc}") from exc
 
 
 @click.command()
 @procfs_option
 @json_option
-@click.option("--ghost-threshold-mib", type=click.IntRange(min=0), default=DEFAULT_GHOST_THRESHOLD // MIB,
-              show_default=True, help="Flag a GPU when unexplained memory exceeds this.")
-@click.option("--baseline-mib", type=click.IntRange(min=0), default=None,
-              help="Memory used with no process at all. Default: the driver's reservation from NVML.")
-@click.option("--nvml-replay", type=click.Path(dir_okay=False), default=None, hidden=True,
-              help="Read NVML state from a JSON snapshot instead of the driver (tests, replays).")
+@ghost_options
 def command(procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: int | None,
             nvml_replay: str | None) -> int:
     """Inside a container (or on a node): PID 1, process tree, zombies, orphans, GPU memory, GPU
@@ -41,7 +23,7 @@ def command(procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: 
     """
     report = observe(
         Procfs(procfs),
-        _replayed(nvml_replay) if nvml_replay else default_backend(),
+        nvml_backend(nvml_replay),
         baseline=None if baseline_mib is None else baseline_mib * MIB,
         ghost_threshold=ghost_threshold_mib * MIB,
     )
@@ -49,4 +31,4 @@ def command(procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: 
         echo_json(report.to_dict())
     else:
         click.echo(render_text(report), nl=False)
-    return int(report.exit_status if report.exit_status else ExitStatus.OK)
+    return int(report.exit_status)
