@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +12,14 @@ from rich.table import Table
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.nvml import default_backend
-from gpuzombie.lab.pod import INITS
-from gpuzombie.lab.report import build
+from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.lab.pod import INITS, PodError
+from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import run_key, write_results
 from gpuzombie.lab.scenarios import (
     SCENARIOS,
     LabConfig,
+    Scenario,
     ScenarioError,
     ScenarioRun,
     run_scenario,
@@ -34,7 +35,7 @@ from gpuzombie.workloads.memory import (
 CHOICES = (*SCENARIOS, "nccl", "all")
 
 
-@click.group()
+@click.group(short_help="Run the seed's scenarios as PID namespaces and measure them.")
 def command() -> None:
     """Run the seed's scenarios as PID namespaces on this machine and write results/."""
 
@@ -54,11 +55,11 @@ def resolve(device: str, backend: str, gpus_available: bool) -> tuple[str, str]:
     return device, backend
 
 
-def run_nccl(ranks: int | None, device: str, out: Path, say: Any) -> dict[str, Any]:
-    try:
-        nccl = importlib.import_module("gpuzombie.lab.nccl")
-        run_nccl_comparison = nccl.run_nccl_comparison
-    except (ImportError, AttributeError) as exc:
+def run_nccl(ranks: int | None, device: str, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
+    try:  # imported here: only this scenario needs it, and a trimmed install may lack it
+        from gpuzombie.lab.nccl import run_nccl_comparison
+    except ImportError as exc:
         raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
     return run_nccl_comparison(ranks=ranks, device=device, out_dir=out, cases=None,
                                observe_seconds=None, progress=say)
@@ -76,6 +77,7 @@ def exact_command() -> list[str]:
 
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
+    """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
     table = Table(title="gpuzombie lab: deletion of each pod")
     for col in ("run", "PID 1", "zombies", "orphans", "delete→free", "whole grace", "GiB·s",
                 "kill-9→free", "sampler CPU"):
@@ -83,13 +85,9 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     for r in runs:
         m = r.metrics
         obs = {o.point: o for o in r.observations}
-
-        def secs(v: Any) -> str:
-            return "—" if v is None else f"{v:.3f} s"
-
         table.add_row(run_key(r), r.init, str(obs["after-kill"].zombies), str(obs["after-spawn"].orphans),
-                      secs(m["release_latency_s"]), "yes" if m["waited_whole_grace"] else "no",
-                      f"{m['grace_waste_gib_s']:.2f}", secs(m["kill9_to_free_s"]),
+                      format_seconds(m["release_latency_s"]), "yes" if m["waited_whole_grace"] else "no",
+                      f"{m['grace_waste_gib_s']:.2f}", format_seconds(m["kill9_to_free_s"]),
                       f"{r.sampler['cpu_percent_of_one_core']}%")
     return table
 
@@ -101,34 +99,49 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
               help="Workers alive at deletion (the parent spawns one more: the kill -9 victim).")
 @click.option("--grace", type=click.FloatRange(0.5, 600), default=30.0, show_default=True,
               help="terminationGracePeriodSeconds, counted from the deletion (Kubernetes: 30).")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="cuda, or cpu: the labelled stand-in that holds host memory; auto: a GPU when "
+                   "NVML sees one.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="How a GPU worker holds memory: torch, or the CUDA driver API (ctypes).")
-@click.option("--uid", type=int, default=None, help="Run the workers as this uid (seed: 1000).")
+@click.option("--uid", type=click.IntRange(0), default=None,
+              help="Run the workers as this uid (seed: 1000).  [default: the lab's own]")
 @click.option("--size-mib", type=click.IntRange(1), default=2048, show_default=True,
               help="Memory each worker holds.")
 @click.option("--init", "init", type=click.Choice([i for i in INITS if i != "sleep"]), default=None,
-              help="Another init for S2-S4 (variants: tini-g, dumb-init).")
+              help="PID 1 of S2-S4 instead of tini -s (variants: tini-g, dumb-init).")
 @click.option("--main", "main_process", type=click.Choice(["sleep", "worker"]), default="sleep",
               show_default=True,
               help="The container's main process under the init in S2-S4: sleep (experiments via "
                    "kubectl exec, the seed's way) or a worker that is the workload itself.")
-@click.option("--ranks", type=int, default=None, help="NCCL ranks (--scenario nccl).")
+@click.option("--ranks", type=click.IntRange(2), default=None,
+              help="NCCL ranks (--scenario nccl).  [default: one per GPU; 2 on the stand-in]")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)
+              show_default=True,
+              help="Where results.json, comparison.md, the plots and one folder per scenario go.")
 def run_command(scenario: str, workers: int, grace: float, device: str, backend: str, uid: int | None,
                 size_mib: int, init: str | None, main_process: str, ranks: int | None, out: Path) -> int:
-    """Run scenario(s): start pod → parent spawns and exits → observe → kill -9 a worker →
-    observe → delete (preStop, SIGTERM, SIGKILL at grace end) → observe; write OUT/."""
+    """Run the seed's scenarios as pods on this machine and write OUT/.
+
+    \b
+    Each scenario: start the pod -> the parent spawns its workers and exits
+    -> observe -> kill -9 a worker -> observe -> delete the pod (preStop,
+    SIGTERM, SIGKILL when the grace ends) -> observe.
+
+    \b
+    Exit codes: 0 every pod left nothing behind, 1 processes were left
+    after a deletion, 2 usage or environment error, 130 interrupted
+    (Ctrl-C stops the pods; nothing is left running).
+    """
     console = Console(stderr=True, log_path=False)
     nvml = default_backend()
     gpus = nvml.read()
-    device, backend = resolve(device, backend, gpus.available and bool(gpus.devices))
-    if backend == CPU_STANDIN:
-        console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
-    config = LabConfig(workers=workers, grace=grace, device=device, backend=backend, size_mib=size_mib,
-                       uid=uid, init=init, main=main_process)
+    lab_device, lab_backend = resolve(device, backend, gpus.available and bool(gpus.devices))
     names = list(SCENARIOS) if scenario == "all" else [scenario]
+    if lab_backend == CPU_STANDIN and names != ["nccl"]:
+        console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
+    config = LabConfig(workers=workers, grace=grace, device=lab_device, backend=lab_backend,
+                       size_mib=size_mib, uid=uid, init=init, main=main_process)
     runs: list[ScenarioRun] = []
     nccl = None
     with console.status("starting") as status:
@@ -139,12 +152,12 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
         for name in names:
             if name == "nccl":
                 nccl = run_nccl(ranks, device, out, say)
-                continue
-            try:
-                runs.append(run_scenario(SCENARIOS[name], config, nvml=nvml, progress=say))
-            except ScenarioError as exc:
-                raise GpuzombieError(str(exc)) from exc
-    path = write_results(runs, out, command=exact_command(), gpus=gpus, nccl=nccl)
+            else:
+                runs.append(_run_one(SCENARIOS[name], config, nvml, say))
+    try:
+        path = write_results(runs, out, command=exact_command(), gpus=gpus, nccl=nccl)
+    except OSError as exc:
+        raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
     if runs:
         out_console = Console()
         out_console.width = max(out_console.width, 120)
@@ -157,10 +170,24 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     return ExitStatus.OK
 
 
-@command.command("report")
+def _run_one(scenario: Scenario, config: LabConfig, nvml: NvmlBackend,
+             say: Callable[[str], None]) -> ScenarioRun:
+    """One scenario; a pod that cannot start or a workload that fails is a one-line error."""
+    try:
+        return run_scenario(scenario, config, nvml=nvml, progress=say)
+    except (ScenarioError, PodError) as exc:
+        raise GpuzombieError(str(exc)) from exc
+
+
+@command.command("report", short_help="Rebuild comparison.md, notes and plots from results.json.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def report_command(directory: Path) -> int:
-    """Rebuild comparison.md, notes.md and the plots from DIRECTORY/results.json."""
+    """Rebuild comparison.md, each scenario's notes.md and the plots from DIRECTORY/results.json,
+    without running anything (after a change to the report, or on results copied from a GPU run).
+
+    \b
+    Exit codes: 0 rebuilt, 2 DIRECTORY/results.json missing or unreadable.
+    """
     try:
         written = build(directory)
     except (OSError, ValueError, KeyError) as exc:

@@ -15,9 +15,13 @@ MARKED_EVENTS = ("spawn", "parent-exit", "kill-9", "delete", "prestop-start", "p
 
 
 def load(out_dir: Path) -> dict[str, Any]:
-    from gpuzombie.lab.results import RESULTS_JSON
+    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
+    from gpuzombie.lab.results import RESULTS_JSON, SCHEMA
 
-    return json.loads((out_dir / RESULTS_JSON).read_text())
+    data = json.loads((out_dir / RESULTS_JSON).read_text())
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"not a {SCHEMA} file")
+    return data
 
 
 def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
@@ -28,7 +32,7 @@ def _outcomes(entry: Entry) -> list[str]:
     return [o["outcome"] for o in (entry["deletion"].get("prestop_outcomes") or [])]
 
 
-def _secs(value: float | None) -> str:
+def format_seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f} s"
 
 
@@ -71,7 +75,7 @@ def _kill9(e: Entry) -> tuple[str, bool]:
     t = e["metrics"]["kill9_to_free_s"]
     ctx = (_obs(e, "after-kill").get("observe_summary") or {}).get("orphaned_contexts")
     what = "RSS" if e["cpu_standin"] else "GPU memory"
-    text = f"❌ none: {what} freed {_secs(t)} after kill -9" if t is not None else "⚠️ not freed"
+    text = f"❌ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else "⚠️ not freed"
     if ctx:
         text += f"; observe: {ctx} orphaned context(s)"
     return text, t is None or bool(ctx)
@@ -80,14 +84,14 @@ def _kill9(e: Entry) -> tuple[str, bool]:
 def _hold_time(e: Entry) -> tuple[str, bool]:
     m = e["metrics"]
     whole = m["waited_whole_grace"] or (m["release_latency_s"] or 0) >= 0.9 * m["grace_s"]
-    text = _secs(m["release_latency_s"]) + (" (whole grace)" if whole else "")
+    text = format_seconds(m["release_latency_s"]) + (" (whole grace)" if whole else "")
     return text, whole
 
 
 def _after_delete(e: Entry) -> tuple[str, bool]:
     m = e["metrics"]
     freed = m["released_at_s"] is not None
-    return (f"✅ freed {_secs(m['release_latency_s'])} after deletion" if freed else "❌ still held",
+    return (f"✅ freed {format_seconds(m['release_latency_s'])} after deletion" if freed else "❌ still held",
             freed)
 
 
@@ -165,17 +169,17 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     extra: tuple[tuple[str, Callable[[Entry], str]], ...] = (
         ("PID 1", lambda e: f"`{e['init']}`"),
         ("memory held at deletion (MiB)", lambda e: f"{e['metrics']['held_at_delete_mib']:.0f}"),
-        ("deletion → memory free", lambda e: _secs(e["metrics"]["release_latency_s"])),
-        ("deletion → pod gone", lambda e: _secs(e["metrics"]["pod_exit_after_delete_s"])),
-        ("SIGKILL at grace end → free", lambda e: _secs(e["metrics"]["sigkill_to_free_s"])),
-        ("kill -9 of a worker → its memory free", lambda e: _secs(e["metrics"]["kill9_to_free_s"])),
+        ("deletion → memory free", lambda e: format_seconds(e["metrics"]["release_latency_s"])),
+        ("deletion → pod gone", lambda e: format_seconds(e["metrics"]["pod_exit_after_delete_s"])),
+        ("SIGKILL at grace end → free", lambda e: format_seconds(e["metrics"]["sigkill_to_free_s"])),
+        ("kill -9 of a worker → its memory free", lambda e: format_seconds(e["metrics"]["kill9_to_free_s"])),
         ("deletion → free ≤ 2 × (kill -9 → free)", lambda e: {True: "✅", False: "❌", None: "—"}[
             e["metrics"]["release_within_2x_kill9"]]),
         ("preStop exit code / outcomes", lambda e: "—" if e["deletion"]["prestop_rc"] is None else
          f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"),
-        ("deletion → preStop hook running", lambda e: _secs(e["deletion"].get("prestop_started_after_delete_s"))),
+        ("deletion → preStop hook running", lambda e: format_seconds(e["deletion"].get("prestop_started_after_delete_s"))),
         ("preStop SIGTERM → target gone", lambda e: ", ".join(
-            _secs(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or []) or "—"),
+            format_seconds(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or []) or "—"),
         ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
         ("zombies spawn / kill / delete", lambda e: " / ".join(
             str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete"))),
@@ -195,9 +199,9 @@ def comparison_md(data: Mapping[str, Any]) -> str:
             e = scenarios[k]
             m, c = e["metrics"], e["config"]
             lines.append(f"| {k} | `{e['init']}` | {c['workers']} | {c['backend']} | {c['uid'] or '—'} | "
-                         f"{_obs(e, 'after-kill').get('zombies')} | {_secs(m['release_latency_s'])} | "
+                         f"{_obs(e, 'after-kill').get('zombies')} | {format_seconds(m['release_latency_s'])} | "
                          f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
-                         f"{_secs(m['kill9_to_free_s'])} |")
+                         f"{format_seconds(m['kill9_to_free_s'])} |")
     if nccl is not None:
         lines += ["", "## NCCL", "", ("From `gpuzombie lab run --scenario nccl` (its files: "
                   "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):"), ""]
