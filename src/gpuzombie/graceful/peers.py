@@ -102,6 +102,14 @@ class PeerMonitor:
             self.on_lost(reason)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:  # stopped or fired: the pidfds are of no more use
+            for fd in self._pidfds:
+                os.close(fd)
+            self._pidfds.clear()
+
+    def _watch(self) -> None:
         poller = select.poll()
         for fd in self._pidfds:
             poller.register(fd, select.POLLIN)
