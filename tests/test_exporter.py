@@ -40,7 +40,8 @@ GIB = 1024 * MIB
 CID_A, CID_B, CID_C = "a" * 64, "b" * 64, "c" * 64
 UID_A, UID_B, UID_C = ("11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000",
                        "12345678-1234-1234-1234-123456789abc")
-NS_A, NS_B, NS_C = 4026533001, 4026533002, 4026533003
+NS_A, NS_B, NS_C, NS_D, NS_E = 4026533001, 4026533002, 4026533003, 4026533004, 4026533005
+SANDBOX_D, SANDBOX_E, UID_D = "d" * 64, "e" * 64, "99999999-8888-7777-6666-555555555555"
 SIGTERM_MASK = "0000000000004000"
 NONE_MASK = "0000000000000000"
 
@@ -97,6 +98,14 @@ def build_node(root: Path) -> None:
         {"host": 400, "local": 1, "ppid": 0, "comm": "tini", "cmdline": b"tini\0--\0python3\0", "sig": {"blk": SIGTERM_MASK}},
         {"host": 401, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"cgt": SIGTERM_MASK}},
     ])
+    # A pod sharing its process namespace: pause is PID 1, a container's process its re-parented child.
+    container(root, NS_D, UID_D, SANDBOX_D, [
+        {"host": 600, "local": 1, "ppid": 0, "comm": "pause", "cmdline": b"/pause\0"},
+        {"host": 601, "local": 9, "ppid": 1, "comm": "python3"},
+    ])
+    # A bare sandbox (no shared namespace): pause alone, nothing to judge.
+    container(root, NS_E, UID_D, SANDBOX_E, [{"host": 700, "local": 1, "ppid": 0, "comm": "pause",
+                                             "cmdline": b"/pause\0"}])
 
 
 def gpus() -> GpuSnapshot:
@@ -111,9 +120,10 @@ def gpus() -> GpuSnapshot:
 
 def names(ids) -> CriNames:
     known = {CID_A: ("gpu-zombie-nofix", "worker", UID_A), CID_B: ("gpu-zombie-tini", "worker", UID_B)}
-    return CriNames(source="fake", containers={
-        cid: ContainerNames(cid, c, pod, "gpu-zombie-test", uid, "CONTAINER_RUNNING")
-        for cid, (pod, c, uid) in known.items() if cid in set(ids)})
+    found = {cid: ContainerNames(cid, c, pod, "gpu-zombie-test", uid, "CONTAINER_RUNNING")
+             for cid, (pod, c, uid) in known.items() if cid in set(ids)}
+    found[SANDBOX_D] = ContainerNames(SANDBOX_D, "POD", "shared-pidns", "training", UID_D, "SANDBOX_READY")
+    return CriNames(source="fake", containers=found)
 
 
 @pytest.fixture
@@ -168,8 +178,10 @@ def test_fake_node_metrics_over_http(served):
     assert m["gpuzombie_scan_success"] == {(): 1.0}
     assert m["gpuzombie_zombies"] == {pod(**nofix): 1.0}
     assert m["gpuzombie_zombies_by_parent"] == {pod(**nofix, parent="sleep", parent_is_pid1="true"): 1.0}
-    assert m["gpuzombie_orphans"] == {pod(**nofix, verdict="orphan"): 1.0}
+    shared = {"namespace": "training", "name": "shared-pidns"}  # the pod, no one container
+    assert m["gpuzombie_orphans"] == {pod(**nofix, verdict="orphan"): 1.0, pod(**shared, verdict="orphan"): 1.0}
     assert m["gpuzombie_pid1_info"] == {
+        pod(**shared, program="pause", kind="pause", reaping="true"): 1.0,
         pod(**nofix, program="sleep", kind="non_forking", reaping="false"): 1.0,
         pod(**tini, program="tini", kind="init", reaping="true"): 1.0,
         pod(**fullfix, program="tini", kind="init", reaping="true"): 1.0,
@@ -195,7 +207,7 @@ def test_fake_node_metrics_over_http(served):
         labels(gpu="1", uuid="GPU-1111", source="driver_reserved"): 615 * MIB}
     assert m["gpuzombie_gpu_memory_used_bytes"][labels(**gpu0)] == (615 + 2658 + 1000) * MIB
     assert m["gpuzombie_nvml_available"] == {(): 1.0}
-    assert m["gpuzombie_pid_namespaces"] == {(): 3.0}
+    assert m["gpuzombie_pid_namespaces"] == {(): 4.0}  # the bare sandbox is skipped
     assert m["gpuzombie_scan_duration_seconds"][()] > 0
 
 

@@ -37,9 +37,10 @@ class PodLabels:
         if ref is None:
             return cls()
         cnames, pnames = names.container(ref.container_id), names.pod(ref.pod_uid)
-        # A pod sandbox (pause) holds a shared process namespace: the pod is known, no container.
-        container = (cnames.container if cnames and cnames.container != "POD" else None) or (
-            "" if cnames and cnames.container == "POD" else ref.short_id or "")
+        if cnames is not None and cnames.container == "POD":
+            container = ""  # the pod's sandbox (pause): a shared process namespace, no one container
+        else:
+            container = (cnames.container if cnames else None) or ref.short_id or ""
         return cls(
             (cnames.namespace if cnames else None) or (pnames.namespace if pnames else None) or "",
             (cnames.pod if cnames else None) or (pnames.pod if pnames else None) or ref.pod_uid or "",
