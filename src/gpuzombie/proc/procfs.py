@@ -228,6 +228,24 @@ def _read_owned(path: str) -> tuple[bytes, int]:
         os.close(fd)
 
 
+def fd_targets(fd_dir: str) -> Iterator[str]:
+    """The link targets in a /proc/<pid>/fd directory; raises OSError when it cannot be opened.
+
+    The directory is opened once and each link read relative to it: the kernel then resolves one
+    name per fd instead of the whole /proc/<pid>/fd/<n> path (most of a node's syscalls). An fd
+    closed between the listing and its readlink is skipped.
+    """
+    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(dir_fd):
+            try:
+                yield os.readlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+    finally:
+        os.close(dir_fd)
+
+
 class Procfs:
     """The filesystem edge: reads a procfs tree rooted at ``root``."""
 
@@ -255,24 +273,9 @@ class Procfs:
             return ()
 
     def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
-        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed.
-
-        The directory is opened once and each link read relative to it: the kernel then resolves
-        one name per fd instead of the whole /proc/<pid>/fd/<n> path (most of a node's syscalls).
-        """
-        found = set()
+        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed."""
         prefix = self.device_prefix
-        dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            for name in os.listdir(dir_fd):
-                try:
-                    target = os.readlink(name, dir_fd=dir_fd)
-                except OSError:  # the fd was closed between listdir and readlink
-                    continue
-                if target.startswith(prefix):
-                    found.add(target)
-        finally:
-            os.close(dir_fd)
+        found = {target for target in fd_targets(fd_dir) if target.startswith(prefix)}
         return tuple(sorted(found)) if found else ()
 
     def tree_pidns(self, pids: Iterable[int] = (), *, tries: int = 16) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from gpuzombie.proc.procfs import ProcessTable, Procfs
+from gpuzombie.proc.procfs import ProcessTable, Procfs, fd_targets
 
 
 def _state(root: str, pid: int) -> str | None:
@@ -32,18 +32,15 @@ def _state(root: str, pid: int) -> str | None:
 def _is_relevant(root: str, pid: int, prefix: str) -> bool:
     """Holds a /dev/nvidia* fd, or is a zombie. Stops at the first GPU fd; reads stat only when
     the fd directory is empty or closed to us (a zombie has released all its files)."""
-    fd_dir = f"{root}/{pid}/fd"
+    has_fds = False
     try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        names = []
-    for name in names:
-        try:
-            if os.readlink(f"{fd_dir}/{name}").startswith(prefix):
+        for target in fd_targets(f"{root}/{pid}/fd"):
+            if target.startswith(prefix):
                 return True
-        except OSError:  # closed since the listing
-            continue
-    return not names and _state(root, pid) == "Z"
+            has_fds = True
+    except OSError:
+        pass
+    return not has_fds and _state(root, pid) == "Z"
 
 
 def relevant_pids(procfs: Procfs, gpu_pids: Iterable[int], *, skip: int | None = None) -> list[int]:
