@@ -29,6 +29,7 @@ from gpuzombie.exporter import (
     parse_listen,
     scan_node,
 )
+from gpuzombie.exporter.metrics import GAUGES
 from gpuzombie.exporter.namespaces import parse_sigterm, survey
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
@@ -328,3 +329,13 @@ def test_real_tini_with_a_sigterm_ignoring_child():
         (mine,) = wait_until(judged, timeout=10)
         assert mine.pid1.program == "tini" and mine.pid1_sigterm.received_as_init
         assert mine.main.sigterm.ignored and mine.grace_risk == "main_ignores_sigterm"
+
+
+def test_readme_lists_every_metric(served):
+    """The README's metric table is the reference: every name the exporter serves is in it."""
+    url, _ = served
+    served_names = {re.sub(r"_total$", "", name) for name in scrape(url)} | set(GAUGES)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
+    documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", section))
+    assert served_names <= documented, served_names - documented
