@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 from gpuzombie.lab.sampler import Sample
+from gpuzombie.lab.series import settled_from, value_at
 
 GIB = 1024**3
 MIB = 1024**2
@@ -29,26 +30,12 @@ def kill_drop(worker_bytes: int) -> int:
 
 def released_at(samples: Sequence[Sample], after: float, threshold: int) -> float | None:
     """The first time at or after ``after`` from which held memory stays ≤ ``threshold``."""
-    found: float | None = None
-    for s in samples:
-        if s.t < after:
-            continue
-        if s.held_bytes <= threshold:
-            if found is None:
-                found = s.t
-        else:
-            found = None
-    return found
+    return settled_from(samples, after, lambda s: s.held_bytes <= threshold)
 
 
 def held_at(samples: Sequence[Sample], t: float) -> int:
     """Held memory of the last sample at or before ``t`` (0 before the first)."""
-    held = 0
-    for s in samples:
-        if s.t > t:
-            break
-        held = s.held_bytes
-    return held
+    return value_at(samples, t, lambda s: s.held_bytes, 0)
 
 
 def dropped_at(samples: Sequence[Sample], after: float, amount: int) -> float | None:

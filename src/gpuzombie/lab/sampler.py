@@ -37,12 +37,13 @@ class Probe(Protocol):
     def read(self) -> tuple[int, int]: ...
 
 
-def _rss(pid: int) -> int:
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of ``pid`` (None once it is gone): the CPU stand-in's "memory held"."""
     try:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * PAGE
     except (OSError, IndexError, ValueError):
-        return 0
+        return None
 
 
 class RssProbe:
@@ -69,7 +70,7 @@ class RssProbe:
     def read(self) -> tuple[int, int]:
         held = total = 0
         for pid in self.pod.tree():
-            rss = _rss(pid)
+            rss = rss_bytes(pid) or 0
             total += rss
             if self._worker(pid):
                 held += rss

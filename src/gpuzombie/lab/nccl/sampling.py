@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuzombie.gpu.nvml import MIB, NvmlBackend
+from gpuzombie.lab.sampler import rss_bytes
+from gpuzombie.lab.series import settled_from, value_at
 
 
 @dataclass(frozen=True)
@@ -27,17 +29,6 @@ class MemorySample:
     gpus: tuple[GpuPoint, ...]
     by_pid: dict[int, float]
     """MiB per pid: NVML's per-process memory summed over GPUs, or RSS on the stand-in."""
-
-
-def _rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    import os
-
-    return pages * os.sysconf("SC_PAGE_SIZE") / MIB
 
 
 class MemorySampler:
@@ -74,9 +65,9 @@ class MemorySampler:
                     by_pid[p.pid] = by_pid.get(p.pid, 0.0) + (p.used_memory or 0) / MIB
         else:
             for pid in self.pids():
-                rss = _rss_mib(pid)
+                rss = rss_bytes(pid)
                 if rss is not None:
-                    by_pid[pid] = rss
+                    by_pid[pid] = rss / MIB
         return MemorySample(t=t, gpus=tuple(gpus), by_pid={k: round(v, 1) for k, v in by_pid.items()})
 
     def _run(self) -> None:
@@ -90,34 +81,15 @@ class MemorySampler:
 
 def freed_at(samples: list[MemorySample], pid: int, after: float) -> float | None:
     """First time ≥ ``after`` from which ``pid`` holds no memory in any later sample."""
-    found: float | None = None
-    for s in samples:
-        if s.t < after:
-            continue
-        if s.by_pid.get(pid, 0.0) <= 0.0:
-            if found is None:
-                found = s.t
-        else:
-            found = None
-    return found
+    return settled_from(samples, after, lambda s: s.by_pid.get(pid, 0.0) <= 0.0)
 
 
 def held_before(samples: list[MemorySample], pid: int, t: float) -> float:
-    held = 0.0
-    for s in samples:
-        if s.t > t:
-            break
-        held = s.by_pid.get(pid, held)
-    return held
+    """MiB ``pid`` held in the last sample at or before ``t`` that lists it (0 if none does)."""
+    return value_at(samples, t, lambda s: s.by_pid.get(pid), 0.0)
 
 
 def unexplained_at(samples: list[MemorySample], gpu: int, t: float) -> float | None:
     """Unexplained MiB on ``gpu`` in the last sample at or before ``t``."""
-    value = None
-    for s in samples:
-        if s.t > t:
-            break
-        for g in s.gpus:
-            if g.index == gpu:
-                value = g.unexplained_mib
-    return value
+    return value_at(samples, t, lambda s: next((g.unexplained_mib for g in s.gpus if g.index == gpu), None),
+                    None)
