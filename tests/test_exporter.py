@@ -339,3 +339,15 @@ def test_readme_lists_every_metric(served):
     section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
     documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", section))
     assert served_names <= documented, served_names - documented
+
+
+def test_readme_commands_use_real_flags(capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
+    commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", section, re.M)
+    assert len(commands) >= 3
+    assert main(["exporter", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    for flags in commands:
+        for flag in re.findall(r"--[a-z-]+", flags):
+            assert flag in help_text, flag
