@@ -344,7 +344,7 @@ def test_readme_lists_every_metric(served):
 def test_readme_commands_use_real_flags(capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
-    commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", section, re.M)
+    commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", section, re.MULTILINE)
     assert len(commands) >= 3
     assert main(["exporter", "--help"]) == 0
     help_text = capsys.readouterr().out
