@@ -351,3 +351,12 @@ def test_readme_commands_use_real_flags(capsys):
     for flags in commands:
         for flag in re.findall(r"--[a-z-]+", flags):
             assert flag in help_text, flag
+
+
+def test_once_on_an_unreadable_tree_is_one_line_exit_2(tmp_path, capsys):
+    empty = tmp_path / "proc"
+    empty.mkdir()  # no /proc/stat: the scan itself fails
+    assert main(["exporter", "--once", "--procfs", str(empty)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"gpuzombie: error: cannot scan {empty}: FileNotFoundError")
+    assert out.err.count("\n") == 1

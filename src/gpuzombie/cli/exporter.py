@@ -35,14 +35,15 @@ def _import_exporter() -> Any:
     return exporter
 
 
-def _warn_on_change(echo: Any) -> Any:
-    """Log a scan's warnings and errors once each time they change, not on every scrape."""
+def _warn_on_change(echo: Any, *, errors: bool) -> Any:
+    """Log a scan's warnings (and, while serving, its errors) once each time they change, not on
+    every scrape."""
     seen: list[tuple[str, ...]] = [()]
 
     def on_result(result: Any) -> None:
         lines: tuple[str, ...]
         if result.scan is None:
-            lines = (f"scan failed: {result.error}",)
+            lines = (f"scan failed: {result.error}",) if errors else ()
         else:
             lines = tuple(result.scan.trace.warnings) + tuple(result.scan.namespaces.warnings)
         if lines != seen[0]:
@@ -127,7 +128,7 @@ def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_pa
 
     echo = lambda line: click.echo(line, err=True)
     collector = exporter.NodeCollector(scan, min_interval=float("inf") if once else min_interval,
-                                       on_result=_warn_on_change(echo))
+                                       on_result=_warn_on_change(echo, errors=not once))
     registry = CollectorRegistry()
     registry.register(collector)
     if once:
