@@ -226,6 +226,21 @@ def test_no_crictl(node, tmp_path, monkeypatch):
     assert by_pid(report)[200][0].container_id == CID_A
 
 
+class BrokenNvml:
+    """A binding that raises what no one foresaw (a driver bug): not the PynvmlBackend's handled errors."""
+
+    def read(self) -> GpuSnapshot:
+        raise RuntimeError("driver returned garbage")
+
+
+def test_broken_nvml_keeps_the_process_rows(node, crictl):
+    report = trace_node(procfs=Procfs(str(node)), nvml=BrokenNvml(), view=ReaderView(in_root_pidns=True),
+                        names=lambda ids: cri.lookup(str(crictl), ids), resources=NO_RESOURCES, now=time.time())
+    assert not report.gpu.available and "RuntimeError: driver returned garbage" in report.gpu.reason
+    assert any(w.startswith("GPU: NVML failed") for w in report.warnings)
+    assert by_pid(report)[200][0].container_id == CID_A
+
+
 def _pod_resources_message() -> bytes:
     def field(num, payload):
         payload = payload.encode() if isinstance(payload, str) else payload

@@ -200,3 +200,12 @@ def _optional(nv: Any, fn: Any, *args: Any) -> Any:
 
 def default_backend() -> NvmlBackend:
     return PynvmlBackend()
+
+
+def read_gpus(backend: NvmlBackend) -> GpuSnapshot:
+    """``backend.read()``, with any failure turned into an unavailable snapshot: a driver or binding
+    bug must not hide the process findings of observe and trace, which stand without NVML."""
+    try:
+        return backend.read()
+    except Exception as exc:  # noqa: BLE001 - any exception: the report goes on without GPUs
+        return GpuSnapshot(available=False, reason=f"NVML failed: {type(exc).__name__}: {exc}")

@@ -25,7 +25,14 @@ from gpuzombie.gpu.attribution import (
     attribute,
     current_view,
 )
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, default_backend, mib
+from gpuzombie.gpu.nvml import (
+    GpuDevice,
+    GpuSnapshot,
+    NvmlBackend,
+    default_backend,
+    mib,
+    read_gpus,
+)
 from gpuzombie.observe.orphans import (
     ORPHAN,
     Orphan,
@@ -151,14 +158,6 @@ def _ghost_dict(g: GhostMemory, threshold: int) -> dict[str, Any]:
             "likely_causes": list(g.likely_causes)}
 
 
-def _read_gpus(nvml: NvmlBackend) -> GpuSnapshot:
-    """NVML absent or broken is a normal state of the report, never an error of observe."""
-    try:
-        return nvml.read()
-    except Exception as exc:  # a driver bug must not hide the process findings
-        return GpuSnapshot(available=False, reason=f"NVML failed: {type(exc).__name__}: {exc}")
-
-
 def _warnings(table: ProcessTable, is_root: bool) -> tuple[str, ...]:
     denied = sum(1 for p in table if p.access_denied)
     found = []
@@ -207,7 +206,7 @@ def observe(
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise GpuzombieError(f"cannot read procfs at {procfs.root}: {reason}", ExitStatus.ERROR) from exc
     view = view or default_view(procfs, table)
-    gpus = _read_gpus(nvml or default_backend())
+    gpus = read_gpus(nvml or default_backend())
     excluded = reader_chain(table, view.own_pid)
     pid1 = find_pid1(table)
     attribution = attribute(table, gpus, view, baseline=baseline, threshold=ghost_threshold)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
@@ -24,7 +24,7 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, mib
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, mib, read_gpus
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
@@ -256,7 +256,7 @@ def trace_node(
     threshold: int = DEFAULT_GHOST_THRESHOLD,
 ) -> TraceReport:
     """Read the node once and map everything; raises OSError when the procfs cannot be listed."""
-    gpus = nvml.read()
+    gpus = read_gpus(nvml)
     nvml_pids = {p.pid for d in gpus.devices for p in d.processes}
     table = scan(procfs, nvml_pids if view.in_root_pidns else (), now=now, skip=view.own_pid)
     att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
@@ -269,17 +269,19 @@ def trace_node(
         warnings.append(resources.warning)
     if not gpus.available:
         warnings.append(f"GPU: {gpus.reason}; showing /dev/nvidia* holders and zombies only")
+    zombies = sum(r.state == "Z" for r in rows)
+    gone = sum(r.verdict == Verdict.GONE.value for r in rows)
+    ghost_gpus = sum(m.flagged for m in memory)
     summary = TraceSummary(
         rows=len(rows),
         gpu_processes=sum(r.nsmi for r in rows),
         fd_only=sum(r.verdict == "fd-only" for r in rows),
-        zombies=sum(r.state == "Z" for r in rows),
-        gone=sum(r.verdict == Verdict.GONE.value for r in rows),
-        ghost_gpus=sum(m.flagged for m in memory),
+        zombies=zombies,
+        gone=gone,
+        ghost_gpus=ghost_gpus,
         unmapped=sum(r.pid is not None and r.container_id is None and r.pod_uid is None for r in rows),
-        healthy=False,
+        healthy=not (zombies or gone or ghost_gpus),
     )
-    healthy = not (summary.zombies or summary.gone or summary.ghost_gpus)
     return TraceReport(
         schema=SCHEMA,
         taken_at=now,
@@ -289,5 +291,5 @@ def trace_node(
         gpus=memory,
         baseline_note=baseline_note(gpus),
         warnings=tuple(warnings),
-        summary=replace(summary, healthy=healthy),
+        summary=summary,
     )
