@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
@@ -30,6 +31,7 @@ from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
 from gpuzombie.lab.pod import Deletion, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
+from gpuzombie.prestop.handle import read_start_and_state
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 Progress = Callable[[str], None]
@@ -155,11 +157,9 @@ def _read(path: str) -> str:
 
 
 def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    """The process state letter (``Z`` for a zombie); None once the pid is gone."""
+    found = read_start_and_state("/proc", pid)
+    return found[1] if found else None
 
 
 def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool:
@@ -173,8 +173,6 @@ def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool
 
 def trace_from_host(timeout: float = 60.0) -> str:
     """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node)."""
-    import subprocess
-
     cmd = [sys.executable, "-m", "gpuzombie", "trace"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
@@ -185,16 +183,36 @@ def trace_from_host(timeout: float = 60.0) -> str:
 
 
 class _Run:
-    """The state of one scenario while it runs."""
+    """One scenario while it runs: its pod, its sampler, and what it has recorded so far."""
 
-    def __init__(self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress):
-        self.scenario, self.config, self.nvml, self.progress = scenario, config, nvml, progress
+    def __init__(self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress,
+                 log: IO[str]) -> None:
+        self.scenario, self.config, self.nvml, self.progress, self.log = scenario, config, nvml, progress, log
         self.events = EventLog()
         self.init = config.init if (config.init and scenario.init != "sleep") else scenario.init
         self.roles: dict[int, str] = {}
         self.observations: list[Observation] = []
         self.logs: dict[str, str] = {}
         self.standin = config.backend == CPU_STANDIN
+        self.then = main_process(scenario, config)
+        self.pod = Pod(scenario.name, self.init, parent_command(scenario, config), log=log,
+                       events=self.events, then=self.then)
+        self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
+
+    def _probe(self) -> Probe:
+        """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
+        if self.standin:
+            return RssProbe(self.pod)
+        before = self.nvml.read()
+        dev = before.device(self.config.gpu_index)
+        if dev is None:
+            raise ScenarioError(f"NVML shows no GPU {self.config.gpu_index}: {before.reason}")
+        return NvmlProbe(self.pod, self.nvml, self.config.gpu_index, dev.memory_used)
+
+    def held_now(self) -> int:
+        """Memory held at the latest sample (0 before the first)."""
+        latest = self.sampler.latest()
+        return latest.held_bytes if latest else 0
 
     def snapshot(self, title: str) -> str:
         table = pod_table(self.pod) if self.pod.running else None
@@ -248,6 +266,7 @@ class _Run:
         if not workers:
             raise ScenarioError(f"{self.scenario.name}: no worker to kill")
         victim = workers[0]
+        held_before = self.held_now()
         self.roles[victim] = "victim"
         self.events.add("kill-9", f"worker host pid {victim}")
         os.kill(victim, signal.SIGKILL)
@@ -255,47 +274,31 @@ class _Run:
         # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
         # observe.sh ran some seconds after the kill.
         threshold = kill_drop(self.config.size_mib * MIB)
-        before = self.sampler_held_before_kill
-        _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= before - threshold, 5.0)
+        _wait(lambda: self.held_now() <= held_before - threshold, 5.0)
         time.sleep(0.2)
         return _state(victim) is None
 
     def run(self) -> ScenarioRun:
         s, c = self.scenario, self.config
-        nvml_before = self.nvml.read()
-        with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{s.name}-", suffix=".log") as log:
-            self.then = main_process(s, c)
-            self.pod = Pod(s.name, self.init, parent_command(s, c), log=log, events=self.events,
-                           then=self.then)
-            probe: Probe
-            if self.standin:
-                probe = RssProbe(self.pod)
-            else:
-                dev = nvml_before.device(c.gpu_index)
-                if dev is None:
-                    raise ScenarioError(f"NVML shows no GPU {c.gpu_index}: {nvml_before.reason}")
-                probe = NvmlProbe(self.pod, self.nvml, c.gpu_index, dev.memory_used)
-            self.sampler = Sampler(probe, self.events, c.sample_interval)
-            self.progress(f"{s.name}: starting the pod ({self.init} as PID 1)")
-            try:
-                with self.sampler:
-                    self.pod.start()
-                    self.wait_for_workers(log.name)
-                    self.observe("after-spawn")
-                    self.sampler_held_before_kill = (self.sampler.latest() or Sample(0, 0, 0)).held_bytes
-                    reaped = self.kill_victim()
-                    self.observe("after-kill")
-                    self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
-                    self.logs["gpu-pod-trace.log"] = trace_from_host()
-                    self.progress(f"{s.name}: deleting the pod (grace {c.grace:g} s"
-                                  + (", preStop first)" if s.prestop else ")"))
-                    deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
-                    threshold = release_tolerance(c.size_mib * MIB)
-                    _wait(lambda: (self.sampler.latest() or Sample(0, 0, 0)).held_bytes <= threshold, 5.0)
-                    time.sleep(0.3)  # a tail of samples after the release, for the plot
-            finally:
-                self.pod.kill()
-            self.logs["pod.log"] = _read(log.name)
+        self.progress(f"{s.name}: starting the pod ({self.init} as PID 1)")
+        try:
+            with self.sampler:
+                self.pod.start()
+                self.wait_for_workers(self.log.name)
+                self.observe("after-spawn")
+                reaped = self.kill_victim()
+                self.observe("after-kill")
+                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
+                self.logs["gpu-pod-trace.log"] = trace_from_host()
+                self.progress(f"{s.name}: deleting the pod (grace {c.grace:g} s"
+                              + (", preStop first)" if s.prestop else ")"))
+                deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
+                threshold = release_tolerance(c.size_mib * MIB)
+                _wait(lambda: self.held_now() <= threshold, 5.0)
+                time.sleep(0.3)  # a tail of samples after the release, for the plot
+        finally:
+            self.pod.kill()
+        self.logs["pod.log"] = _read(self.log.name)
         self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
         self.observe("after-delete")
         return self.finish(deletion, reaped)
@@ -327,4 +330,5 @@ class _Run:
 def run_scenario(scenario: Scenario, config: LabConfig, *, nvml: NvmlBackend | None = None,
                  progress: Progress = lambda _: None) -> ScenarioRun:
     """Run one scenario end to end; the pod is gone when this returns, whatever happened."""
-    return _Run(scenario, config, nvml or default_backend(), progress).run()
+    with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{scenario.name}-", suffix=".log") as log:
+        return _Run(scenario, config, nvml or default_backend(), progress, log).run()
