@@ -145,11 +145,13 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     runs: list[ScenarioRun] = []
     nccl = None
     with console.status("starting") as status:
-        def say(line: str) -> None:
-            console.log(line)
-            status.update(line)
+        for number, name in enumerate(names, 1):
+            step = f"[{number}/{len(names)}] " if len(names) > 1 else ""
 
-        for name in names:
+            def say(line: str, step: str = step) -> None:
+                console.log(step + line)
+                status.update(step + line)
+
             if name == "nccl":
                 nccl = run_nccl(ranks, device, out, say)
             else:
@@ -162,7 +164,8 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
         out_console = Console()
         out_console.width = max(out_console.width, 120)
         out_console.print(summary_table(runs))
-    console.print(f"wrote {path.parent}/ (comparison.md, results.json, memory-timeline.png)")
+    console.print(f"wrote {path.parent}/ (comparison.md, results.json"
+                  + (", memory-timeline.png)" if runs else ", nccl/)"))
     left = [run_key(r) for r in runs if r.deletion.leftovers]
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")

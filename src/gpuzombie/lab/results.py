@@ -180,7 +180,7 @@ def write_results(runs: Sequence[ScenarioRun], out_dir: Path, *, command: Sequen
             old = json.loads(path.read_text())
         except ValueError:
             old = {}
-        if old.get("schema") == SCHEMA and old.get("kind") == kind:
+        if isinstance(old, dict) and old.get("schema") == SCHEMA and old.get("kind") == kind:
             data = old
     prov = provenance(command, gpus)
     data["provenance"] = prov
