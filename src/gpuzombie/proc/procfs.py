@@ -8,6 +8,7 @@ that vanishes mid-read is skipped; one whose files deny access is kept with what
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -179,8 +180,10 @@ def parse_cgroup(text: str) -> tuple[str, ...]:
     return tuple(line for line in text.splitlines() if line)
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_ns_link(target: str) -> int | None:
-    """``pid:[4026531836]`` -> 4026531836."""
+    """``pid:[4026531836]`` -> 4026531836. Cached: a node's thousands of processes share a few
+    namespaces, so the same few link texts come back."""
     if "[" in target and target.endswith("]"):
         return int(target[target.index("[") + 1 : -1])
     return None
@@ -229,20 +232,23 @@ def _read_owned(path: str) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def fd_targets(fd_dir: str) -> Iterator[str]:
+def fd_targets(fd_dir: str) -> list[str]:
     """The link targets in a /proc/<pid>/fd directory; raises OSError when it cannot be opened.
 
     The directory is opened once and each link read relative to it: the kernel then resolves one
     name per fd instead of the whole /proc/<pid>/fd/<n> path (most of a node's syscalls). An fd
-    closed between the listing and its readlink is skipped.
+    closed between the listing and its readlink is skipped. A list, not a generator: resuming a
+    generator per fd cost more than the early stop a caller could gain.
     """
     dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        targets = []
         for name in os.listdir(dir_fd):
             try:
-                yield os.readlink(name, dir_fd=dir_fd)
+                targets.append(os.readlink(name, dir_fd=dir_fd))
             except OSError:
                 continue
+        return targets
     finally:
         os.close(dir_fd)
 

@@ -30,17 +30,15 @@ def _state(root: str, pid: int) -> str | None:
 
 
 def _is_relevant(root: str, pid: int, prefix: str) -> bool:
-    """Holds a /dev/nvidia* fd, or is a zombie. Stops at the first GPU fd; reads stat only when
-    the fd directory is empty or closed to us (a zombie has released all its files)."""
-    has_fds = False
+    """Holds a /dev/nvidia* fd, or is a zombie. Reads stat only when the fd directory is empty or
+    closed to us (a zombie has released all its files)."""
     try:
-        for target in fd_targets(f"{root}/{pid}/fd"):
-            if target.startswith(prefix):
-                return True
-            has_fds = True
+        targets = fd_targets(f"{root}/{pid}/fd")
     except OSError:
-        pass
-    return not has_fds and _state(root, pid) == "Z"
+        targets = []
+    if any(target.startswith(prefix) for target in targets):
+        return True
+    return not targets and _state(root, pid) == "Z"
 
 
 def relevant_pids(procfs: Procfs, gpu_pids: Iterable[int], *, skip: int | None = None) -> list[int]:
