@@ -5,9 +5,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:  # imported lazily below: commands without GPU options skip loading the NVML layer
+    from gpuzombie.gpu.nvml import NvmlBackend
+
+CommandFn = TypeVar("CommandFn", bound=Callable[..., Any])
 
 procfs_option = click.option(
     "--procfs",
@@ -20,7 +26,7 @@ procfs_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
 
-def ghost_options(fn: Any) -> Any:
+def ghost_options(fn: CommandFn) -> CommandFn:
     """--ghost-threshold-mib, --baseline-mib and the hidden --nvml-replay: the GPU-memory options
     every command that judges ghost memory shares (observe, trace)."""
     from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
@@ -38,7 +44,7 @@ def ghost_options(fn: Any) -> Any:
     return fn
 
 
-def nvml_backend(replay: str | None) -> Any:
+def nvml_backend(replay: str | None) -> NvmlBackend:
     """The real NVML, or a snapshot recorded as JSON (``--nvml-replay``)."""
     from gpuzombie.errors import GpuzombieError
     from gpuzombie.gpu.nvml import FakeNvml, default_backend
