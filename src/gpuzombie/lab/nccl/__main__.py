@@ -1,7 +1,7 @@
 """``python3 -m gpuzombie.lab.nccl``: the NCCL comparison without the rest of the lab (device scripts).
 
 Prints progress and the comparison table; writes OUT/nccl/. Exit 0 when every case ran (whatever
-it measured), 2 when the scenario could not run here.
+it measured), 1 when a case failed to start, 2 when the scenario could not run here, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except NcclScenarioError as exc:
         print(f"gpuzombie.lab.nccl: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the ranks are already stopped (run_nccl_comparison's finally)
+        print("gpuzombie.lab.nccl: interrupted", file=sys.stderr)
+        return 130
     return 1 if any(c["error"] for c in summary["cases"]) else 0
 
 
