@@ -16,6 +16,7 @@ from typing import Protocol, Self
 
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.observation import python_module
 from gpuzombie.lab.pod import Pod
 
 WORKER_MODULE = "gpuzombie.workloads.worker"
@@ -60,10 +61,10 @@ class RssProbe:
         if pid not in self._is_worker:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
+                    argv = f.read().decode(errors="replace").split("\0")
             except OSError:
                 return False
-            if len(argv) >= 3 and argv[1] == b"-m" and argv[2].startswith(WORKER_MODULE.encode()):
+            if (python_module(argv) or "").startswith(WORKER_MODULE):  # worker and worker_fixed
                 self._is_worker[pid] = True
         return self._is_worker.get(pid, False)
 

@@ -10,7 +10,8 @@ from typing import Any
 from gpuzombie.lab.nccl.sampling import MemorySample
 
 
-def _s(value: float | None, still: float | None = None) -> str:
+def _seconds_cell(value: float | None, still: float | None = None) -> str:
+    """A time after the kill, or how long a survivor was still running when the window closed."""
     if value is not None:
         return f"{value:.2f}"
     return f"still running at {still:.0f} s" if still is not None else "-"
@@ -31,8 +32,8 @@ def comparison_table(summary: dict[str, Any]) -> str:
             lines.append(f"| {c['case']} {c['name']} | {c['description']} | failed: {c['error']} | | | | |")
             continue
         sv = c["survivors"]
-        exits = ", ".join(_s(s["exit_s"], s["still_running_at_s"]) for s in sv)
-        frees = ", ".join(_s(s["memory_free_s"], s["still_running_at_s"]) for s in sv)
+        exits = ", ".join(_seconds_cell(s["exit_s"], s["still_running_at_s"]) for s in sv)
+        frees = ", ".join(_seconds_cell(s["memory_free_s"], s["still_running_at_s"]) for s in sv)
         codes = ", ".join("-" if s["exit_code"] is None else str(s["exit_code"]) for s in sv)
         ghost = "-" if c["ghost_mib"] is None else f"{c['ghost_mib']:.0f}"
         lines.append(f"| {c['case']} {c['name']} | {c['description']} | {exits} | {frees} | {codes} | "
@@ -65,9 +66,9 @@ def plot(path: Path, summary: dict[str, Any], samples: list[MemorySample]) -> No
     rows = 2 if any(s.gpus for s in samples) else 1
     fig, axes = plt.subplots(rows, 1, figsize=(10, 4 * rows), squeeze=False)
     ax = axes[0][0]
+    ts = [s.t for s in samples]
     for c in summary["cases"]:
         for sv in c["survivors"]:
-            ts = [s.t for s in samples]
             ys = [s.by_pid.get(sv["pid"], 0.0) for s in samples]
             ax.plot(ts, ys, label=f"{c['case']} {c['name']} rank {sv['rank']}")
         if c["killed_at_s"] is not None:
