@@ -114,23 +114,6 @@ class ProcessTable:
     def children(self, pid: int) -> list[ProcessInfo]:
         return [self.processes[c] for c in self.children_of.get(pid, ())]
 
-    def descendants(self, pid: int) -> list[ProcessInfo]:
-        """Every process below ``pid`` in the tree, depth first."""
-        found: list[ProcessInfo] = []
-        stack = list(reversed(self.children_of.get(pid, ())))
-        while stack:
-            child = self.processes[stack.pop()]
-            found.append(child)
-            stack.extend(reversed(self.children_of.get(child.pid, ())))
-        return found
-
-    def by_nspid(self, host_pid: int) -> ProcessInfo | None:
-        """The process whose NSpid chain starts with ``host_pid`` (the outermost pid)."""
-        for proc in self.processes.values():
-            if proc.nspid and proc.nspid[0] == host_pid:
-                return proc
-        return None
-
 
 def parse_stat(text: str) -> StatFields:
     """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'."""
@@ -272,15 +255,9 @@ class Procfs:
     def boot_time(self) -> float:
         return parse_boot_time(_read_bytes(self.path("stat")).decode())
 
-    def nvidia_fds(self, pid: int) -> tuple[str, ...]:
-        """Targets of the process's fds that point at /dev/nvidia*; empty when unreadable."""
-        try:
-            return self._nvidia_fds(self.path(pid, "fd"))
-        except OSError:
-            return ()
-
     def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
-        """Like ``nvidia_fds`` but raises OSError when the fd directory cannot be listed."""
+        """Targets of the fds in ``fd_dir`` that point at the device prefix (/dev/nvidia*), sorted;
+        raises OSError when the directory cannot be listed (``read_process`` tells denied from gone)."""
         prefix = self.device_prefix
         found = {target for target in fd_targets(fd_dir) if target.startswith(prefix)}
         return tuple(sorted(found)) if found else ()
