@@ -170,10 +170,20 @@ class Pod:
                     self.events.add("pod-start", f"{self.init} as PID 1 (host pid {self.pid1})")
                     return
             if self.proc.poll() is not None:
-                raise PodError(f"pod {self.name}: unshare exited with {self.proc.returncode}")
+                raise PodError(f"pod {self.name}: unshare exited with {self.proc.returncode}"
+                               f"{self._last_log_line()} (the lab needs root, unshare and nsenter)")
             time.sleep(0.005)
         self.kill()
         raise PodError(f"pod {self.name}: no PID 1 appeared within {timeout:.0f} s")
+
+    def _last_log_line(self) -> str:
+        """': <the pod's last line of output>' (why unshare failed), or '' when it wrote none."""
+        try:
+            with open(self.log.name, errors="replace") as f:
+                lines = f.read().strip().splitlines()
+        except (OSError, AttributeError):
+            return ""
+        return f": {lines[-1]}" if lines else ""
 
     def _init_running(self) -> bool:
         """PID 1 has exec'd the init (signals sent before that would hit a wrapper instead)."""
