@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,15 @@ def resolve(device: str, backend: str, gpus_available: bool) -> tuple[str, str]:
     if backend == "torch" and not torch_installed():
         raise GpuzombieError("--backend torch: torch is not installed (use --backend ctypes)")
     return device, backend
+
+
+def check_can_make_pods() -> None:
+    """Fail in one line before the first pod rather than in the middle of a scenario."""
+    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise GpuzombieError(f"the lab needs util-linux's {' and '.join(missing)} on PATH")
+    if os.geteuid() != 0:
+        raise GpuzombieError("the lab makes PID namespaces and enters them: run it as root")
 
 
 def run_nccl(ranks: int | None, device: str, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
@@ -138,6 +149,8 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     gpus = nvml.read()
     lab_device, lab_backend = resolve(device, backend, gpus.available and bool(gpus.devices))
     names = list(SCENARIOS) if scenario == "all" else [scenario]
+    if names != ["nccl"]:
+        check_can_make_pods()
     if lab_backend == CPU_STANDIN and names != ["nccl"]:
         console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
     config = LabConfig(workers=workers, grace=grace, device=lab_device, backend=lab_backend,
