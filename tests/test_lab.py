@@ -148,3 +148,23 @@ def test_nccl_scenario_missing_is_one_line_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "gpuzombie.lab.nccl", None)  # as if not installed
     assert main(["lab", "run", "--scenario", "nccl", "--device", "cpu", "--out", str(tmp_path)]) == 2
     assert "nccl scenario not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"schema": "something/9"}', "not json"])
+def test_report_of_a_foreign_results_json_is_one_line_error(tmp_path, capsys, content):
+    (tmp_path / "results.json").write_text(content)
+    assert main(["lab", "report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuzombie: error: cannot rebuild") and err.count("\n") == 1
+
+
+def test_unshare_failure_is_one_line_error_with_the_reason(tmp_path, capsys, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (fake / "unshare").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    status = main(["lab", "run", "--scenario", "s1-nofix", "--grace", "1", "--size-mib", "8",
+                   "--device", "cpu", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and "Operation not permitted" in err and err.startswith("gpuzombie: error: pod")
