@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import subprocess
 import sys
 import time
@@ -26,6 +27,15 @@ def worker_command(args: argparse.Namespace) -> list[str]:
     module = "gpuzombie.workloads.worker_fixed" if args.fixed else "gpuzombie.workloads.worker"
     return [sys.executable, "-m", module, "--size-mib", str(args.size_mib), "--device", args.device,
             "--backend", args.backend, "--gpu-index", str(args.gpu_index)]
+
+
+def ready_line(child: subprocess.Popen[str], deadline: float) -> str:
+    """The worker's ``ready`` line once it holds its memory, or an ``error`` line when it exits
+    first or is not ready by ``deadline`` (a blocking readline alone would wait forever)."""
+    assert child.stdout is not None
+    if not select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        return f"error pid={child.pid} not ready after {READY_TIMEOUT_S:g} s"
+    return child.stdout.readline().strip() or f"error pid={child.pid} exited before ready"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + READY_TIMEOUT_S
     status = 0
     for child in children:
-        assert child.stdout is not None
-        line = child.stdout.readline().strip()  # blocks until the worker holds its memory
-        print(line or f"error pid={child.pid} exited before ready", flush=True)
-        if not line.startswith("ready") or time.monotonic() > deadline:
+        line = ready_line(child, deadline)
+        print(line, flush=True)
+        if not line.startswith("ready"):
             status = 1
     print(f"parent exiting pid={os.getpid()} without wait()", flush=True)
     os._exit(status)  # the bug: no wait(), the workers become orphans

@@ -50,7 +50,7 @@ def say(line: str) -> None:
     """Print one line; the reader (the parent) may be gone by then, which is not an error."""
     try:
         print(line, flush=True)
-    except (BrokenPipeError, OSError):
+    except OSError:  # BrokenPipeError among them
         pass
 
 
