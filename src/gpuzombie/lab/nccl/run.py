@@ -11,6 +11,7 @@ survivor exited (None while it still runs).
 
 from __future__ import annotations
 
+import json
 import signal
 import tempfile
 import time
@@ -22,7 +23,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S, CaseSpec, case_specs
 from gpuzombie.lab.nccl.launch import CaseLaunch, launch_case, wait_ready
-from gpuzombie.lab.nccl.report import write_results
+from gpuzombie.lab.nccl.report import comparison_table, write_results
 from gpuzombie.lab.nccl.sampling import (
     MemorySample,
     MemorySampler,
@@ -30,6 +31,7 @@ from gpuzombie.lab.nccl.sampling import (
     held_before,
     unexplained_at,
 )
+from gpuzombie.workloads.memory import torch_installed
 
 SCHEMA = "gpuzombie.nccl/1"
 GOAL_S = 5.0
@@ -83,13 +85,8 @@ def run_nccl_comparison(
 
     ``budget_s`` caps the whole run (a device call has 10 minutes): the window then ends early
     enough to leave ``WRAP_UP_S`` for stopping the ranks and writing the results."""
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None:
-            raise NcclScenarioError("the NCCL scenario needs torch (pip install torch)")
-    except ValueError:
-        pass
+    if not torch_installed():
+        raise NcclScenarioError("the NCCL scenario needs torch (pip install torch)")
     nvml = nvml or default_backend()
     ranks, device = _resolve(ranks, device, nvml)
     specs = specs or case_specs(collective_timeout_s)
@@ -190,8 +187,6 @@ def _kill_and_watch(launches: list[CaseLaunch], kills: dict[str, float], sampler
 def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: list[MemorySample], *, t_end: float,
                device: str, ranks: int, size_mib: int, observe_seconds: float,
                nvml: NvmlBackend | None) -> dict[str, Any]:
-    from gpuzombie.lab.nccl.report import comparison_table
-
     out_cases = []
     for c in launches:
         spec = c.spec
@@ -251,8 +246,7 @@ def _ghost_drop(samples: list[MemorySample], gpu: int | None, case: CaseLaunch) 
 
 
 def _torch_version(launches: list[CaseLaunch]) -> str | None:
-    import json
-
+    """The torch version the ranks reported in their ready files."""
     for c in launches:
         for p in c.ready_files:
             try:
