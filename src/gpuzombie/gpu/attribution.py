@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypedDict
+from typing import Any
 
 from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, mib
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_ns_link, parse_status
@@ -97,19 +97,6 @@ class FdHolder:
     listed_by_nvml: bool
 
 
-class GhostAccountingMiB(TypedDict):
-    """One GPU's memory accounting in MiB, as observe's JSON and trace's GpuMemory both show it."""
-
-    used_mib: float
-    baseline_mib: float
-    baseline_source: str
-    process_memory_mib: float
-    unexplained_mib: float
-    threshold_mib: float
-    verdict: str
-    flagged: bool
-
-
 @dataclass(frozen=True)
 class GhostMemory:
     """Memory on one GPU that no listed process accounts for."""
@@ -127,9 +114,10 @@ class GhostMemory:
     """"ok" (within the threshold), "ghost" (flagged), or "cannot_tell": over the threshold inside a
     PID namespace with no local evidence, where other namespaces' processes are invisible."""
 
-    def accounting_mib(self, threshold: int) -> GhostAccountingMiB:
+    def accounting_mib(self, threshold: int) -> dict[str, Any]:
         """used = baseline + processes + unexplained, in MiB, with the verdict against ``threshold``:
-        one conversion for observe's JSON and trace's per-GPU accounting, which show the same fields."""
+        one conversion for observe's JSON and trace's per-GPU accounting, which show the same fields
+        (trace's ``GpuMemory`` takes them as keywords, so a renamed key fails loudly there)."""
         return {"used_mib": mib(self.used), "baseline_mib": mib(self.baseline),
                 "baseline_source": self.baseline_source, "process_memory_mib": mib(self.process_memory),
                 "unexplained_mib": mib(self.unexplained), "threshold_mib": mib(threshold),
