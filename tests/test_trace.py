@@ -340,6 +340,14 @@ def test_cli_procfs_that_is_no_procfs(tmp_path, capsys):
     assert err.startswith(f"gpuzombie: error: cannot read {tmp_path}") and len(err.splitlines()) == 1
 
 
+def test_cli_procfs_without_boot_time(tmp_path, capsys):
+    # A stat file with no btime line: a usage error about the tree, not an internal error.
+    (tmp_path / "stat").write_text("cpu 0 0 0 0\n")
+    assert main(["trace", "--procfs", str(tmp_path), "--pod-resources-socket", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpuzombie: error: cannot read {tmp_path}: no btime line in /proc/stat"
+
+
 def test_readme_example_is_this_nodes_table(node, crictl):
     """The README's example output is what trace prints for this test's node (tested documentation)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

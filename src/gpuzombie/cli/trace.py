@@ -56,8 +56,9 @@ def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout:
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
         )
-    except OSError as exc:
-        raise GpuzombieError(f"cannot read {procfs}: {exc.strerror or exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a tree whose stat has no btime line
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise GpuzombieError(f"cannot read {procfs}: {reason}") from exc
     if as_json:
         echo_json(report)
     else:

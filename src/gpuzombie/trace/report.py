@@ -255,7 +255,8 @@ def trace_node(
     baseline: int | None = None,
     threshold: int = DEFAULT_GHOST_THRESHOLD,
 ) -> TraceReport:
-    """Read the node once and map everything; raises OSError when the procfs cannot be listed."""
+    """Read the node once and map everything; raises OSError when the procfs cannot be listed and
+    ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
     nvml_pids = {p.pid for d in gpus.devices for p in d.processes}
     table = scan(procfs, nvml_pids if view.in_root_pidns else (), now=now, skip=view.own_pid)
