@@ -33,6 +33,7 @@ def test_parse_cmdline_and_ns_link():
     assert parse_cmdline(b"") == ()
     assert parse_ns_link("pid:[4026531836]") == 4026531836
     assert parse_ns_link("garbage") is None
+    assert parse_ns_link("pid:[not-a-number]") is None and parse_ns_link("pid:[²]") is None
 
 
 def test_fake_tree_snapshot(tmp_path):

@@ -166,9 +166,11 @@ def parse_cgroup(text: str) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1024)
 def parse_ns_link(target: str) -> int | None:
     """``pid:[4026531836]`` -> 4026531836. Cached: a node's thousands of processes share a few
-    namespaces, so the same few link texts come back."""
+    namespaces, so the same few link texts come back. None for any other text (a recorded or fake
+    tree may hold any link): one odd process must not fail the whole snapshot."""
     if "[" in target and target.endswith("]"):
-        return int(target[target.index("[") + 1 : -1])
+        inode = target[target.index("[") + 1 : -1]
+        return int(inode) if inode.isascii() and inode.isdigit() else None
     return None
 
 
