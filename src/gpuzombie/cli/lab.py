@@ -42,7 +42,7 @@ def command() -> None:
     """Run the seed's scenarios as PID namespaces on this machine and write results/."""
 
 
-def resolve(device: str, backend: str, gpus_available: bool) -> tuple[str, str]:
+def choose_device_and_backend(device: str, backend: str, gpus_available: bool) -> tuple[str, str]:
     """(device, backend) to use: a GPU when NVML sees one, else the labelled CPU stand-in."""
     if device == "auto":
         device = "cuda" if gpus_available else "cpu"
@@ -147,7 +147,7 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     console = Console(stderr=True, log_path=False)
     nvml = default_backend()
     gpus = nvml.read()
-    lab_device, lab_backend = resolve(device, backend, gpus.available and bool(gpus.devices))
+    lab_device, lab_backend = choose_device_and_backend(device, backend, gpus.available and bool(gpus.devices))
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     if names != ["nccl"]:
         check_can_make_pods()

@@ -227,13 +227,14 @@ class _Run:
         self.progress(f"{self.scenario.name}: observe {point}: zombies={obs.zombies} "
                       f"orphans={obs.orphans}")
 
-    def wait_for_workers(self, log_path: str) -> None:
+    def wait_for_workers(self) -> None:
         """Wait for every ``ready`` line and the parent's exit; name the pod's processes.
 
         The parent prints its own pid and its workers' pids as the pod sees them; they are mapped
         to host pids once all are ready (a worker forked but not yet exec'd still looks like the
         parent). A ``ready`` pid that the parent did not spawn is the container's main worker.
         """
+        log_path = self.log.name
         main_worker = self.then[0] != "sleep"
         want = self.config.workers + 1 + main_worker
         spawned: list[int] = []
@@ -284,7 +285,7 @@ class _Run:
         try:
             with self.sampler:
                 self.pod.start()
-                self.wait_for_workers(self.log.name)
+                self.wait_for_workers()
                 self.observe("after-spawn")
                 reaped = self.kill_victim()
                 self.observe("after-kill")
