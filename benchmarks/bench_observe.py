@@ -21,6 +21,7 @@ import argparse
 import glob
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -121,6 +122,8 @@ def main() -> None:
         assert isinstance(report, ObserveReport) and isinstance(shell, subprocess.CompletedProcess)
     finally:
         reap(pids)
+        if stand_in:  # the temp dir of stand-in device files, left behind by every run before
+            shutil.rmtree(os.path.dirname(prefix), ignore_errors=True)
 
     # fuser -v writes the table to stderr and, when stdout is a pipe, the pids to stdout
     fuser_holders = len(set(shell.stdout.split(f"\n{MARK}\n", 1)[-1].split()))
