@@ -3,7 +3,8 @@
 PYTHON ?= python3
 # Debian packages the lab and the tests use: real inits as PID 1, a real container runtime for trace.
 DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static
-LAB_ARGS ?=
+# lab-out/, not results/: the committed results/ are the GPU run's and a CPU run must not replace them.
+LAB_ARGS ?= --out lab-out
 
 .PHONY: debian lab test
 debian:
