@@ -136,9 +136,10 @@ def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry]
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
-    prov = data.get("provenance", {})
     base = [scenarios.get(k) for k in BASE]
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
+    # Runs of the same kind merge into one results.json: describe the main table's own run.
+    prov = (first or {}).get("provenance") or data.get("provenance", {})
     lines = ["# Comparison: the seed's four scenarios, measured", ""]
     if first is not None and first["cpu_standin"]:
         lines += ["> **CPU STAND-IN**: no GPU was used. \"Memory\" below is host memory (RSS) of the",
@@ -150,6 +151,12 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         f"- GPU: {gpu} · driver: {prov.get('driver') or '—'} · torch: {prov.get('torch') or '—'}",
         f"- command: `{prov.get('command')}`",
     ]
+    commands: dict[str, list[str]] = {}
+    for key, e in scenarios.items():
+        commands.setdefault(str(e.get("provenance", {}).get("command")), []).append(key)
+    if len(commands) > 1:
+        lines.append("- runs merged here, each with its own command:")
+        lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
     if first is not None:
         c = first["config"]
         lines.append(f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
