@@ -161,7 +161,11 @@ def test_daemonset_is_least_privilege(default_objects):
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "nvidia.com/gpu" not in str(trace["resources"])
     assert set(trace["resources"]) == {"requests", "limits"}
-    assert "gpuzombie trace --json" in trace["args"][2]
+    assert trace["args"] == ["gpuzombie", "exporter", "--listen", "0.0.0.0:9400", "--min-interval", "15"]
+    assert trace["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
+                           "prometheus.io/path": "/metrics"}
 
 
 def test_notes_list_each_enabled_pod_with_its_lab_scenario():
