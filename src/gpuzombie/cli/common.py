@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,3 +74,17 @@ def to_jsonable(value: Any) -> Any:
 
 def echo_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, sort_keys=False))
+
+
+def check_node_inputs(procfs: str, crictl_path: str | None, *, who: str) -> None:
+    """The checks every node command makes before its first scan: a readable procfs root, root on
+    the live /proc (other processes' fds and cgroups), and an executable --crictl."""
+    from gpuzombie.errors import GpuzombieError
+    from gpuzombie.trace.scan import is_live_procfs
+
+    if not os.path.isdir(procfs):
+        raise GpuzombieError(f"procfs root {procfs} is not a directory")
+    if is_live_procfs(procfs) and os.geteuid() != 0:
+        raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
+    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
+        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")

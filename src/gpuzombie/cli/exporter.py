@@ -3,20 +3,18 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from typing import Any
 
 import click
 
-from gpuzombie.cli.common import ghost_options, nvml_backend, procfs_option
+from gpuzombie.cli.common import check_node_inputs, ghost_options, nvml_backend, procfs_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import MIB
 from gpuzombie.k8s import cri
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
-from gpuzombie.trace.scan import is_live_procfs
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
@@ -109,12 +107,7 @@ def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_pa
     from gpuzombie.k8s.podresources import list_pod_resources
     from gpuzombie.proc.procfs import Procfs
 
-    if not os.path.isdir(procfs):
-        raise GpuzombieError(f"procfs root {procfs} is not a directory")
-    if is_live_procfs(procfs) and os.geteuid() != 0:
-        raise GpuzombieError("the exporter reads every process's fds and cgroup: run it as root")
-    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
-        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")
+    check_node_inputs(procfs, crictl_path, who="the exporter")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
 
     def scan() -> Any:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import click
 
-from gpuzombie.cli.common import echo_json, ghost_options, json_option, nvml_backend, procfs_option
+from gpuzombie.cli.common import (
+    check_node_inputs,
+    echo_json,
+    ghost_options,
+    json_option,
+    nvml_backend,
+    procfs_option,
+)
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
@@ -17,7 +23,6 @@ from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
-from gpuzombie.trace.scan import is_live_procfs
 
 
 @click.command()
@@ -39,12 +44,7 @@ def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout:
     Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory),
     2 error.
     """
-    if not os.path.isdir(procfs):
-        raise GpuzombieError(f"procfs root {procfs} is not a directory")
-    if is_live_procfs(procfs) and os.geteuid() != 0:
-        raise GpuzombieError("trace reads every process's fds and cgroup: run it as root")
-    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
-        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")
+    check_node_inputs(procfs, crictl_path, who="trace")
     try:
         report = trace_node(
             procfs=Procfs(procfs),
