@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
@@ -54,12 +55,27 @@ def observe_json(ns: PidNamespace) -> tuple[int, dict]:
     return result.returncode, json.loads(result.stdout)
 
 
+def _is_zombie(proc: psutil.Process) -> bool:
+    """False once the process is gone: an init may reap it between listing and asking."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone_or_zombie(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # reaped between the two questions
+        return True
+
+
 def kill_one_orphan(ns: PidNamespace, reaper_pid: int) -> None:
     """Wait for both orphans under ``reaper_pid`` and SIGKILL one of them (by host pid)."""
     orphans = wait_until(lambda: len(sleep_children(ns, reaper_pid)) == 2 and sleep_children(ns, reaper_pid))
     victim = orphans[0]
     os.kill(victim.pid, signal.SIGKILL)
-    wait_until(lambda: not victim.is_running() or victim.status() == "zombie")
+    wait_until(lambda: _gone_or_zombie(victim))
 
 
 def test_sleep_as_pid1_keeps_zombies_and_orphans(spawn):
@@ -105,7 +121,7 @@ def _init_namespace(spawn: str, *init: str) -> tuple[int, dict]:
         wait_until(lambda: psutil_name(ns.pid1) in ("tini", "dumb-init"))
         kill_one_orphan(ns, ns.pid1)
         # the init reaps the SIGKILLed orphan
-        wait_until(lambda: not [c for c in ns.children() if c.status() == "zombie"])
+        wait_until(lambda: not [c for c in ns.children() if _is_zombie(c)])
         return observe_json(ns)
 
 
