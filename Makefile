@@ -1,24 +1,49 @@
 # The two set-up commands the README names: `make lab` (the main job) and `make test` (the tests).
-# Both install what they need on a fresh Debian machine, idempotently.
-PYTHON ?= python3
-# Debian packages the lab and the tests use: real inits as PID 1, a real container runtime for trace.
-DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static
+# Both work on a fresh Debian 12 with its own python3 (PEP 668): they make and use a project venv,
+# .venv, and install the Debian packages they need, idempotently.
+SYSTEM_PYTHON ?= /usr/bin/python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+# Debian packages the lab and the tests use: real inits as PID 1, real container runtimes (podman, and
+# containerd with its CRI plugin), Prometheus and promtool for the alert and dashboard tests.
+DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static containerd prometheus python3-venv
 # lab-out/, not results/: the committed results/ are the GPU run's and a CPU run must not replace them.
 LAB_ARGS ?= --out lab-out
+LINTED := src tests benchmarks scripts
 
-.PHONY: debian lab test
-debian:
+.PHONY: help debian venv lab test lint fix
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+debian:  ## install the Debian packages (needs root; skipped when present)
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# The lab needs only the plots; the tests add the chart tools, grpcio and a CPU build of torch.
-lab: debian
-	$(PYTHON) -m pip install -q -e '.[plot,init]'
-	gpuzombie lab run $(LAB_ARGS)
+$(PYTHON):
+	$(SYSTEM_PYTHON) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
 
-test: debian
+venv: $(PYTHON)  ## make the project venv
+
+lab: debian venv  ## the main job: the four scenarios on the embedded runtime, into lab-out/
+	$(PYTHON) -m pip install -q -e '.[plot,init]'
+	$(PYTHON) -m gpuzombie lab run $(LAB_ARGS)
+
+test: debian venv  ## lint, types and the tests
 	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m ruff check $(LINTED)
+	$(PYTHON) -m ruff format --check $(LINTED)
+	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q
+
+lint: venv  ## ruff and mypy only
+	$(PYTHON) -m ruff check $(LINTED)
+	$(PYTHON) -m ruff format --check $(LINTED)
+	$(PYTHON) -m mypy
+
+fix: venv  ## let ruff fix and format what it can
+	$(PYTHON) -m ruff check --fix $(LINTED)
+	$(PYTHON) -m ruff format $(LINTED)

@@ -53,8 +53,11 @@ def spawn_sleepers(count: int, holders: int, devices: list[str]) -> list[int]:
     """``count`` sleeping processes; the first ``holders`` keep the device files open (fd 3+)."""
     pids = []
     for i in range(count):
-        actions = [(os.POSIX_SPAWN_OPEN, 3 + j, path, os.O_RDONLY, 0) for j, path in enumerate(devices)] \
-            if i < holders else []
+        actions = (
+            [(os.POSIX_SPAWN_OPEN, 3 + j, path, os.O_RDONLY, 0) for j, path in enumerate(devices)]
+            if i < holders
+            else []
+        )
         pids.append(os.posix_spawn(SLEEP, ["sleep", "3600"], os.environ, file_actions=actions))
     return pids
 
@@ -110,8 +113,9 @@ def main() -> None:
             return report
 
         def cli():
-            return subprocess.run([sys.executable, "-m", "gpuzombie", "observe", "--json"],
-                                  capture_output=True).returncode
+            return subprocess.run(
+                [sys.executable, "-m", "gpuzombie", "observe", "--json"], capture_output=True
+            ).returncode
 
         shell_cmd = f"ps -eo pid,ppid,stat,user,cmd; echo {MARK}; fuser -v {prefix}*"
 
@@ -128,22 +132,27 @@ def main() -> None:
     # fuser -v writes the table to stderr and, when stdout is a pipe, the pids to stdout
     fuser_holders = len(set(shell.stdout.split(f"\n{MARK}\n", 1)[-1].split()))
     ours_holders = len(report.attribution.fd_holders)
-    print(f"# bench_observe: {args.processes} sleeping processes (spawned in {spawn_s:.1f} s), "
-          f"{report.view.processes_seen} processes seen in total, median of {args.runs} interleaved runs")
-    print(f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} (other work on the machine), "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"# bench_observe: {args.processes} sleeping processes (spawned in {spawn_s:.1f} s), "
+        f"{report.view.processes_seen} processes seen in total, median of {args.runs} interleaved runs"
+    )
+    print(
+        f"# machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} (other work on the machine), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     if stand_in:
         print(f"# no /dev/nvidia* here: both sides look for stand-in files {prefix}*")
-    print(f"# /dev/nvidia* holders found: ours {ours_holders}, fuser {fuser_holders} "
-          f"(expected {args.holders})")
+    print(f"# /dev/nvidia* holders found: ours {ours_holders}, fuser {fuser_holders} (expected {args.holders})")
     print()
     print("| what | time (s) | vs seed's shell |")
     print("|---|---:|---:|")
     print(f"| ours: observe() library, full snapshot incl. fds + JSON | {ours_s:.3f} | {ratio(seed_s, ours_s)} |")
     print(f"| seed: `{shell_cmd.replace(f'echo {MARK}; ', '')}` | {seed_s:.3f} | 1.0x |")
-    print(f"| ours: `python3 -m gpuzombie observe --json` (CLI, interpreter start incl.) | {cli_s:.3f} | "
-          f"{ratio(seed_s, cli_s)} |")
+    print(
+        f"| ours: `python3 -m gpuzombie observe --json` (CLI, interpreter start incl.) | {cli_s:.3f} | "
+        f"{ratio(seed_s, cli_s)} |"
+    )
     goal = "met" if ours_s < seed_s and ours_s <= 0.5 else "NOT met"
     print(f"\ngoal (ours faster than the shell pipeline and <= 0.5 s): {goal}")
 

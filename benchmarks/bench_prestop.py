@@ -25,14 +25,18 @@ import sys
 import threading
 import time
 
-WORKER = ("import os, signal, time\n"
-          "def stop(*_):\n    time.sleep(0.1)\n    os._exit(0)\n"
-          "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\n"
-          "while True:\n    time.sleep(1)\n")
-PARENT = ("import json, subprocess, sys\n"
-          "ps = [subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE) "
-          "for _ in range(int(sys.argv[2]))]\n"
-          "[p.stdout.readline() for p in ps]\nprint(json.dumps([p.pid for p in ps]), flush=True)\n")
+WORKER = (
+    "import os, signal, time\n"
+    "def stop(*_):\n    time.sleep(0.1)\n    os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\n"
+    "while True:\n    time.sleep(1)\n"
+)
+PARENT = (
+    "import json, subprocess, sys\n"
+    "ps = [subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE) "
+    "for _ in range(int(sys.argv[2]))]\n"
+    "[p.stdout.readline() for p in ps]\nprint(json.dumps([p.pid for p in ps]), flush=True)\n"
+)
 SEED_LOOP = """
 kill -TERM $PIDS 2>/dev/null
 for i in $(seq 20); do
@@ -49,8 +53,9 @@ exit 0
 
 
 def spawn_orphans(n: int) -> list[int]:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, WORKER, str(n)], stdout=subprocess.PIPE,
-                              start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, WORKER, str(n)], stdout=subprocess.PIPE, start_new_session=True
+    )
     pids = json.loads(parent.stdout.readline())  # type: ignore[union-attr]
     parent.wait()
     return pids
@@ -79,8 +84,7 @@ def inside(workers: int, runs: int) -> None:
         assert report.survivors == 0 and len(report.results) == workers, report
         pids = spawn_orphans(workers)
         t0 = time.monotonic()
-        subprocess.run(["sh", "-c", SEED_LOOP], env={**os.environ, "PIDS": " ".join(map(str, pids))},
-                       check=True)
+        subprocess.run(["sh", "-c", SEED_LOOP], env={**os.environ, "PIDS": " ".join(map(str, pids))}, check=True)
         seed.append(time.monotonic() - t0)
     o, s = statistics.median(ours), statistics.median(seed)
     print(f"{'what':<52}{'ours (s)':>10}{'seed (s)':>10}{'ratio':>8}")
@@ -98,9 +102,23 @@ def main() -> int:
         return 0
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
-                           os.path.abspath(__file__), "--inside", "--workers", str(args.workers),
-                           "--runs", str(args.runs)], env=env).returncode
+    return subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--inside",
+            "--workers",
+            str(args.workers),
+            "--runs",
+            str(args.runs),
+        ],
+        env=env,
+    ).returncode
 
 
 if __name__ == "__main__":

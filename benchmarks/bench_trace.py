@@ -41,7 +41,6 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from fakeproc import make_fake_proc, make_fake_root
-
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s import cri
@@ -95,32 +94,56 @@ def build(root: Path, processes: int, gpu_holders: int, containers: int) -> tupl
             (d / "cgroup").write_text(f"0::/system.slice/svc-{n}.service\n")
             continue
         c = n % containers
-        d = make_fake_proc(proc, pid, ppid=1, nspid=(pid, 2 + n // containers),
-                           fds=("/dev/null", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"))
+        d = make_fake_proc(
+            proc,
+            pid,
+            ppid=1,
+            nspid=(pid, 2 + n // containers),
+            fds=("/dev/null", "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"),
+        )
         u = pod_uid(c).replace("-", "_")
-        (d / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
-                                  f"cri-containerd-{container_id(c)}.scope\n")
+        (d / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
+            f"cri-containerd-{container_id(c)}.scope\n"
+        )
         gpu_procs.append(GpuProcess(pid, 100 * MIB, "compute", "python3"))
     data = root / "crictl-data"
     (data / "inspect").mkdir(parents=True)
     items = []
     for c in range(containers):
-        labels = {"io.kubernetes.pod.name": f"pod-{c}", "io.kubernetes.pod.namespace": "bench",
-                  "io.kubernetes.pod.uid": pod_uid(c), "io.kubernetes.container.name": "worker"}
+        labels = {
+            "io.kubernetes.pod.name": f"pod-{c}",
+            "io.kubernetes.pod.namespace": "bench",
+            "io.kubernetes.pod.uid": pod_uid(c),
+            "io.kubernetes.container.name": "worker",
+        }
         item = {"id": container_id(c), "metadata": {"name": "worker"}, "state": "CONTAINER_RUNNING", "labels": labels}
         items.append(item)
         (data / "inspect" / f"{container_id(c)}.json").write_text(json.dumps({"status": item}, indent=2))
     (data / "ps.json").write_text(json.dumps({"containers": items}))
-    (data / "pods.json").write_text(json.dumps({"items": [
-        {"id": "f" * 56 + f"{c:08x}", "metadata": {"name": f"pod-{c}", "uid": pod_uid(c), "namespace": "bench"}}
-        for c in range(containers)]}))
+    (data / "pods.json").write_text(
+        json.dumps(
+            {
+                "items": [
+                    {
+                        "id": "f" * 56 + f"{c:08x}",
+                        "metadata": {"name": f"pod-{c}", "uid": pod_uid(c), "namespace": "bench"},
+                    }
+                    for c in range(containers)
+                ]
+            }
+        )
+    )
     crictl = root / "crictl"
     crictl.write_text(CRICTL_SH)
     crictl.chmod(0o755)
     total = 140 * 1024 * MIB
     used = 615 * MIB + gpu_holders * 100 * MIB
-    gpus = GpuSnapshot(available=True, driver_version="bench", devices=(
-        GpuDevice(0, "GPU-bench", "fake", total, used, total - used, 615 * MIB, tuple(gpu_procs)),))
+    gpus = GpuSnapshot(
+        available=True,
+        driver_version="bench",
+        devices=(GpuDevice(0, "GPU-bench", "fake", total, used, total - used, 615 * MIB, tuple(gpu_procs)),),
+    )
     return proc, crictl, gpus
 
 
@@ -128,7 +151,7 @@ class Clock:
     """Wall time and CPU time (ours + waited-for children's): on a shared, overloaded machine the
     CPU seconds say what each approach costs, the wall seconds what a user waits."""
 
-    def __enter__(self) -> Clock:  # noqa: PYI034 (final in effect)
+    def __enter__(self) -> Clock:
         self.wall0, self.cpu0 = time.perf_counter(), self._cpu()
         return self
 
@@ -143,9 +166,14 @@ class Clock:
 
 def time_ours(proc: Path, crictl: Path, gpus: GpuSnapshot) -> tuple[Clock, int]:
     with Clock() as clock:
-        report = trace_node(procfs=Procfs(str(proc)), nvml=FakeNvml(gpus), view=ReaderView(in_root_pidns=True),
-                            names=lambda ids: cri.lookup(str(crictl), ids), resources=PodResources(source=None),
-                            now=time.time())
+        report = trace_node(
+            procfs=Procfs(str(proc)),
+            nvml=FakeNvml(gpus),
+            view=ReaderView(in_root_pidns=True),
+            names=lambda ids: cri.lookup(str(crictl), ids),
+            resources=PodResources(source=None),
+            now=time.time(),
+        )
         render_text(report)
     return clock, sum(r.pod is not None for r in report.rows)
 
@@ -155,16 +183,34 @@ def time_cli(proc: Path, crictl: Path, gpus: GpuSnapshot, root: Path) -> Clock:
     replay.write_text(json.dumps(dataclasses.asdict(gpus)))
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
     with Clock() as clock:
-        subprocess.run([sys.executable, "-m", "gpuzombie", "trace", "--json", "--procfs", str(proc), "--crictl",
-                        str(crictl), "--nvml-replay", str(replay), "--pod-resources-socket", "/nonexistent"],
-                       env=env, stdout=subprocess.DEVNULL, check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuzombie",
+                "trace",
+                "--json",
+                "--procfs",
+                str(proc),
+                "--crictl",
+                str(crictl),
+                "--nvml-replay",
+                str(replay),
+                "--pod-resources-socket",
+                "/nonexistent",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
     return clock
 
 
 def time_seed(proc: Path, crictl: Path) -> tuple[Clock, int]:
     with Clock() as clock:
-        out = subprocess.run(["bash", "-c", SEED_SH, "seed", str(proc), str(crictl)], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["bash", "-c", SEED_SH, "seed", str(proc), str(crictl)], capture_output=True, text=True, check=True
+        ).stdout
     return clock, sum(1 for line in out.splitlines() if len(line.split()) == 2)
 
 
@@ -177,8 +223,11 @@ def measure(shape: str, processes: int, gpu_holders: int, containers: int, repea
         root = Path(tmp)
         t0 = time.perf_counter()
         proc, crictl, gpus = build(root, processes, gpu_holders, containers)
-        print(f"{shape}: fake /proc of {processes} processes, {gpu_holders} GPU holders in {containers} "
-              f"containers (built in {time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"{shape}: fake /proc of {processes} processes, {gpu_holders} GPU holders in {containers} "
+            f"containers (built in {time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
         ours = [time_ours(proc, crictl, gpus) for _ in range(repeat)]
         named = ours[0][1]
         lib = _median([c for c, _ in ours])
@@ -215,8 +264,10 @@ def main() -> int:
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     seed_wall, ours_wall, ours_cpu = float(rows[1][3]), float(rows[2][3]), float(rows[2][4])
     ok = ours_wall <= 0.5 and seed_wall / ours_wall >= 5
-    print(f"goal on the node shape (>= 5x faster than the seed, <= 0.5 s wall): {'met' if ok else 'NOT met'}"
-          f" (library CPU time {ours_cpu:.3f} s)")
+    print(
+        f"goal on the node shape (>= 5x faster than the seed, <= 0.5 s wall): {'met' if ok else 'NOT met'}"
+        f" (library CPU time {ours_cpu:.3f} s)"
+    )
     return 0 if ok else 1
 
 

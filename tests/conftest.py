@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
+
 from markers import needs_root, needs_tini  # noqa: F401  (defined once; kept importable from here)
 
 

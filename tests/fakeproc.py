@@ -18,8 +18,22 @@ def make_fake_root(root: Path, *, btime: int = BOOT_TIME) -> Path:
 TREE_PIDNS = 4026532000
 
 
-def make_fake_proc(root, pid, *, ppid, state="S", comm="python3", cmdline=b"python3\0", nspid=None,
-                   fds=(), starttime=1000, pgid=None, sid=None, uid=0, pidns=None):
+def make_fake_proc(
+    root,
+    pid,
+    *,
+    ppid,
+    state="S",
+    comm="python3",
+    cmdline=b"python3\0",
+    nspid=None,
+    fds=(),
+    starttime=1000,
+    pgid=None,
+    sid=None,
+    uid=0,
+    pidns=None,
+):
     """One process directory; ``starttime`` in clock ticks since boot, ``fds`` are link targets.
 
     As in a real tree, a process with a longer NSpid chain sits in another PID namespace than the

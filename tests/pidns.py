@@ -39,7 +39,8 @@ class PidNamespace:
     def __enter__(self) -> PidNamespace:
         self.unshare = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *self.argv],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         unshare = psutil.Process(self.unshare.pid)
         self.pid1 = wait_until(lambda: next((c.pid for c in unshare.children()), 0))

@@ -26,8 +26,11 @@ def kube_path(runtime: str, driver: str, qos: str) -> str:
             pod = f"/kubepods.slice/kubepods-pod{u}.slice"
         else:
             pod = f"/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice"
-        leaf = {"containerd": f"cri-containerd-{CID}.scope", "cri-o": f"crio-{CID}.scope",
-                "docker": f"docker-{CID}.scope"}[runtime]
+        leaf = {
+            "containerd": f"cri-containerd-{CID}.scope",
+            "cri-o": f"crio-{CID}.scope",
+            "docker": f"docker-{CID}.scope",
+        }[runtime]
     else:
         pod = f"/kubepods/pod{UID}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{UID}"
         leaf = {"containerd": CID, "cri-o": f"crio-{CID}", "docker": CID}[runtime]
@@ -40,11 +43,17 @@ def lines_for(path: str, version: str) -> list[str]:
         return v1
     if version == "v2":
         return [f"0::{path}"]
-    return v1 + ["0::/"]  # hybrid: the unified hierarchy unused, as on this machine
+    return [*v1, "0::/"]  # hybrid: the unified hierarchy unused, as on this machine
 
 
-KUBE_CASES = list(itertools.product(("containerd", "cri-o"), ("systemd", "cgroupfs"),
-                                    ("v1", "v2", "hybrid"), ("guaranteed", "burstable", "besteffort")))
+KUBE_CASES = list(
+    itertools.product(
+        ("containerd", "cri-o"),
+        ("systemd", "cgroupfs"),
+        ("v1", "v2", "hybrid"),
+        ("guaranteed", "burstable", "besteffort"),
+    )
+)
 
 
 @pytest.mark.parametrize("runtime,driver,version,qos", KUBE_CASES)
@@ -64,14 +73,16 @@ def test_dockershim_systemd(qos, version):
 
 def test_hybrid_with_the_same_path_on_the_unified_line():
     path = kube_path("containerd", "systemd", "burstable")
-    ref = parse_cgroup_lines(lines_for(path, "v1") + [f"0::{path}"])
+    ref = parse_cgroup_lines([*lines_for(path, "v1"), f"0::{path}"])
     assert ref.cgroup_version == "hybrid" and ref.container_id == CID and ref.qos == "burstable"
 
 
 def test_verbatim_cgroupfs_besteffort_line():
     # container-info's fixture (a GKE node, cgroup v1, cgroupfs).
-    line = ("11:devices:/kubepods/besteffort/pod74c13223-5a00-11e9-b385-42010a80018d/"
-            "34dc0b5e626f2c5c4c5170e34b10e7654ce36f0fcd532739f4445baabea03376")
+    line = (
+        "11:devices:/kubepods/besteffort/pod74c13223-5a00-11e9-b385-42010a80018d/"
+        "34dc0b5e626f2c5c4c5170e34b10e7654ce36f0fcd532739f4445baabea03376"
+    )
     ref = parse_cgroup_lines([line])
     assert ref.container_id == "34dc0b5e626f2c5c4c5170e34b10e7654ce36f0fcd532739f4445baabea03376"
     assert (ref.pod_uid, ref.qos, ref.runtime, ref.driver) == (UID, "besteffort", "containerd", "cgroupfs")
@@ -81,8 +92,10 @@ def test_verbatim_cgroupfs_besteffort_line():
 def test_kind_nested_kubelet_root():
     # kind / kubelet with --cgroup-root=/kubelet: every slice gets a "kubelet-" prefix.
     u = UID.replace("-", "_")
-    line = (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
-            f"kubelet-kubepods-besteffort-pod{u}.slice/cri-containerd-{CID}.scope")
+    line = (
+        f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{u}.slice/cri-containerd-{CID}.scope"
+    )
     ref = parse_cgroup_lines([line])
     assert (ref.pod_uid, ref.qos, ref.container_id) == (UID, "besteffort", CID)
     line = f"0::/kubelet/kubepods/burstable/pod{UID}/{CID}"
@@ -109,15 +122,18 @@ def test_pod_cgroup_without_a_container():
 
 
 @pytest.mark.parametrize("version", ("v1", "v2", "hybrid"))
-@pytest.mark.parametrize("path,runtime,driver", [
-    (f"/docker/{CID}", "docker", "cgroupfs"),
-    (f"/system.slice/docker-{CID}.scope", "docker", "systemd"),
-    (f"/machine.slice/libpod-{CID}.scope", "podman", "systemd"),
-    (f"/libpod_parent/libpod-{CID}", "podman", "cgroupfs"),
-    (f"/machine.slice/machine-libpod_pod_0123abcd.slice/libpod-{CID}.scope", "podman", "systemd"),
-    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope", "podman", "systemd"),
-    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope/container", "podman", "systemd"),
-])
+@pytest.mark.parametrize(
+    "path,runtime,driver",
+    [
+        (f"/docker/{CID}", "docker", "cgroupfs"),
+        (f"/system.slice/docker-{CID}.scope", "docker", "systemd"),
+        (f"/machine.slice/libpod-{CID}.scope", "podman", "systemd"),
+        (f"/libpod_parent/libpod-{CID}", "podman", "cgroupfs"),
+        (f"/machine.slice/machine-libpod_pod_0123abcd.slice/libpod-{CID}.scope", "podman", "systemd"),
+        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope", "podman", "systemd"),
+        (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope/container", "podman", "systemd"),
+    ],
+)
 def test_docker_and_podman(path, runtime, driver, version):
     ref = parse_cgroup_lines(lines_for(path, version))
     assert (ref.runtime, ref.container_id, ref.driver, ref.cgroup_version) == (runtime, CID, driver, version)
@@ -134,27 +150,35 @@ def test_verbatim_docker_lines():
 
 
 def test_podman_cgroupfs_as_seen_on_this_machine():
-    lines = [f"9:name=systemd:/libpod_parent/libpod-{CID}", f"4:memory:/libpod_parent/libpod-{CID}",
-             f"0::/libpod_parent/libpod-{CID}"]
+    lines = [
+        f"9:name=systemd:/libpod_parent/libpod-{CID}",
+        f"4:memory:/libpod_parent/libpod-{CID}",
+        f"0::/libpod_parent/libpod-{CID}",
+    ]
     ref = parse_cgroup_lines(lines)
     assert (ref.runtime, ref.container_id, ref.driver, ref.cgroup_version) == ("podman", CID, "cgroupfs", "hybrid")
 
 
-@pytest.mark.parametrize("lines", [
-    ["0::/init.scope"],
-    ["0::/system.slice/kubelet.service"],
-    ["0::/system.slice/containerd.service"],
-    ["1:name=systemd:/user.slice/user-0.slice/session-3.scope", "0::/user.slice/user-0.slice/session-3.scope"],
-    ["0::/"],
-    ["0::/../.."],  # a reader in another cgroup namespace
-    ["0::/../../.."],
-    [f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/crio-conmon-{CID}.scope"],
-    [f"0::/machine.slice/libpod-conmon-{CID}.scope"],
-    ["4:memory:/process_api/1b50ee123f7bbfd625eaf8e4717bd0dd", "0::/"],  # this sandbox: 32 hex, not a container
-    [f"0::/somewhere/pod{UID}/notanid"],  # "pod<uid>" outside kubepods is nobody's pod
-    [],
-    ["garbage"],
-])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["0::/init.scope"],
+        ["0::/system.slice/kubelet.service"],
+        ["0::/system.slice/containerd.service"],
+        ["1:name=systemd:/user.slice/user-0.slice/session-3.scope", "0::/user.slice/user-0.slice/session-3.scope"],
+        ["0::/"],
+        ["0::/../.."],  # a reader in another cgroup namespace
+        ["0::/../../.."],
+        [
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/crio-conmon-{CID}.scope"
+        ],
+        [f"0::/machine.slice/libpod-conmon-{CID}.scope"],
+        ["4:memory:/process_api/1b50ee123f7bbfd625eaf8e4717bd0dd", "0::/"],  # this sandbox: 32 hex, not a container
+        [f"0::/somewhere/pod{UID}/notanid"],  # "pod<uid>" outside kubepods is nobody's pod
+        [],
+        ["garbage"],
+    ],
+)
 def test_negatives(lines):
     assert parse_cgroup_lines(lines) is None
 

@@ -16,12 +16,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
-from markers import needs_root, needs_tini
-from pidns import PidNamespace, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.exporter import (
     NodeCollector,
@@ -36,11 +34,16 @@ from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.cri import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
+from markers import needs_root, needs_tini
+from pidns import PidNamespace, wait_until
 
 GIB = 1024 * MIB
 CID_A, CID_B, CID_C = "a" * 64, "b" * 64, "c" * 64
-UID_A, UID_B, UID_C = ("11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000",
-                       "12345678-1234-1234-1234-123456789abc")
+UID_A, UID_B, UID_C = (
+    "11111111-2222-3333-4444-555555555555",
+    "66666666-7777-8888-9999-000000000000",
+    "12345678-1234-1234-1234-123456789abc",
+)
 NS_A, NS_B, NS_C, NS_D, NS_E = 4026533001, 4026533002, 4026533003, 4026533004, 4026533005
 SANDBOX_D, SANDBOX_E, UID_D = "d" * 64, "e" * 64, "99999999-8888-7777-6666-555555555555"
 SIGTERM_MASK = "0000000000004000"
@@ -48,8 +51,10 @@ NONE_MASK = "0000000000000000"
 
 
 def cgroup(uid: str, cid: str) -> str:
-    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
-            f"cri-containerd-{cid}.scope\n")
+    return (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
+        f"cri-containerd-{cid}.scope\n"
+    )
 
 
 def signals(d: Path, *, blk=NONE_MASK, ign=NONE_MASK, cgt=NONE_MASK) -> None:
@@ -63,8 +68,14 @@ def container(root: Path, inode: int, uid: str, cid: str, procs: list[dict]) -> 
     local_root = root / str(procs[0]["host"]) / "root" / "proc"
     host_of = {p["local"]: p["host"] for p in procs}
     for p in procs:
-        kw = {"state": p.get("state", "S"), "comm": p["comm"], "cmdline": p.get("cmdline", p["comm"].encode() + b"\0"),
-                  "fds": p.get("fds", ()), "pidns": inode, "starttime": 1000 + p["local"]}
+        kw = {
+            "state": p.get("state", "S"),
+            "comm": p["comm"],
+            "cmdline": p.get("cmdline", p["comm"].encode() + b"\0"),
+            "fds": p.get("fds", ()),
+            "pidns": inode,
+            "starttime": 1000 + p["local"],
+        }
         host = make_fake_proc(root, p["host"], ppid=host_of.get(p["ppid"], 50), nspid=(p["host"], p["local"]), **kw)
         (host / "cgroup").write_text(cgroup(uid, cid))
         if p is procs[0]:
@@ -84,45 +95,107 @@ def build_node(root: Path) -> None:
     make_fake_proc(root, 90, ppid=1, comm="bash", fds=("/dev/nvidia0",), pidns=TREE_PIDNS)
     gpu0, gpu1 = ("/dev/nvidia0", "/dev/nvidiactl"), ("/dev/nvidia1", "/dev/nvidiactl")
     # Scenario 1: PID 1 `sleep` (no handler: drops SIGTERM), an orphaned worker and a zombie worker.
-    container(root, NS_A, UID_A, CID_A, [
-        {"host": 200, "local": 1, "ppid": 0, "comm": "sleep", "cmdline": b"sleep\0infinity\0"},
-        {"host": 201, "local": 7, "ppid": 1, "comm": "python3", "fds": gpu0, "sig": {"ign": SIGTERM_MASK}},
-        {"host": 202, "local": 8, "ppid": 1, "comm": "python3", "state": "Z", "cmdline": b""},
-    ])
+    container(
+        root,
+        NS_A,
+        UID_A,
+        CID_A,
+        [
+            {"host": 200, "local": 1, "ppid": 0, "comm": "sleep", "cmdline": b"sleep\0infinity\0"},
+            {"host": 201, "local": 7, "ppid": 1, "comm": "python3", "fds": gpu0, "sig": {"ign": SIGTERM_MASK}},
+            {"host": 202, "local": 8, "ppid": 1, "comm": "python3", "state": "Z", "cmdline": b""},
+        ],
+    )
     # Scenario 2: tini forwards SIGTERM to its child, which ignores it.
-    container(root, NS_B, UID_B, CID_B, [
-        {"host": 300, "local": 1, "ppid": 0, "comm": "tini", "cmdline": b"tini\0--\0python3\0", "sig": {"blk": SIGTERM_MASK}},
-        {"host": 301, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"ign": SIGTERM_MASK}},
-    ])
+    container(
+        root,
+        NS_B,
+        UID_B,
+        CID_B,
+        [
+            {
+                "host": 300,
+                "local": 1,
+                "ppid": 0,
+                "comm": "tini",
+                "cmdline": b"tini\0--\0python3\0",
+                "sig": {"blk": SIGTERM_MASK},
+            },
+            {"host": 301, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"ign": SIGTERM_MASK}},
+        ],
+    )
     # Scenario 4: tini and a child with a SIGTERM handler: no grace risk.
-    container(root, NS_C, UID_C, CID_C, [
-        {"host": 400, "local": 1, "ppid": 0, "comm": "tini", "cmdline": b"tini\0--\0python3\0", "sig": {"blk": SIGTERM_MASK}},
-        {"host": 401, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"cgt": SIGTERM_MASK}},
-    ])
+    container(
+        root,
+        NS_C,
+        UID_C,
+        CID_C,
+        [
+            {
+                "host": 400,
+                "local": 1,
+                "ppid": 0,
+                "comm": "tini",
+                "cmdline": b"tini\0--\0python3\0",
+                "sig": {"blk": SIGTERM_MASK},
+            },
+            {"host": 401, "local": 2, "ppid": 1, "comm": "python3", "fds": gpu1, "sig": {"cgt": SIGTERM_MASK}},
+        ],
+    )
     # A pod sharing its process namespace: pause is PID 1, a container's process its re-parented child.
-    container(root, NS_D, UID_D, SANDBOX_D, [
-        {"host": 600, "local": 1, "ppid": 0, "comm": "pause", "cmdline": b"/pause\0"},
-        {"host": 601, "local": 9, "ppid": 1, "comm": "python3"},
-    ])
+    container(
+        root,
+        NS_D,
+        UID_D,
+        SANDBOX_D,
+        [
+            {"host": 600, "local": 1, "ppid": 0, "comm": "pause", "cmdline": b"/pause\0"},
+            {"host": 601, "local": 9, "ppid": 1, "comm": "python3"},
+        ],
+    )
     # A bare sandbox (no shared namespace): pause alone, nothing to judge.
-    container(root, NS_E, UID_D, SANDBOX_E, [{"host": 700, "local": 1, "ppid": 0, "comm": "pause",
-                                             "cmdline": b"/pause\0"}])
+    container(
+        root, NS_E, UID_D, SANDBOX_E, [{"host": 700, "local": 1, "ppid": 0, "comm": "pause", "cmdline": b"/pause\0"}]
+    )
 
 
 def gpus() -> GpuSnapshot:
     # GPU0: the orphaned worker and 1000 MiB nobody accounts for (a ghost); GPU1: two workers.
-    return GpuSnapshot(available=True, driver_version="580.159.04", devices=(
-        GpuDevice(0, "GPU-0000", "NVIDIA H200", 140 * GIB, (615 + 2658 + 1000) * MIB, 0, 615 * MIB,
-                  (GpuProcess(201, 2658 * MIB, "compute", "python3"),)),
-        GpuDevice(1, "GPU-1111", "NVIDIA H200", 140 * GIB, (615 + 3000) * MIB, 0, 615 * MIB,
-                  (GpuProcess(301, 2000 * MIB, "compute", "python3"), GpuProcess(401, 1000 * MIB, "compute", "python3"))),
-    ))
+    return GpuSnapshot(
+        available=True,
+        driver_version="580.159.04",
+        devices=(
+            GpuDevice(
+                0,
+                "GPU-0000",
+                "NVIDIA H200",
+                140 * GIB,
+                (615 + 2658 + 1000) * MIB,
+                0,
+                615 * MIB,
+                (GpuProcess(201, 2658 * MIB, "compute", "python3"),),
+            ),
+            GpuDevice(
+                1,
+                "GPU-1111",
+                "NVIDIA H200",
+                140 * GIB,
+                (615 + 3000) * MIB,
+                0,
+                615 * MIB,
+                (GpuProcess(301, 2000 * MIB, "compute", "python3"), GpuProcess(401, 1000 * MIB, "compute", "python3")),
+            ),
+        ),
+    )
 
 
 def names(ids) -> CriNames:
     known = {CID_A: ("gpu-zombie-nofix", "worker", UID_A), CID_B: ("gpu-zombie-tini", "worker", UID_B)}
-    found = {cid: ContainerNames(cid, c, pod, "gpu-zombie-test", uid, "CONTAINER_RUNNING")
-             for cid, (pod, c, uid) in known.items() if cid in set(ids)}
+    found = {
+        cid: ContainerNames(cid, c, pod, "gpu-zombie-test", uid, "CONTAINER_RUNNING")
+        for cid, (pod, c, uid) in known.items()
+        if cid in set(ids)
+    }
     found[SANDBOX_D] = ContainerNames(SANDBOX_D, "POD", "shared-pidns", "training", UID_D, "SANDBOX_READY")
     return CriNames(source="fake", containers=found)
 
@@ -135,8 +208,13 @@ def node(tmp_path):
 
 
 def fake_scan(node):
-    return scan_node(procfs=Procfs(str(node)), nvml=FakeNvml(gpus()), view=ReaderView(in_root_pidns=True),
-                     names=names, resources=lambda: PodResources(source=None))
+    return scan_node(
+        procfs=Procfs(str(node)),
+        nvml=FakeNvml(gpus()),
+        view=ReaderView(in_root_pidns=True),
+        names=names,
+        resources=lambda: PodResources(source=None),
+    )
 
 
 def scrape(url: str) -> dict[str, dict[tuple, float]]:
@@ -205,7 +283,8 @@ def test_fake_node_metrics_over_http(served):
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ok")] == 0
     assert m["gpuzombie_gpu_baseline_bytes"] == {
         labels(**gpu0, source="driver_reserved"): 615 * MIB,
-        labels(gpu="1", uuid="GPU-1111", source="driver_reserved"): 615 * MIB}
+        labels(gpu="1", uuid="GPU-1111", source="driver_reserved"): 615 * MIB,
+    }
     assert m["gpuzombie_gpu_memory_used_bytes"][labels(**gpu0)] == (615 + 2658 + 1000) * MIB
     assert m["gpuzombie_nvml_available"] == {(): 1.0}
     assert m["gpuzombie_pid_namespaces"] == {(): 4.0}  # the bare sandbox is skipped
@@ -227,6 +306,7 @@ def test_min_interval_caches_the_scan(served, node):
 def test_failed_scan_is_a_metric_not_a_500():
     def broken():
         raise FileNotFoundError(2, "No such file or directory", "/host/proc")
+
     registry = CollectorRegistry()
     registry.register(NodeCollector(broken, min_interval=0))
     exporter = PrometheusExporter(registry, listen=parse_listen("127.0.0.1:0"))
@@ -260,11 +340,14 @@ def test_sigterm_disposition():
     assert waiting.received_as_init is True
 
 
-@pytest.mark.parametrize("listen, message", [
-    ("nonsense", "is not HOST:PORT"),
-    ("127.0.0.1:99999", "port must be a number"),
-    ("::1:9400", "IPv6 address in brackets"),
-])
+@pytest.mark.parametrize(
+    "listen, message",
+    [
+        ("nonsense", "is not HOST:PORT"),
+        ("127.0.0.1:99999", "port must be a number"),
+        ("::1:9400", "IPv6 address in brackets"),
+    ],
+)
 def test_bad_listen_is_one_line_exit_2(listen, message, node, capsys):
     assert main(["exporter", "--listen", listen, "--procfs", str(node)]) == 2
     err = capsys.readouterr().err
@@ -297,8 +380,11 @@ def test_real_zombie_and_orphan_in_a_pid_namespace():
         assert [(o.comm, o.verdict) for o in mine.orphans] == [("sleep", "orphan")]
         assert mine.grace_risk == "pid1_drops_sigterm"
 
-        exporter = subprocess.Popen([sys.executable, "-m", "gpuzombie", "exporter", "--listen", "127.0.0.1:0",
-                                     "--min-interval", "0"], stderr=subprocess.PIPE, text=True)
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "gpuzombie", "exporter", "--listen", "127.0.0.1:0", "--min-interval", "0"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             first = exporter.stderr.readline()
             port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", first).group(1))
@@ -336,14 +422,14 @@ def test_readme_lists_every_metric(served):
     url, _ = served
     served_names = {re.sub(r"_total$", "", name) for name in scrape(url)} | set(GAUGES)
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
+    section = readme[readme.index("## Prometheus exporter") : readme.index("## On a cluster")]
     documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", section))
     assert served_names <= documented, served_names - documented
 
 
 def test_readme_commands_use_real_flags(capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Prometheus exporter"):readme.index("## On a cluster")]
+    section = readme[readme.index("## Prometheus exporter") : readme.index("## On a cluster")]
     commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", section, re.MULTILINE)
     assert len(commands) >= 3
     assert main(["exporter", "--help"]) == 0

@@ -10,8 +10,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 PRELUDE = """
@@ -23,8 +21,13 @@ from gpuzombie import graceful
 def start(body: str, *args: str) -> subprocess.Popen:
     """A child running ``body`` after installing the guard; waits for its "ready" line."""
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     return proc
 
@@ -39,13 +42,16 @@ def start_stuck_with_a_peer() -> tuple[subprocess.Popen, subprocess.Popen]:
     """A peer process, and a child watching it whose main thread blocks forever (as in a
     collective with a dead rank)."""
     peer = subprocess.Popen(["sleep", "60"])
-    proc = start("""
+    proc = start(
+        """
         stop = graceful.install(deadline_s=30, peer_exit_s=0.5)
         stop.watch_pids([int(sys.argv[1])])
         r, w = os.pipe()
         print("ready", flush=True)
         os.read(r, 1)
-    """, str(peer.pid))
+    """,
+        str(peer.pid),
+    )
     return peer, proc
 
 
@@ -113,14 +119,17 @@ def test_main_thread_that_never_polls_is_cut_at_the_deadline():
 
 def test_dead_peer_stops_this_process_fast():
     peer = subprocess.Popen(["sleep", "60"])
-    proc = start("""
+    proc = start(
+        """
         stop = graceful.install(deadline_s=30, peer_exit_s=1.0)
         stop.watch_pids([int(sys.argv[1])])
         print("ready", flush=True)
         while not stop.should_stop():
             time.sleep(0.01)
         stop.shutdown()
-    """, str(peer.pid))
+    """,
+        str(peer.pid),
+    )
     peer.kill()
     peer.wait()
     code, took = wait_exit(proc, 5)
@@ -142,8 +151,15 @@ def test_install_outside_the_main_thread_is_refused():
 
     from gpuzombie.graceful import Guard
 
-    errors = []
-    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, Guard().install)))
+    errors: list[BaseException] = []
+
+    def install() -> None:
+        try:
+            Guard().install()
+        except RuntimeError as error:
+            errors.append(error)
+
+    t = threading.Thread(target=install)
     t.start()
     t.join()
     assert errors
@@ -202,13 +218,15 @@ def test_an_error_escaping_the_loop_exits_through_the_cleanup():
 def test_the_readme_example_runs_as_written():
     """The README's two-line adoption, with stand-ins for the model, the data and the step."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Graceful shutdown for training scripts"):]
-    example = section[section.index("```python") + len("```python"):]
-    example = example[:example.index("```")]
-    stand_ins = ("model, optimizer = bytearray(1 << 20), bytearray(1 << 20)\n"
-                 "def batches():\n    print('ready', flush=True)\n    while True:\n        yield 1\n"
-                 "loader = batches()\n"
-                 "def train_step(batch):\n    time.sleep(0.01)\n")
+    section = readme[readme.index("## Graceful shutdown for training scripts") :]
+    example = section[section.index("```python") + len("```python") :]
+    example = example[: example.index("```")]
+    stand_ins = (
+        "model, optimizer = bytearray(1 << 20), bytearray(1 << 20)\n"
+        "def batches():\n    print('ready', flush=True)\n    while True:\n        yield 1\n"
+        "loader = batches()\n"
+        "def train_step(batch):\n    time.sleep(0.01)\n"
+    )
     proc = start(stand_ins + example)
     proc.send_signal(signal.SIGTERM)
     code, took = wait_exit(proc, 5)

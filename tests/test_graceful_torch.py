@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-from gpuzombie.lab.nccl.launch import free_port  # noqa: E402
+from gpuzombie.lab.nccl.launch import free_port
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RANK = """
@@ -33,10 +33,19 @@ def start_job(world: int) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "PYTHONPATH": SRC, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "WORLD_SIZE": str(world)}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "PYTHONPATH": SRC,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     for p in procs:
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
     return procs

@@ -12,14 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_root, needs_tini
 
+from conftest import needs_root, needs_tini
 from gpuzombie.cli.main import main
 from gpuzombie.lab.pod import pids_in_pidns
 
 GRACE = 2.0
-SEED_FILES = ("observe-after-spawn.log", "observe-after-kill.log", "gpu-pod-trace.log",
-              "nvidia-smi-before-delete.log", "nvidia-smi-after-delete.log", "notes.md")
+SEED_FILES = (
+    "observe-after-spawn.log",
+    "observe-after-kill.log",
+    "gpu-pod-trace.log",
+    "nvidia-smi-before-delete.log",
+    "nvidia-smi-after-delete.log",
+    "notes.md",
+)
 
 pytestmark = [needs_root, needs_tini]
 
@@ -27,8 +33,7 @@ pytestmark = [needs_root, needs_tini]
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("results")
-    status = main(["lab", "run", "--grace", str(GRACE), "--size-mib", "64", "--device", "cpu",
-                   "--out", str(out)])
+    status = main(["lab", "run", "--grace", str(GRACE), "--size-mib", "64", "--device", "cpu", "--out", str(out)])
     assert status == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -85,8 +90,7 @@ def test_observe_inside_the_pod_agrees_with_the_host_count(lab):
         for point in ("after-spawn", "after-kill"):
             o = obs(scenario(lab, name), point)
             assert o["observe_summary"] is not None, o["observe_error"]
-            assert (o["observe_summary"]["zombies"], o["observe_summary"]["orphans"]) == (
-                o["zombies"], o["orphans"])
+            assert (o["observe_summary"]["zombies"], o["observe_summary"]["orphans"]) == (o["zombies"], o["orphans"])
 
 
 def test_results_layout_is_the_seeds_and_labelled(lab):
@@ -164,7 +168,21 @@ def test_unshare_failure_is_one_line_error_with_the_reason(tmp_path, capsys, mon
     (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
     (fake / "unshare").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
-    status = main(["lab", "run", "--scenario", "s1-nofix", "--grace", "1", "--size-mib", "8",
-                   "--device", "cpu", "--out", str(tmp_path / "out")])
+    status = main(
+        [
+            "lab",
+            "run",
+            "--scenario",
+            "s1-nofix",
+            "--grace",
+            "1",
+            "--size-mib",
+            "8",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and "Operation not permitted" in err and err.startswith("gpuzombie: error: pod")

@@ -34,8 +34,12 @@ def test_drop_after_a_kill():
 
 
 def test_scenario_metrics():
-    m = scenario_metrics(samples=HELD, marks={"delete": 3.0, "sigkill": 10.0, "pod_exit": 10.6, "kill9": 2.0},
-                         grace=7.0, worker_bytes=GIB)
+    m = scenario_metrics(
+        samples=HELD,
+        marks={"delete": 3.0, "sigkill": 10.0, "pod_exit": 10.6, "kill9": 2.0},
+        grace=7.0,
+        worker_bytes=GIB,
+    )
     assert m["release_latency_s"] == 7.5 and m["sigkill_to_free_s"] == 0.5
     assert m["waited_whole_grace"] and m["kill9_to_free_s"] == 1.0
     assert m["grace_waste_gib_s"] == 7.25 and m["release_within_2x_kill9"] is False

@@ -7,12 +7,12 @@ import os
 import sys
 
 import pytest
-from conftest import needs_root, needs_tini
-from pidns import wait_until
 
+from conftest import needs_root, needs_tini
 from gpuzombie.cli.main import main
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.pod import Pod, children_of, init_argv, pids_in_pidns
+from pidns import wait_until
 
 pytestmark = [needs_root, needs_tini]
 
@@ -34,8 +34,7 @@ def make_pod(init: str) -> Pod:
     return Pod(f"t-{init}", init, ["true"], log=open(os.devnull, "w"), events=EventLog())
 
 
-@pytest.mark.parametrize("init,waits", [("sleep", True), ("tini", False), ("tini-g", False),
-                                        ("dumb-init", False)])
+@pytest.mark.parametrize("init,waits", [("sleep", True), ("tini", False), ("tini-g", False), ("dumb-init", False)])
 def test_delete_follows_the_kubelet(init, waits):
     pod = make_pod(init)
     pod.start()
@@ -56,8 +55,9 @@ def test_prestop_runs_inside_the_pod_before_sigterm():
     pod = make_pod("tini")
     pod.start()
     try:
-        deletion = pod.delete(grace=5.0, prestop=[sys.executable, "-c",
-                                                  "import os; print(os.getpid(), open('/proc/1/comm').read())"])
+        deletion = pod.delete(
+            grace=5.0, prestop=[sys.executable, "-c", "import os; print(os.getpid(), open('/proc/1/comm').read())"]
+        )
     finally:
         pod.kill()
     pid, comm = deletion.prestop_stdout.split()
@@ -74,8 +74,17 @@ def test_unknown_init_is_refused():
 def uid_1000_can_run_python() -> bool:
     import subprocess
 
-    probe = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", sys.executable,
-             "-c", "import gpuzombie.workloads.worker"]
+    probe = [
+        "setpriv",
+        "--reuid",
+        "1000",
+        "--regid",
+        "1000",
+        "--clear-groups",
+        sys.executable,
+        "-c",
+        "import gpuzombie.workloads.worker",
+    ]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
@@ -83,8 +92,25 @@ def test_variant_dumb_init_and_uid_1000(tmp_path):
     """A variant run: dumb-init as PID 1, and the seed's non-root workers (uid 1000) where this
     Python is readable by uid 1000 (not under /root)."""
     uid = ["--uid", "1000"] if uid_1000_can_run_python() else []
-    status = main(["lab", "run", "--scenario", "s2-tini", "--init", "dumb-init", *uid,
-                   "--grace", "1", "--size-mib", "16", "--device", "cpu", "--out", str(tmp_path)])
+    status = main(
+        [
+            "lab",
+            "run",
+            "--scenario",
+            "s2-tini",
+            "--init",
+            "dumb-init",
+            *uid,
+            "--grace",
+            "1",
+            "--size-mib",
+            "16",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert status == 0
     data = json.loads((tmp_path / "results.json").read_text())
     key = "s2-tini-uid1000-dumb-init" if uid else "s2-tini-dumb-init"
@@ -100,8 +126,24 @@ def obs_zombies(entry: dict) -> int:
 def test_variant_main_worker_under_tini_waits_the_whole_grace(tmp_path):
     """The seed's S2 expectation holds when the workload itself is the container's main process:
     tini forwards SIGTERM to it, it ignores it, and only SIGKILL at the grace's end frees it."""
-    status = main(["lab", "run", "--scenario", "s2-tini", "--main", "worker", "--grace", "1",
-                   "--size-mib", "16", "--device", "cpu", "--out", str(tmp_path)])
+    status = main(
+        [
+            "lab",
+            "run",
+            "--scenario",
+            "s2-tini",
+            "--main",
+            "worker",
+            "--grace",
+            "1",
+            "--size-mib",
+            "16",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert status == 0
     entry = json.loads((tmp_path / "results.json").read_text())["scenarios"]["s2-tini-main-worker"]
     m = entry["metrics"]

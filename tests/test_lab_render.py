@@ -14,11 +14,17 @@ from gpuzombie.proc.procfs import Procfs
 
 def snapshot(used_mib: int, pids: tuple[int, ...]) -> GpuSnapshot:
     procs = tuple(GpuProcess(pid=p, used_memory=2658 * MIB, kind="compute", name="python3") for p in pids)
-    device = GpuDevice(index=0, uuid="GPU-0", name="NVIDIA H200", memory_total=143771 * MIB,
-                       memory_used=used_mib * MIB, memory_free=(143771 - used_mib) * MIB,
-                       memory_reserved=615 * MIB, processes=procs)
-    return GpuSnapshot(available=True, driver_version="580.159.04", cuda_driver_version=13000,
-                       devices=(device,))
+    device = GpuDevice(
+        index=0,
+        uuid="GPU-0",
+        name="NVIDIA H200",
+        memory_total=143771 * MIB,
+        memory_used=used_mib * MIB,
+        memory_free=(143771 - used_mib) * MIB,
+        memory_reserved=615 * MIB,
+        processes=procs,
+    )
+    return GpuSnapshot(available=True, driver_version="580.159.04", cuda_driver_version=13000, devices=(device,))
 
 
 def test_render_like_nvidia_smi():
@@ -31,8 +37,9 @@ def test_render_like_nvidia_smi():
 
 
 def test_render_without_gpu_says_why_and_labels_the_standin():
-    text = render_smi(GpuSnapshot(available=False, reason="NVML unavailable: no driver"), [],
-                      title="after", standin=True)
+    text = render_smi(
+        GpuSnapshot(available=False, reason="NVML unavailable: no driver"), [], title="after", standin=True
+    )
     assert "No NVIDIA GPU: NVML unavailable: no driver" in text and "CPU STAND-IN" in text
     assert "the pod has no process left" in text
 
@@ -59,8 +66,13 @@ def test_results_of_another_kind_are_replaced_not_mixed(tmp_path):
 
     gpu_run = {"schema": SCHEMA, "kind": "gpu: NVIDIA H200", "scenarios": {}, "nccl": {"x": 1}}
     (tmp_path / "results.json").write_text(json.dumps(gpu_run))
-    write_results([], tmp_path, command=["gpuzombie", "lab", "report"],
-                  gpus=GpuSnapshot(available=False, reason="none"), nccl=None)
+    write_results(
+        [],
+        tmp_path,
+        command=["gpuzombie", "lab", "report"],
+        gpus=GpuSnapshot(available=False, reason="none"),
+        nccl=None,
+    )
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["kind"] == "cpu-standin" and "nccl" not in data
     write_results([], tmp_path, command=["x"], gpus=GpuSnapshot(available=False), nccl={"y": 2})

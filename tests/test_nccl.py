@@ -14,8 +14,15 @@ from gpuzombie.lab.nccl import CASE_KEYS, NcclScenarioError, run_nccl_comparison
 def run_standin(tmp_path: Path, ranks: int, cases: list[str] | None = None) -> dict:
     pytest.importorskip("torch.distributed")
     lines: list[str] = []
-    summary = run_nccl_comparison(ranks=ranks, device="cpu", out_dir=tmp_path, cases=cases,
-                                  observe_seconds=15, progress=lines.append, nvml=FakeNvml(NO_GPU))
+    summary = run_nccl_comparison(
+        ranks=ranks,
+        device="cpu",
+        out_dir=tmp_path,
+        cases=cases,
+        observe_seconds=15,
+        progress=lines.append,
+        nvml=FakeNvml(NO_GPU),
+    )
     assert any("SIGKILL rank 0" in line for line in lines)
     return summary
 
@@ -49,14 +56,35 @@ def test_two_ranks_all_cases(tmp_path):
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(NcclScenarioError, match="at least 2"):
-        run_nccl_comparison(ranks=1, device="cpu", out_dir=tmp_path, cases=None, observe_seconds=1,
-                            progress=print, nvml=FakeNvml(NO_GPU))
+        run_nccl_comparison(
+            ranks=1,
+            device="cpu",
+            out_dir=tmp_path,
+            cases=None,
+            observe_seconds=1,
+            progress=print,
+            nvml=FakeNvml(NO_GPU),
+        )
     with pytest.raises(NcclScenarioError, match="unknown case"):
-        run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=["z"], observe_seconds=1,
-                            progress=print, nvml=FakeNvml(NO_GPU))
+        run_nccl_comparison(
+            ranks=2,
+            device="cpu",
+            out_dir=tmp_path,
+            cases=["z"],
+            observe_seconds=1,
+            progress=print,
+            nvml=FakeNvml(NO_GPU),
+        )
     with pytest.raises(NcclScenarioError, match="2\\+ GPUs"):
-        run_nccl_comparison(ranks=2, device="cuda", out_dir=tmp_path, cases=None, observe_seconds=1,
-                            progress=print, nvml=FakeNvml(NO_GPU))
+        run_nccl_comparison(
+            ranks=2,
+            device="cuda",
+            out_dir=tmp_path,
+            cases=None,
+            observe_seconds=1,
+            progress=print,
+            nvml=FakeNvml(NO_GPU),
+        )
 
 
 def test_module_entry_point_prints_the_table(tmp_path):
@@ -67,9 +95,26 @@ def test_module_entry_point_prints_the_table(tmp_path):
     import sys
 
     src = str(Path(__file__).resolve().parents[1] / "src")
-    done = subprocess.run([sys.executable, "-m", "gpuzombie.lab.nccl", "--device", "cpu", "--cases", "e",
-                           "--observe-seconds", "10", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": src})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie.lab.nccl",
+            "--device",
+            "cpu",
+            "--cases",
+            "e",
+            "--observe-seconds",
+            "10",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     assert done.returncode == 0, done.stderr
     assert "| e gpuzombie.graceful |" in done.stdout
     assert (tmp_path / "nccl" / "comparison.md").exists()
@@ -83,10 +128,20 @@ def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
 
     from gpuzombie.lab.nccl import CaseSpec
 
-    specs = {"h": CaseSpec("h", "hangs", "test double of NCCL's hang", on_error="hang"),
-             "e": CaseSpec("e", "gpuzombie.graceful", "graceful", graceful=True)}
-    summary = run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=None, observe_seconds=4,
-                                  progress=lambda line: None, nvml=FakeNvml(NO_GPU), specs=specs)
+    specs = {
+        "h": CaseSpec("h", "hangs", "test double of NCCL's hang", on_error="hang"),
+        "e": CaseSpec("e", "gpuzombie.graceful", "graceful", graceful=True),
+    }
+    summary = run_nccl_comparison(
+        ranks=2,
+        device="cpu",
+        out_dir=tmp_path,
+        cases=None,
+        observe_seconds=4,
+        progress=lambda line: None,
+        nvml=FakeNvml(NO_GPU),
+        specs=specs,
+    )
     hung, graceful = summary["cases"]
     survivor = hung["survivors"][0]
     assert survivor["exit_s"] is None and survivor["memory_free_s"] is None
@@ -116,8 +171,15 @@ def test_ctrl_c_during_start_up_leaves_no_rank_and_no_temp_dir(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_nccl_comparison(ranks=2, device="cpu", out_dir=tmp_path, cases=["a"], observe_seconds=4,
-                            progress=interrupt, nvml=FakeNvml(NO_GPU))
+        run_nccl_comparison(
+            ranks=2,
+            device="cpu",
+            out_dir=tmp_path,
+            cases=["a"],
+            observe_seconds=4,
+            progress=interrupt,
+            nvml=FakeNvml(NO_GPU),
+        )
     assert len(ranks) == 2 and len(ready_dirs) == 1
     for rank in ranks:
         assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE

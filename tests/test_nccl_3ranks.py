@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from test_nccl import check_summary, run_standin
-
 from gpuzombie.lab.nccl import CASE_KEYS
+from test_nccl import check_summary, run_standin
 
 
 def test_three_ranks_all_cases(tmp_path):

@@ -32,15 +32,20 @@ def series() -> list[MemorySample]:
         ghost0 = (291.0 if 1.0 <= t < 1.4 else 0.0) + (291.0 if t >= 4.0 else 0.0)
         gpu0 = 615 + sum(v for p, v in pids.items() if p in (10, 20)) + ghost0
         gpu1 = 615 + sum(v for p, v in pids.items() if p in (11, 21))
-        samples.append(MemorySample(t=round(t, 2), by_pid=pids, gpus=(
-            GpuPoint(0, gpu0, ghost0), GpuPoint(1, gpu1, 0.0))))
+        samples.append(
+            MemorySample(t=round(t, 2), by_pid=pids, gpus=(GpuPoint(0, gpu0, ghost0), GpuPoint(1, gpu1, 0.0)))
+        )
     return samples
 
 
 def launch(key: str, pids: tuple[int, int], exits: tuple[float | None, float | None]) -> CaseLaunch:
     case = CaseLaunch(spec=case_specs()[key], port=0, procs=[], logs=[], ready_files=[])
-    case.ranks = [RankProc(rank=r, pid=pids[r], gpu=r, handle=None, exited_at=exits[r],
-                           exit_code=75 if key == "e" and r else None) for r in (0, 1)]
+    case.ranks = [
+        RankProc(
+            rank=r, pid=pids[r], gpu=r, handle=None, exited_at=exits[r], exit_code=75 if key == "e" and r else None
+        )
+        for r in (0, 1)
+    ]
     return case
 
 
@@ -48,8 +53,17 @@ def test_gpu_summary_times_ghost_and_files(tmp_path):
     samples = series()
     assert freed_at(samples, 11, 1.0) == 1.4
     launches = [launch("a", (20, 21), (4.0, None)), launch("e", (10, 11), (1.0, 1.4))]
-    summary = _summarize(launches, {"a": 4.0, "e": 1.0}, samples, t_end=9.9, device="cuda", ranks=2,
-                         size_mib=2048, observe_seconds=5.9, nvml=FakeNvml(NO_GPU))
+    summary = _summarize(
+        launches,
+        {"a": 4.0, "e": 1.0},
+        samples,
+        t_end=9.9,
+        device="cuda",
+        ranks=2,
+        size_mib=2048,
+        observe_seconds=5.9,
+        nvml=FakeNvml(NO_GPU),
+    )
     a, e = summary["cases"]
     assert e["survivors"][0]["memory_free_s"] == 0.4 and e["survivors"][0]["exit_s"] == 0.4
     assert e["survivors"][0]["held_mib_at_kill"] == 2658.0

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from fakeproc import make_fake_proc, make_fake_root
 
+from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
@@ -27,10 +27,16 @@ WORKER_FDS = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")
 def h200(index=0, *, used_mib=615, reserved_mib=615, processes=()):
     """An H200 as NVML reports it (driver 580.159): idle = 615 MiB used, all of it reserved."""
     total = 143771 * MIB
-    return GpuDevice(index=index, uuid=f"GPU-{index}", name="NVIDIA H200", memory_total=total,
-                     memory_used=used_mib * MIB, memory_free=total - used_mib * MIB,
-                     memory_reserved=None if reserved_mib is None else reserved_mib * MIB,
-                     processes=tuple(processes))
+    return GpuDevice(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA H200",
+        memory_total=total,
+        memory_used=used_mib * MIB,
+        memory_free=total - used_mib * MIB,
+        memory_reserved=None if reserved_mib is None else reserved_mib * MIB,
+        processes=tuple(processes),
+    )
 
 
 def worker(pid, mib=2658, name="python3"):
@@ -141,8 +147,7 @@ def test_nccl_peer_context_is_a_ghost_with_its_cause(proc):
     """Measured on 2×H200: rank 0 killed, rank 1 hangs on GPU1, GPU0 keeps 906 MiB with no process."""
     make_fake_proc(proc, 1, ppid=0, comm="systemd", cmdline=b"/sbin/init\0")
     make_fake_proc(proc, 601, ppid=1, fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
-    report = run(proc, [h200(0, used_mib=906), h200(1, used_mib=3498 + 615, processes=[worker(601, 3498)])],
-                 HOST)
+    report = run(proc, [h200(0, used_mib=906), h200(1, used_mib=3498 + 615, processes=[worker(601, 3498)])], HOST)
     gpu0, gpu1 = report.attribution.ghosts
     assert gpu0.unexplained == 291 * MIB and gpu0.flagged and gpu0.verdict == "ghost"
     assert any("peer context of a multi-GPU process listed on GPU 1" in c for c in gpu0.likely_causes)
@@ -165,8 +170,8 @@ def test_other_namespaces_memory_is_not_called_a_ghost_inside(proc):
 def test_orphan_evidence_dead_group_leader_and_cannot_tell(proc):
     """A shell as PID 1 gives no evidence itself; a dead process-group leader does."""
     make_fake_proc(proc, 1, ppid=0, comm="bash", cmdline=b"/bin/bash\0")
-    make_fake_proc(proc, 7, ppid=1, comm="worker", pgid=5, sid=1)   # group leader 5 is gone
-    make_fake_proc(proc, 8, ppid=1, comm="daemon", pgid=8, sid=8)    # its own leader: no evidence
+    make_fake_proc(proc, 7, ppid=1, comm="worker", pgid=5, sid=1)  # group leader 5 is gone
+    make_fake_proc(proc, 8, ppid=1, comm="daemon", pgid=8, sid=8)  # its own leader: no evidence
     report = run(proc, [], HOST)
     by_pid = {o.pid: o for o in report.orphans}
     assert by_pid[7].verdict == "orphan" and "process-group leader (pid 5) has exited" in by_pid[7].evidence[0]
@@ -198,14 +203,27 @@ def test_observer_chain_is_not_a_finding(proc):
 def test_json_schema_top_level(proc):
     make_fake_proc(proc, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
     data = json.loads(json.dumps(run(proc, [h200()], INSIDE).to_dict()))
-    assert list(data) == ["schema", "taken_at", "view", "pid1", "processes", "zombies", "orphans", "gpu",
-                          "gpu_processes", "fd_holders", "ghosts", "orphaned_contexts", "summary"]
-    assert set(data["summary"]) == {"zombies", "orphans", "orphaned_contexts", "ghost_gpus",
-                                    "gpu_processes", "healthy"}
+    assert list(data) == [
+        "schema",
+        "taken_at",
+        "view",
+        "pid1",
+        "processes",
+        "zombies",
+        "orphans",
+        "gpu",
+        "gpu_processes",
+        "fd_holders",
+        "ghosts",
+        "orphaned_contexts",
+        "summary",
+    ]
+    assert set(data["summary"]) == {"zombies", "orphans", "orphaned_contexts", "ghost_gpus", "gpu_processes", "healthy"}
     assert data["gpu"]["available"] is True and data["gpu"]["devices"][0]["memory_reserved_mib"] == 615.0
 
 
 # --- the CLI ---------------------------------------------------------------------------------
+
 
 def test_cli_replays_nvml_and_reads_fake_procfs(proc, tmp_path_factory, capsys):
     """A container's tree read from outside (a fake one here) is judged as a namespace: NVML pids are
@@ -214,10 +232,31 @@ def test_cli_replays_nvml_and_reads_fake_procfs(proc, tmp_path_factory, capsys):
     make_fake_proc(proc, 7, ppid=1, fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
     snap = tmp_path_factory.mktemp("nvml") / "snap.json"
     gpu = {"name": "H200", "memory_total": 1000 * MIB, "memory_reserved": 615 * MIB}
-    snap.write_text(json.dumps({"available": True, "devices": [
-        {**gpu, "index": 0, "uuid": "GPU-0", "memory_used": 906 * MIB, "memory_free": 94 * MIB, "processes": []},
-        {**gpu, "index": 1, "uuid": "GPU-1", "memory_used": 4113 * MIB, "memory_free": 0, "processes": [
-            {"pid": 7, "used_memory": 3498 * MIB, "kind": "compute", "name": "python3"}]}]}))
+    snap.write_text(
+        json.dumps(
+            {
+                "available": True,
+                "devices": [
+                    {
+                        **gpu,
+                        "index": 0,
+                        "uuid": "GPU-0",
+                        "memory_used": 906 * MIB,
+                        "memory_free": 94 * MIB,
+                        "processes": [],
+                    },
+                    {
+                        **gpu,
+                        "index": 1,
+                        "uuid": "GPU-1",
+                        "memory_used": 4113 * MIB,
+                        "memory_free": 0,
+                        "processes": [{"pid": 7, "used_memory": 3498 * MIB, "kind": "compute", "name": "python3"}],
+                    },
+                ],
+            }
+        )
+    )
     rc = main(["observe", "--procfs", str(proc), "--json", "--nvml-replay", str(snap)])
     data = json.loads(capsys.readouterr().out)
     assert data["view"]["in_root_pidns"] is False and data["view"]["own_pid"] is None
@@ -233,11 +272,12 @@ def test_cli_unreadable_procfs_is_one_line_exit_2(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "cannot read procfs" in err
 
 
-@pytest.mark.parametrize("args", [["observe", "--bogus"], ["observe", "--procfs", "/nonexistent/proc"],
-                                  ["observe", "--baseline-mib", "lots"]])
+@pytest.mark.parametrize(
+    "args",
+    [["observe", "--bogus"], ["observe", "--procfs", "/nonexistent/proc"], ["observe", "--baseline-mib", "lots"]],
+)
 def test_cli_bad_input_real_entry_point(args):
-    result = subprocess.run([sys.executable, "-m", "gpuzombie", *args], capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run([sys.executable, "-m", "gpuzombie", *args], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
     assert "Traceback" not in result.stderr

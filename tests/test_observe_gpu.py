@@ -13,15 +13,16 @@ import subprocess
 import sys
 
 import pytest
+
+from gpuzombie.gpu.nvml import PynvmlBackend
 from markers import needs_root
 from pidns import PidNamespace, wait_until
 
-from gpuzombie.gpu.nvml import PynvmlBackend
-
 _SNAPSHOT = PynvmlBackend().read()
-needs_gpu = pytest.mark.skipif(not (_SNAPSHOT.available and _SNAPSHOT.devices
-                                    and importlib.util.find_spec("torch")),
-                               reason=f"no GPU/NVML/torch: {_SNAPSHOT.reason or 'no device or no torch'}")
+needs_gpu = pytest.mark.skipif(
+    not (_SNAPSHOT.available and _SNAPSHOT.devices and importlib.util.find_spec("torch")),
+    reason=f"no GPU/NVML/torch: {_SNAPSHOT.reason or 'no device or no torch'}",
+)
 
 pytestmark = [pytest.mark.gpu, needs_root, needs_gpu]
 
@@ -34,8 +35,7 @@ def _observe(argv: list[str]) -> dict:
 
 def test_cuda_worker_in_namespace_is_live_inside_and_from_host(tmp_path):
     log = tmp_path / "parent.log"
-    parent = (f"{sys.executable} -m gpuzombie.workloads.parent --workers 1 --size-mib 2048 --device cuda "
-              f"> {log} 2>&1")
+    parent = f"{sys.executable} -m gpuzombie.workloads.parent --workers 1 --size-mib 2048 --device cuda > {log} 2>&1"
     with PidNamespace("sh", "-c", f"{parent} & exec sleep infinity") as ns:
         wait_until(lambda: log.exists() and "parent exiting" in log.read_text(), timeout=120, interval=0.2)
         assert "ready" in log.read_text(), log.read_text()

@@ -15,6 +15,7 @@ import sys
 
 import psutil
 import pytest
+
 from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.prestop import plan_targets
 from gpuzombie.proc import Procfs
-from fakeproc import make_fake_proc, make_fake_root
 from markers import needs_root
 from test_prestop_pod import POD_DEV_SETUP
 
@@ -27,9 +27,24 @@ def run_pod(scenario: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{scenario}.json"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--mount", "--kill-child", "sh", "-c",
-         f'{POD_DEV_SETUP} && exec "$0" "$1" "$2" "$3"', sys.executable, str(POD), scenario, str(out)],
-        check=True, timeout=60, env=env,
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--mount",
+            "--kill-child",
+            "sh",
+            "-c",
+            f'{POD_DEV_SETUP} && exec "$0" "$1" "$2" "$3"',
+            sys.executable,
+            str(POD),
+            scenario,
+            str(out),
+        ],
+        check=True,
+        timeout=60,
+        env=env,
     )
     result = json.loads(out.read_text())
     result["pid1_log"] = Path(str(out) + ".pid1.log").read_text()
@@ -51,8 +66,14 @@ def test_prestop_stops_ignoring_and_handling_workers_and_orphans(tmp_path):
     assert 1.4 <= float(ignore["signals"][1].split("@")[1]) < 3.0
     assert any("holds /dev/nvidia0" in reason for reason in ignore["target"]["reasons"])
     # Never touched: another PID namespace's GPU holder, PID 1's own group leader, PID 1.
-    assert res["alive"] == {"ignore": False, "handle": False, "sleep": False,
-                            "nested_unshare": True, "nested": True, "bystander": True}
+    assert res["alive"] == {
+        "ignore": False,
+        "handle": False,
+        "sleep": False,
+        "nested_unshare": True,
+        "nested": True,
+        "bystander": True,
+    }
     assert set(outcomes) == {pids["ignore"], pids["handle"], pids["sleep"]}
     excluded = {e["pid"]: e["reason"] for e in report["excluded"]}
     assert excluded[pids["nested"]] == "in another PID namespace"
@@ -109,10 +130,21 @@ def _orphan_tree(root: Path) -> None:
 def test_plan_on_a_fake_tree_uses_nvml_fds_and_orphans(tmp_path):
     _orphan_tree(tmp_path)
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
-    gpus = GpuSnapshot(available=True, devices=(GpuDevice(
-        index=0, uuid="GPU-0", name="H200", memory_total=1 << 37, memory_used=3281 << 20,
-        memory_free=0, memory_reserved=615 << 20,
-        processes=(GpuProcess(pid=7, used_memory=2658 << 20, kind="compute"),)),))
+    gpus = GpuSnapshot(
+        available=True,
+        devices=(
+            GpuDevice(
+                index=0,
+                uuid="GPU-0",
+                name="H200",
+                memory_total=1 << 37,
+                memory_used=3281 << 20,
+                memory_free=0,
+                memory_reserved=615 << 20,
+                processes=(GpuProcess(pid=7, used_memory=2658 << 20, kind="compute"),),
+            ),
+        ),
+    )
     plan = plan_targets(table, gpus, own_pid=20)
     targets = {t.pid: t.reasons for t in plan.targets}
     assert set(targets) == {7, 8}
@@ -128,16 +160,18 @@ def test_plan_without_orphans_and_from_another_namespace(tmp_path):
     _orphan_tree(tmp_path)
     make_fake_proc(tmp_path, 11, ppid=1, fds=("/dev/nvidia0",), pidns=4026532999)
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
-    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20,
-                        include_orphans=False)
+    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20, include_orphans=False)
     assert [t.pid for t in plan.targets] == [7]  # the GPU holder; orphan 8 is left alone
     assert {e.pid: e.reason for e in plan.excluded}[11] == "in another PID namespace"
 
 
 def test_cli_refuses_a_foreign_procfs(tmp_path):
     _orphan_tree(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "gpuzombie", "prestop", "--procfs", str(tmp_path),
-                           "--no-pid1-log"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", "prestop", "--procfs", str(tmp_path), "--no-pid1-log"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2
     assert "gpuzombie: error:" in done.stderr
 
@@ -145,11 +179,18 @@ def test_cli_refuses_a_foreign_procfs(tmp_path):
 @needs_root
 def test_stdlib_entry_point_in_a_pod_without_click(tmp_path):
     """``python3 -m gpuzombie.prestop`` (what a training image runs) needs neither click nor rich."""
-    script = ("import sys; sys.modules['click'] = None; sys.modules['rich'] = None; "
-              "from gpuzombie.prestop.hook import main; sys.exit(main(['--json', '--no-nvml']))")
+    script = (
+        "import sys; sys.modules['click'] = None; sys.modules['rich'] = None; "
+        "from gpuzombie.prestop.hook import main; sys.exit(main(['--json', '--no-nvml']))"
+    )
     env = {**os.environ, "PYTHONPATH": SRC}
-    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                           sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["schema"] == "gpuzombie.prestop/1" and report["results"] == []
@@ -168,16 +209,23 @@ def test_same_cgroup_keeps_to_this_container(tmp_path):
     assert {e.pid: e.reason for e in plan.excluded}[7] == "in another cgroup (another container of the pod)"
 
 
-@pytest.mark.parametrize(("args", "env"), [
-    (["--timeout", "x"], {}),
-    (["--timeout", "nan"], {}),
-    (["--kill-wait", "-1"], {}),
-    ([], {"GPUZOMBIE_PRESTOP_TIMEOUT": "abc"}),
-], ids=["not-a-number", "nan", "negative", "bad-env"])
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--timeout", "x"], {}),
+        (["--timeout", "nan"], {}),
+        (["--kill-wait", "-1"], {}),
+        ([], {"GPUZOMBIE_PRESTOP_TIMEOUT": "abc"}),
+    ],
+    ids=["not-a-number", "nan", "negative", "bad-env"],
+)
 def test_stdlib_entry_point_usage_errors_are_one_line_exit_2(args, env):
-    done = subprocess.run([sys.executable, "-m", "gpuzombie.prestop", "--dry-run", "--no-nvml",
-                           "--no-pid1-log", *args],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC, **env})
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie.prestop", "--dry-run", "--no-nvml", "--no-pid1-log", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC, **env},
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("gpuzombie: ") and done.stderr.count("\n") == 1, done.stderr
     assert done.stdout == ""

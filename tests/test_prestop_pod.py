@@ -54,8 +54,9 @@ print(json.dumps({r: p.pid for r, p in procs.items()}), flush=True)
 
 def spawn_orphans(*roles: str) -> dict[str, int]:
     """A parent in its own session spawns ``roles`` and exits: they are re-parented to us, PID 1."""
-    parent = subprocess.Popen([sys.executable, "-c", f"WORKER = {WORKER!r}\n{PARENT}", *roles],
-                              stdout=subprocess.PIPE, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"WORKER = {WORKER!r}\n{PARENT}", *roles], stdout=subprocess.PIPE, start_new_session=True
+    )
     pids = json.loads(parent.stdout.readline())
     parent.wait()
     return pids
@@ -89,17 +90,23 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
 
 def run_cli(*args: str) -> dict:
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "gpuzombie", "prestop", "--json", *args],
-                          capture_output=True, text=True)
-    return {"rc": done.returncode, "wall_s": time.monotonic() - t0, "stderr": done.stderr,
-            "report": json.loads(done.stdout) if done.stdout.strip().startswith("{") else done.stdout}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", "prestop", "--json", *args], capture_output=True, text=True
+    )
+    return {
+        "rc": done.returncode,
+        "wall_s": time.monotonic() - t0,
+        "stderr": done.stderr,
+        "report": json.loads(done.stdout) if done.stdout.strip().startswith("{") else done.stdout,
+    }
 
 
 def scenario_e2e(dry_run: bool) -> dict:
     pids = spawn_orphans("ignore", "handle", "sleep")
     # A process of a nested PID namespace holding /dev/nvidia0: visible here, but not ours.
-    nested = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "exec sleep 120 3</dev/nvidia0"],
-                              start_new_session=True)
+    nested = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "sh", "-c", "exec sleep 120 3</dev/nvidia0"], start_new_session=True
+    )
     # PID 1's own child leading its group (like tini's main process): not an orphan, no GPU.
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     pids.update(nested_unshare=nested.pid, nested=first_child(nested.pid), bystander=bystander.pid)
@@ -141,10 +148,13 @@ def scenario_reuse(use_pidfd: bool) -> dict:
         candidate.wait()
     results = execute_plan(plan, procfs_root="/proc", timeout=0.3, kill_wait=0.3, use_pidfd=use_pidfd)
     time.sleep(0.1)
-    return {"victim": victim.pid, "planned": planned,
-            "replacement": replacement.pid if replacement else None,
-            "replacement_alive": replacement is not None and alive(replacement.pid),
-            "outcomes": {r.target.pid: r.outcome.value for r in results}}
+    return {
+        "victim": victim.pid,
+        "planned": planned,
+        "replacement": replacement.pid if replacement else None,
+        "replacement_alive": replacement is not None and alive(replacement.pid),
+        "outcomes": {r.target.pid: r.outcome.value for r in results},
+    }
 
 
 def main() -> None:

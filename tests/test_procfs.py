@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from fakeproc import make_fake_proc
-
 from gpuzombie.proc.procfs import Procfs, parse_cmdline, parse_ns_link, parse_stat, parse_status
 
 STAT_WITH_PARENS = (

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fakeproc import make_fake_proc, make_fake_root
 
+from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
@@ -35,8 +35,7 @@ GIB = 1024 * MIB
 
 def cgroup_a(cid=CID_A):
     u = UID_A.replace("-", "_")
-    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
-            f"cri-containerd-{cid}.scope\n")
+    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{cid}.scope\n"
 
 
 def build_node(root: Path) -> None:
@@ -48,49 +47,118 @@ def build_node(root: Path) -> None:
         (d / "cgroup").write_text(cgroup)
 
     proc(1, "0::/init.scope\n", ppid=0, comm="systemd", cmdline=b"/sbin/init\0")
-    proc(100, "0::/system.slice/nvidia-persistenced.service\n", ppid=1, comm="nvidia-persiste",
-         fds=("/dev/nvidiactl", "/dev/null"))
-    proc(200, cgroup_a(), ppid=1, nspid=(200, 7), comm="python3",
-         fds=("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"))
+    proc(
+        100,
+        "0::/system.slice/nvidia-persistenced.service\n",
+        ppid=1,
+        comm="nvidia-persiste",
+        fds=("/dev/nvidiactl", "/dev/null"),
+    )
+    proc(
+        200,
+        cgroup_a(),
+        ppid=1,
+        nspid=(200, 7),
+        comm="python3",
+        fds=("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"),
+    )
     proc(201, cgroup_a(), ppid=1, nspid=(201, 8), state="Z", comm="python3", cmdline=b"")
     proc(202, cgroup_a(SANDBOX_A), ppid=1, nspid=(202, 1), comm="pause")
-    proc(300, f"0::/kubepods/pod{UID_B}/crio-{CID_B}\n", ppid=1, nspid=(300, 1), comm="python3",
-         fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
-    proc(400, f"0::/kubepods/besteffort/pod{UID_C}/{CID_C}\n", ppid=1, nspid=(400, 5), comm="python3",
-         fds=("/dev/nvidia1",))
+    proc(
+        300,
+        f"0::/kubepods/pod{UID_B}/crio-{CID_B}\n",
+        ppid=1,
+        nspid=(300, 1),
+        comm="python3",
+        fds=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"),
+    )
+    proc(
+        400,
+        f"0::/kubepods/besteffort/pod{UID_C}/{CID_C}\n",
+        ppid=1,
+        nspid=(400, 5),
+        comm="python3",
+        fds=("/dev/nvidia1",),
+    )
     proc(500, "0::/user.slice/user-0.slice/session-1.scope\n", ppid=1, comm="bash", cmdline=b"bash\0")
 
 
 def gpus() -> GpuSnapshot:
     # GPU0: the worker (2658 MiB) + 291 MiB left by the NCCL rank's peer context, over the 615 MiB
     # driver reservation. GPU1: the rank, and a pid that no longer exists.
-    return GpuSnapshot(available=True, driver_version="580.159.04", devices=(
-        GpuDevice(0, "GPU-0000", "NVIDIA H200", 140 * GIB, (615 + 2658 + 291) * MIB, 0, 615 * MIB,
-                  (GpuProcess(200, 2658 * MIB, "compute", "python3"),)),
-        GpuDevice(1, "GPU-1111", "NVIDIA H200", 140 * GIB, (615 + 3000 + 500) * MIB, 0, 615 * MIB,
-                  (GpuProcess(300, 3000 * MIB, "compute", "python3"),
-                   GpuProcess(999, 500 * MIB, "compute", "python3"))),
-    ))
+    return GpuSnapshot(
+        available=True,
+        driver_version="580.159.04",
+        devices=(
+            GpuDevice(
+                0,
+                "GPU-0000",
+                "NVIDIA H200",
+                140 * GIB,
+                (615 + 2658 + 291) * MIB,
+                0,
+                615 * MIB,
+                (GpuProcess(200, 2658 * MIB, "compute", "python3"),),
+            ),
+            GpuDevice(
+                1,
+                "GPU-1111",
+                "NVIDIA H200",
+                140 * GIB,
+                (615 + 3000 + 500) * MIB,
+                0,
+                615 * MIB,
+                (GpuProcess(300, 3000 * MIB, "compute", "python3"), GpuProcess(999, 500 * MIB, "compute", "python3")),
+            ),
+        ),
+    )
 
 
 def crictl_data() -> dict:
     def labels(pod, ns, uid, container):
-        return {"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": ns,
-                "io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": container}
+        return {
+            "io.kubernetes.pod.name": pod,
+            "io.kubernetes.pod.namespace": ns,
+            "io.kubernetes.pod.uid": uid,
+            "io.kubernetes.container.name": container,
+        }
+
     return {
-        "ps": {"containers": [
-            {"id": CID_A, "metadata": {"name": "worker"}, "state": "CONTAINER_RUNNING",
-             "labels": labels("gpu-zombie-nofix", "gpu-zombie-test", UID_A, "worker")},
-        ]},
-        "pods": {"items": [
-            {"id": SANDBOX_A, "state": "SANDBOX_READY",
-             "metadata": {"name": "gpu-zombie-nofix", "uid": UID_A, "namespace": "gpu-zombie-test"}},
-            {"id": "9" * 64, "state": "SANDBOX_READY",
-             "metadata": {"name": "nccl-rank1", "uid": UID_B, "namespace": "training"}},
-        ]},
+        "ps": {
+            "containers": [
+                {
+                    "id": CID_A,
+                    "metadata": {"name": "worker"},
+                    "state": "CONTAINER_RUNNING",
+                    "labels": labels("gpu-zombie-nofix", "gpu-zombie-test", UID_A, "worker"),
+                },
+            ]
+        },
+        "pods": {
+            "items": [
+                {
+                    "id": SANDBOX_A,
+                    "state": "SANDBOX_READY",
+                    "metadata": {"name": "gpu-zombie-nofix", "uid": UID_A, "namespace": "gpu-zombie-test"},
+                },
+                {
+                    "id": "9" * 64,
+                    "state": "SANDBOX_READY",
+                    "metadata": {"name": "nccl-rank1", "uid": UID_B, "namespace": "training"},
+                },
+            ]
+        },
         # Only found by "inspect" (say, listed by neither call in time): the fallback path.
-        "inspect": {CID_B: {"status": {"id": CID_B, "metadata": {"name": "rank"}, "state": "CONTAINER_RUNNING",
-                                       "labels": labels("nccl-rank1", "training", UID_B, "rank")}}},
+        "inspect": {
+            CID_B: {
+                "status": {
+                    "id": CID_B,
+                    "metadata": {"name": "rank"},
+                    "state": "CONTAINER_RUNNING",
+                    "labels": labels("nccl-rank1", "training", UID_B, "rank"),
+                }
+            }
+        },
     }
 
 
@@ -140,8 +208,11 @@ NO_RESOURCES = PodResources(source=None)
 
 def run_trace(node, crictl, resources=NO_RESOURCES, timeout=5.0):
     return trace_node(
-        procfs=Procfs(str(node)), nvml=FakeNvml(gpus()), view=ReaderView(in_root_pidns=True),
-        names=lambda ids: cri.lookup(str(crictl), ids, timeout=timeout), resources=resources,
+        procfs=Procfs(str(node)),
+        nvml=FakeNvml(gpus()),
+        view=ReaderView(in_root_pidns=True),
+        names=lambda ids: cri.lookup(str(crictl), ids, timeout=timeout),
+        resources=resources,
         now=time.time(),
     )
 
@@ -157,14 +228,31 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     report = run_trace(node, crictl)
     rows = by_pid(report)
     worker = rows[200][0]
-    assert (worker.nspid, worker.gpu_index, worker.gpu_memory_mib, worker.nsmi, worker.verdict) == (7, 0, 2658, True, "live")
-    assert (worker.qos, worker.pod, worker.namespace, worker.container) == ("burstable", "gpu-zombie-nofix", "gpu-zombie-test", "worker")
+    assert (worker.nspid, worker.gpu_index, worker.gpu_memory_mib, worker.nsmi, worker.verdict) == (
+        7,
+        0,
+        2658,
+        True,
+        "live",
+    )
+    assert (worker.qos, worker.pod, worker.namespace, worker.container) == (
+        "burstable",
+        "gpu-zombie-nofix",
+        "gpu-zombie-test",
+        "worker",
+    )
     assert (worker.runtime, worker.cgroup_driver, worker.cgroup_version) == ("containerd", "systemd", "v2")
     zombie = rows[201][0]
     assert (zombie.state, zombie.verdict, zombie.pod, zombie.container) == ("Z", "zombie", "gpu-zombie-nofix", "worker")
     rank = rows[300][0]
     assert (rank.gpu_index, rank.qos, rank.pod, rank.namespace, rank.container, rank.runtime) == (
-        1, "guaranteed", "nccl-rank1", "training", "rank", "cri-o")
+        1,
+        "guaranteed",
+        "nccl-rank1",
+        "training",
+        "rank",
+        "cri-o",
+    )
     unlisted = rows[400][0]
     assert (unlisted.nsmi, unlisted.verdict, unlisted.gpu_index, unlisted.qos) == (False, "fd-only", 1, "besteffort")
     assert (unlisted.pod, unlisted.pod_uid, unlisted.container) == (None, UID_C, None)  # unknown: ids
@@ -182,14 +270,22 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     assert (s.zombies, s.gone, s.ghost_gpus, s.fd_only, s.gpu_processes, s.healthy) == (1, 1, 1, 2, 3, False)
     # Two calls for the node and one inspect for the id they did not name: never one per container.
     calls = (tmp_path / "crictl.log").read_text().splitlines()
-    assert calls == ["ps -a -o json", "pods -o json", f"inspect -o json {CID_B} {CID_C}",
-                     f"inspect -o json {CID_B}", f"inspect -o json {CID_C}"]
+    assert calls == [
+        "ps -a -o json",
+        "pods -o json",
+        f"inspect -o json {CID_B} {CID_C}",
+        f"inspect -o json {CID_B}",
+        f"inspect -o json {CID_C}",
+    ]
 
     text = render_text(report)
     header = text.splitlines()[0].split()
     assert header == ["PID", "NSPID", "STATE", "GPU", "GPU_MEM", "NSMI", "QOS", "POD", "NAMESPACE", "CONTAINER"]
-    assert any(line.split()[:10] == ["200", "7", "S", "0", "2658", "MiB", "Y", "burstable", "gpu-zombie-nofix",
-                                     "gpu-zombie-test"] for line in text.splitlines())
+    assert any(
+        line.split()[:10]
+        == ["200", "7", "S", "0", "2658", "MiB", "Y", "burstable", "gpu-zombie-nofix", "gpu-zombie-test"]
+        for line in text.splitlines()
+    )
     assert "[GHOST]" in text and "615 MiB" in text
 
 
@@ -219,9 +315,14 @@ def test_failing_crictl_gives_ids_and_one_warning(node, crictl, monkeypatch):
 
 def test_no_crictl(node, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    report = trace_node(procfs=Procfs(str(node)), nvml=FakeNvml(gpus()), view=ReaderView(in_root_pidns=True),
-                        names=lambda ids: cri.lookup(None, ids), resources=PodResources(source=None),
-                        now=time.time())
+    report = trace_node(
+        procfs=Procfs(str(node)),
+        nvml=FakeNvml(gpus()),
+        view=ReaderView(in_root_pidns=True),
+        names=lambda ids: cri.lookup(None, ids),
+        resources=PodResources(source=None),
+        now=time.time(),
+    )
     assert report.sources.crictl is None and "crictl not found" in report.warnings[0]
     assert by_pid(report)[200][0].container_id == CID_A
 
@@ -234,8 +335,14 @@ class BrokenNvml:
 
 
 def test_broken_nvml_keeps_the_process_rows(node, crictl):
-    report = trace_node(procfs=Procfs(str(node)), nvml=BrokenNvml(), view=ReaderView(in_root_pidns=True),
-                        names=lambda ids: cri.lookup(str(crictl), ids), resources=NO_RESOURCES, now=time.time())
+    report = trace_node(
+        procfs=Procfs(str(node)),
+        nvml=BrokenNvml(),
+        view=ReaderView(in_root_pidns=True),
+        names=lambda ids: cri.lookup(str(crictl), ids),
+        resources=NO_RESOURCES,
+        now=time.time(),
+    )
     assert not report.gpu.available and "RuntimeError: driver returned garbage" in report.gpu.reason
     assert any(w.startswith("GPU: NVML failed") for w in report.warnings)
     assert by_pid(report)[200][0].container_id == CID_A
@@ -245,6 +352,7 @@ def _pod_resources_message() -> bytes:
     def field(num, payload):
         payload = payload.encode() if isinstance(payload, str) else payload
         return bytes([num << 3 | 2, len(payload)]) + payload
+
     devices = field(1, "nvidia.com/gpu") + field(2, "GPU-0000")
     container = field(1, "worker") + field(2, devices) + bytes([3 << 3, 5])  # + cpu_ids: skipped
     return field(1, field(1, "gpu-zombie-nofix") + field(2, "gpu-zombie-test") + field(3, container))
@@ -256,8 +364,10 @@ def kubelet_socket(tmp_path):
     from concurrent import futures
 
     sock = tmp_path / "kubelet.sock"
-    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-        "List": grpc.unary_unary_rpc_method_handler(lambda req, ctx: _pod_resources_message())})
+    handler = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister",
+        {"List": grpc.unary_unary_rpc_method_handler(lambda req, ctx: _pod_resources_message())},
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix://{sock}")
@@ -270,11 +380,13 @@ def test_pod_resources_from_a_real_grpc_server(node, crictl, kubelet_socket):
     resources = list_pod_resources(str(kubelet_socket), timeout=5)
     assert resources.warning is None
     assert [(a.namespace, a.pod, a.container, a.resource, a.device_id) for a in resources.assignments] == [
-        ("gpu-zombie-test", "gpu-zombie-nofix", "worker", "nvidia.com/gpu", "GPU-0000")]
+        ("gpu-zombie-test", "gpu-zombie-nofix", "worker", "nvidia.com/gpu", "GPU-0000")
+    ]
     report = run_trace(node, crictl, resources=resources)
     gpu0 = report.gpus[0]
     assert [(a.namespace, a.pod, a.container) for a in gpu0.allocated_to] == [
-        ("gpu-zombie-test", "gpu-zombie-nofix", "worker")]
+        ("gpu-zombie-test", "gpu-zombie-nofix", "worker")
+    ]
     assert report.sources.pod_resources == str(kubelet_socket)
 
 
@@ -297,9 +409,18 @@ def test_pod_resources_unimplemented_or_absent(tmp_path):
 def test_cli_json_and_exit_codes(node, crictl, tmp_path, capsys):
     replay = tmp_path / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(gpus())))
-    argv = ["trace", "--procfs", str(node), "--crictl", str(crictl), "--nvml-replay", str(replay),
-            "--pod-resources-socket", str(tmp_path / "absent.sock")]
-    assert main(argv + ["--json"]) == 1
+    argv = [
+        "trace",
+        "--procfs",
+        str(node),
+        "--crictl",
+        str(crictl),
+        "--nvml-replay",
+        str(replay),
+        "--pod-resources-socket",
+        str(tmp_path / "absent.sock"),
+    ]
+    assert main([*argv, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "gpuzombie.trace/1"
     assert {r["pid"]: r["pod"] for r in doc["rows"]}[200] == "gpu-zombie-nofix"
@@ -314,19 +435,23 @@ def test_cli_healthy_node_exits_0(tmp_path, capsys):
     make_fake_root(root)
     make_fake_proc(root, 1, ppid=0, comm="systemd")
     replay = tmp_path / "nvml.json"
-    idle = GpuSnapshot(available=True, devices=(GpuDevice(0, "GPU-0", "NVIDIA H200", 140 * GIB, 615 * MIB,
-                                                          0, 615 * MIB),))
+    idle = GpuSnapshot(
+        available=True, devices=(GpuDevice(0, "GPU-0", "NVIDIA H200", 140 * GIB, 615 * MIB, 0, 615 * MIB),)
+    )
     replay.write_text(json.dumps(dataclasses.asdict(idle)))
     assert main(["trace", "--procfs", str(root), "--nvml-replay", str(replay)]) == 0
     out = capsys.readouterr().out
     assert "unexplained 0 MiB  [ok]" in out and "615 MiB per GPU" in out
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["trace", "--procfs", "/nonexistent"], "not a directory"),
-    (["trace", "--crictl", "/nonexistent/crictl"], "not an executable"),
-    (["trace", "--crictl-timeout", "0"], "crictl-timeout"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["trace", "--procfs", "/nonexistent"], "not a directory"),
+        (["trace", "--crictl", "/nonexistent/crictl"], "not an executable"),
+        (["trace", "--crictl-timeout", "0"], "crictl-timeout"),
+    ],
+)
 def test_cli_bad_input_is_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -351,8 +476,8 @@ def test_cli_procfs_without_boot_time(tmp_path, capsys):
 def test_readme_example_is_this_nodes_table(node, crictl):
     """The README's example output is what trace prints for this test's node (tested documentation)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Node trace"):]
-    example = section[section.index("```\nPID") + 4: section.index("\n```", section.index("```\nPID") + 4)]
+    section = readme[readme.index("## Node trace") :]
+    example = section[section.index("```\nPID") + 4 : section.index("\n```", section.index("```\nPID") + 4)]
     assert example == render_text(run_trace(node, crictl))
 
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_root
 
+from conftest import needs_root
 from gpuzombie.cli.main import main
 from gpuzombie.k8s.cgroup import cgroup_version, parse_cgroup_lines
 from gpuzombie.proc.procfs import Procfs
@@ -23,14 +23,17 @@ BUSYBOX = shutil.which("busybox")
 
 pytestmark = [
     needs_root,
-    pytest.mark.skipif(not (PODMAN and BUSYBOX and os.path.exists(RUNC)),
-                       reason="needs podman, runc and busybox-static (make setup installs them)"),
+    pytest.mark.skipif(
+        not (PODMAN and BUSYBOX and os.path.exists(RUNC)),
+        reason="needs podman, runc and busybox-static (make setup installs them)",
+    ),
 ]
 
 
 def _podman(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([PODMAN, "--runtime", RUNC, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [PODMAN, "--runtime", RUNC, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 @pytest.fixture
@@ -43,8 +46,19 @@ def container(tmp_path):
     for applet in ("sh", "sleep"):
         os.symlink("busybox", rootfs / "bin" / applet)
     # sh starts a short-lived child, then execs sleep: the child exits and sleep never reaps it.
-    started = _podman("run", "-d", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-                      "--rootfs", str(rootfs), "/bin/sh", "-c", "sleep 0 & exec sleep 300")
+    started = _podman(
+        "run",
+        "-d",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--rootfs",
+        str(rootfs),
+        "/bin/sh",
+        "-c",
+        "sleep 0 & exec sleep 300",
+    )
     if started.returncode != 0:
         pytest.skip(f"podman cannot start a container here: {started.stderr.strip()[-300:]}")
     cid = started.stdout.strip().splitlines()[-1]

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import needs_root
 
+from conftest import needs_root
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.pod import Pod, children_of
@@ -32,8 +32,12 @@ def rss(pid: int) -> int:
 
 
 def start(module: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", module, "--size-mib", str(SIZE), "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--size-mib", str(SIZE), "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     return proc, proc.stdout.readline()
 
@@ -77,8 +81,7 @@ def test_worker_fixed_frees_and_exits_on_sigterm():
 @needs_root
 def test_parent_exits_without_wait_and_leaves_orphans():
     events = EventLog()
-    cmd = [sys.executable, "-m", "gpuzombie.workloads.parent", "--workers", "2", "--size-mib", "8",
-           "--device", "cpu"]
+    cmd = [sys.executable, "-m", "gpuzombie.workloads.parent", "--workers", "2", "--size-mib", "8", "--device", "cpu"]
     with open(os.devnull, "w") as sink:
         pod = Pod("t", "sleep", cmd, log=sink, events=events)
         pod.start()
@@ -101,10 +104,25 @@ def test_parent_exits_without_wait_and_leaves_orphans():
 
 def test_parent_standalone_reports_ready_workers():
     # stderr to /dev/null: the orphan inherits it, and a pipe would stay open after the parent
-    proc = subprocess.run([sys.executable, "-m", "gpuzombie.workloads.parent", "--workers", "1",
-                           "--size-mib", "8", "--device", "cpu", "--fixed"],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie.workloads.parent",
+            "--workers",
+            "1",
+            "--size-mib",
+            "8",
+            "--device",
+            "cpu",
+            "--fixed",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and lines[-1].startswith("parent exiting")
     worker = int(lines[0].split(": ")[1])
@@ -124,11 +142,21 @@ def test_gpu_backends_hold_gpu_memory(backend):
     if backend == "torch":
         pytest.importorskip("torch")
     # NVML's own entry for the holder, not the device total: other processes may come and go meanwhile
-    out = subprocess.run([sys.executable, "-c", (
-        "import os; from gpuzombie.workloads.memory import hold; from gpuzombie.gpu.nvml import PynvmlBackend\n"
-        f"h=hold(256, device='cuda', backend='{backend}')\n"
-        "mine=[p.used_memory for p in PynvmlBackend().read().device(0).processes if p.pid == os.getpid()]\n"
-        "h.release(); print(mine[0] if mine else 0, h.backend)")],
-        capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os; from gpuzombie.workloads.memory import hold; from gpuzombie.gpu.nvml import PynvmlBackend\n"
+                f"h=hold(256, device='cuda', backend='{backend}')\n"
+                "mine=[p.used_memory for p in PynvmlBackend().read().device(0).processes if p.pid == os.getpid()]\n"
+                "h.release(); print(mine[0] if mine else 0, h.backend)"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     held, name = out.stdout.split()
     assert name == backend and int(held) >= 256 * MIB

@@ -84,7 +84,6 @@ def container(obj: dict[str, Any]) -> dict[str, Any]:
     return only_container
 
 
-
 @pytest.fixture(scope="session")
 def default_objects() -> dict[str, dict[str, Any]]:
     """The chart rendered with its default values, once per session (import it to use it)."""

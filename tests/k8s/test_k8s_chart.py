@@ -9,14 +9,13 @@ import pytest
 pytest.importorskip("helm_python", reason="helm-python-sdk is in the 'chart' extra")
 pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the 'chart' extra")
 
-from k8s_support import (  # noqa: E402
+from k8s_support import (
     CHART_DIR,
     DEFAULT_SCENARIOS,
     K8S_VERSIONS,
     NAMESPACE,
     SCENARIOS,
     container,
-    default_objects,
     helm,
     notes,
     only,
@@ -31,13 +30,11 @@ WARNING = 2  # helm lint severities: 1 info, 2 warning, 3 error
 @pytest.mark.parametrize(
     "values",
     [None, only(None), only(None, node=True)] + [only(key) for key in SCENARIOS],
-    ids=["defaults", "nothing", "node-only"] + list(SCENARIOS),
+    ids=["defaults", "nothing", "node-only", *list(SCENARIOS)],
 )
 @pytest.mark.parametrize("kube_version", K8S_VERSIONS)
 def test_lint_is_clean_in_strict_mode(values, kube_version):
-    report = helm.lint(
-        CHART_DIR, values, strict=True, namespace=NAMESPACE, kube_version=f"v{kube_version}"
-    )
+    report = helm.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE, kube_version=f"v{kube_version}")
     problems = [m for m in report["messages"] if m["severity"] >= WARNING]
     assert report["total_charts_linted"] == 1
     assert not problems and not report["errors"], report
@@ -92,7 +89,10 @@ def test_scenario_pods_follow_the_seed_table(default_objects):
         assert ("--fixed" in script) is fixed
         if has_prestop:
             assert worker["lifecycle"]["preStop"]["exec"]["command"] == [
-                "gpuzombie", "prestop", "--timeout", "20",
+                "gpuzombie",
+                "prestop",
+                "--timeout",
+                "20",
             ]
         else:
             assert "lifecycle" not in worker
@@ -127,7 +127,7 @@ def test_values_reach_every_pod():
 
 
 def test_prestop_timeout_must_end_before_the_grace_period():
-    with pytest.raises(helm.HelmError, match="prestop.timeoutSeconds must be below"):
+    with pytest.raises(helm.HelmError, match=r"prestop\.timeoutSeconds must be below"):
         render({"prestop": {"timeoutSeconds": 30}})
 
 
@@ -164,8 +164,11 @@ def test_daemonset_is_least_privilege(default_objects):
     assert trace["args"] == ["gpuzombie", "exporter", "--listen", "0.0.0.0:9400", "--min-interval", "15"]
     assert trace["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
-                           "prometheus.io/path": "/metrics"}
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9400",
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def test_notes_list_each_enabled_pod_with_its_lab_scenario():

@@ -159,7 +159,7 @@ def _python_commands(script: str) -> list[list[str]]:
         if words and words[0] in ("python3", "gpuzombie"):
             commands.append(words)
         elif words[:1] == ["while"] and "gpuzombie" in words:
-            commands.append(words[words.index("gpuzombie"):])
+            commands.append(words[words.index("gpuzombie") :])
     return commands
 
 
@@ -177,7 +177,7 @@ def _assert_resolves(words: list[str]) -> None:
         assert scripts["gpuzombie"] == "gpuzombie.cli.main:main"
         argv = [sys.executable, "-m", "gpuzombie", words[1]]
         flags = [w for w in words[2:] if w.startswith("--")]
-    help_text = subprocess.run(argv + ["--help"], capture_output=True, text=True, timeout=60)
+    help_text = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0, help_text.stderr
     for flag in flags:
         assert flag in help_text.stdout, f"{' '.join(words)}: {flag} unknown"

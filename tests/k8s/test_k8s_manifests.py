@@ -17,12 +17,12 @@ import pytest
 pytest.importorskip("helm_python", reason="helm-python-sdk is in the 'chart' extra")
 pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the 'chart' extra")
 
-from k8s_support import (  # noqa: E402
+from k8s_support import (
     CHART_DIR,
     DEPLOY_DIR,
     NAMESPACE,
-    REPO,
     RELEASE,
+    REPO,
     SCENARIOS,
     helm,
     render,
@@ -42,11 +42,7 @@ HEADER = """\
 def _without_helm_labels(obj: Any) -> Any:
     """The object with Helm's bookkeeping labels removed at every level (pod templates too)."""
     if isinstance(obj, dict):
-        return {
-            key: _without_helm_labels(value)
-            for key, value in obj.items()
-            if key not in HELM_ONLY_LABELS
-        }
+        return {key: _without_helm_labels(value) for key, value in obj.items() if key not in HELM_ONLY_LABELS}
     if isinstance(obj, list):
         return [_without_helm_labels(value) for value in obj]
     return obj
@@ -55,10 +51,7 @@ def _without_helm_labels(obj: Any) -> Any:
 def expected_deploy() -> dict[str, dict[str, Any]]:
     """deploy/<file name> -> object, from the chart with every scenario on."""
     values = {"scenarios": {key: {"enabled": True} for key in SCENARIOS}}
-    return {
-        pathlib.PurePath(template).name: _without_helm_labels(obj)
-        for template, obj in render(values).items()
-    }
+    return {pathlib.PurePath(template).name: _without_helm_labels(obj) for template, obj in render(values).items()}
 
 
 def _deploy_files() -> list[pathlib.Path]:
@@ -70,8 +63,7 @@ if os.environ.get("GPUZOMBIE_UPDATE_DEPLOY") == "1":  # regenerate before the te
     for _name, _obj in expected_deploy().items():
         _template = f"templates/{_name}"
         (DEPLOY_DIR / _name).write_text(
-            HEADER.format(template=_template, name=_name)
-            + yaml.safe_dump(_obj, sort_keys=False, width=110)
+            HEADER.format(template=_template, name=_name) + yaml.safe_dump(_obj, sort_keys=False, width=110)
         )
 
 

@@ -33,14 +33,30 @@ def ghost_options(fn: CommandFn) -> CommandFn:
     from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
     from gpuzombie.gpu.nvml import MIB
 
-    for option in reversed((
-        click.option("--ghost-threshold-mib", type=click.IntRange(min=0), default=DEFAULT_GHOST_THRESHOLD // MIB,
-                     show_default=True, help="Flag a GPU when unexplained memory exceeds this."),
-        click.option("--baseline-mib", type=click.IntRange(min=0), default=None,
-                     help="Memory used with no process at all. Default: the driver's reservation from NVML."),
-        click.option("--nvml-replay", type=click.Path(dir_okay=False), default=None, hidden=True,
-                     help="Read NVML state from a JSON snapshot instead of the driver (tests, replays)."),
-    )):
+    for option in reversed(
+        (
+            click.option(
+                "--ghost-threshold-mib",
+                type=click.IntRange(min=0),
+                default=DEFAULT_GHOST_THRESHOLD // MIB,
+                show_default=True,
+                help="Flag a GPU when unexplained memory exceeds this.",
+            ),
+            click.option(
+                "--baseline-mib",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Memory used with no process at all. Default: the driver's reservation from NVML.",
+            ),
+            click.option(
+                "--nvml-replay",
+                type=click.Path(dir_okay=False),
+                default=None,
+                hidden=True,
+                help="Read NVML state from a JSON snapshot instead of the driver (tests, replays).",
+            ),
+        )
+    ):
         fn = option(fn)
     return fn
 

@@ -28,8 +28,9 @@ def _import_exporter() -> Any:
     try:
         from gpuzombie import exporter
     except ImportError as exc:
-        raise GpuzombieError(f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' "
-                             f"({exc})") from exc
+        raise GpuzombieError(
+            f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' ({exc})"
+        ) from exc
     return exporter
 
 
@@ -48,6 +49,7 @@ def _warn_on_change(echo: Any, *, errors: bool) -> Any:
             seen[0] = lines
             for line in lines:
                 echo(f"gpuzombie exporter: warning: {line}")
+
     return on_result
 
 
@@ -66,8 +68,10 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
         raise GpuzombieError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        click.echo(f"gpuzombie exporter: serving http://{bound}/metrics (one node scan at most every "
-                   f"{min_interval:g} s)", err=True)
+        click.echo(
+            f"gpuzombie exporter: serving http://{bound}/metrics (one node scan at most every {min_interval:g} s)",
+            err=True,
+        )
         while not stop.wait(3600):
             pass
     finally:
@@ -79,21 +83,51 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
 
 
 @click.command()
-@click.option("--listen", default="127.0.0.1:9400", show_default=True, callback=_listen, metavar="HOST:PORT",
-              envvar="GPUZOMBIE_EXPORTER_LISTEN",
-              help="Address to serve /metrics on (loopback unless asked). Env: GPUZOMBIE_EXPORTER_LISTEN.")
+@click.option(
+    "--listen",
+    default="127.0.0.1:9400",
+    show_default=True,
+    callback=_listen,
+    metavar="HOST:PORT",
+    envvar="GPUZOMBIE_EXPORTER_LISTEN",
+    help="Address to serve /metrics on (loopback unless asked). Env: GPUZOMBIE_EXPORTER_LISTEN.",
+)
 @procfs_option
-@click.option("--min-interval", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
-              help="Reuse the last node scan for scrapes within S seconds of it.")
+@click.option(
+    "--min-interval",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="Reuse the last node scan for scrapes within S seconds of it.",
+)
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
-@click.option("--crictl", "crictl_path", default=None, metavar="PATH",
-              help="crictl to ask for pod and container names. Default: crictl on PATH, if any.")
-@click.option("--pod-resources-socket", default=DEFAULT_SOCKET, show_default=True, metavar="PATH",
-              help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.")
+@click.option(
+    "--crictl",
+    "crictl_path",
+    default=None,
+    metavar="PATH",
+    help="crictl to ask for pod and container names. Default: crictl on PATH, if any.",
+)
+@click.option(
+    "--pod-resources-socket",
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
+)
 @ghost_options
-def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_path: str | None,
-            pod_resources_socket: str, ghost_threshold_mib: int, baseline_mib: int | None,
-            nvml_replay: str | None) -> int:
+def command(
+    listen: Any,
+    procfs: str,
+    min_interval: float,
+    once: bool,
+    crictl_path: str | None,
+    pod_resources_socket: str,
+    ghost_threshold_mib: int,
+    baseline_mib: int | None,
+    nvml_replay: str | None,
+) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
     holders, ghost memory per GPU and GPU memory at grace-period risk.
 
@@ -112,16 +146,21 @@ def command(listen: Any, procfs: str, min_interval: float, once: bool, crictl_pa
 
     def scan() -> Any:
         return exporter.scan_node(
-            procfs=Procfs(procfs), nvml=nvml, view=current_view(),
+            procfs=Procfs(procfs),
+            nvml=nvml,
+            view=current_view(),
             names=lambda ids: cri.lookup(crictl_path, ids),
             resources=lambda: list_pod_resources(pod_resources_socket),
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
         )
 
-    echo = lambda line: click.echo(line, err=True)
-    collector = exporter.NodeCollector(scan, min_interval=float("inf") if once else min_interval,
-                                       on_result=_warn_on_change(echo, errors=not once))
+    def echo(line):
+        return click.echo(line, err=True)
+
+    collector = exporter.NodeCollector(
+        scan, min_interval=float("inf") if once else min_interval, on_result=_warn_on_change(echo, errors=not once)
+    )
     registry = CollectorRegistry()
     registry.register(collector)
     if once:

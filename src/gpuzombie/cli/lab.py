@@ -72,8 +72,7 @@ def run_nccl(ranks: int | None, device: str, out: Path, say: Callable[[str], Non
         from gpuzombie.lab.nccl import run_nccl_comparison
     except ImportError as exc:
         raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
-    return run_nccl_comparison(ranks=ranks, device=device, out_dir=out, cases=None,
-                               observe_seconds=None, progress=say)
+    return run_nccl_comparison(ranks=ranks, device=device, out_dir=out, cases=None, observe_seconds=None, progress=say)
 
 
 def exact_command() -> list[str]:
@@ -90,48 +89,120 @@ def exact_command() -> list[str]:
 def summary_table(runs: list[ScenarioRun]) -> Table:
     """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
     table = Table(title="gpuzombie lab: deletion of each pod")
-    for col in ("run", "PID 1", "zombies", "orphans", "delete→free", "whole grace", "GiB·s",
-                "kill-9→free", "sampler CPU"):
+    for col in (
+        "run",
+        "PID 1",
+        "zombies",
+        "orphans",
+        "delete→free",
+        "whole grace",
+        "GiB·s",
+        "kill-9→free",
+        "sampler CPU",
+    ):
         table.add_column(col, no_wrap=True)
     for r in runs:
         m = r.metrics
         obs = {o.point: o for o in r.observations}
-        table.add_row(run_key(r), r.init, str(obs["after-kill"].zombies), str(obs["after-spawn"].orphans),
-                      format_seconds(m["release_latency_s"]), "yes" if m["waited_whole_grace"] else "no",
-                      f"{m['grace_waste_gib_s']:.2f}", format_seconds(m["kill9_to_free_s"]),
-                      f"{r.sampler['cpu_percent_of_one_core']}%")
+        table.add_row(
+            run_key(r),
+            r.init,
+            str(obs["after-kill"].zombies),
+            str(obs["after-spawn"].orphans),
+            format_seconds(m["release_latency_s"]),
+            "yes" if m["waited_whole_grace"] else "no",
+            f"{m['grace_waste_gib_s']:.2f}",
+            format_seconds(m["kill9_to_free_s"]),
+            f"{r.sampler['cpu_percent_of_one_core']}%",
+        )
     return table
 
 
 @command.command("run")
-@click.option("--scenario", type=click.Choice(CHOICES), default="all", show_default=True,
-              help="One of the seed's scenarios, all four, or the NCCL comparison.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Workers alive at deletion (the parent spawns one more: the kill -9 victim).")
-@click.option("--grace", type=click.FloatRange(0.5, 600), default=30.0, show_default=True,
-              help="terminationGracePeriodSeconds, counted from the deletion (Kubernetes: 30).")
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-              help="cuda, or cpu: the labelled stand-in that holds host memory; auto: a GPU when "
-                   "NVML sees one.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
-              help="How a GPU worker holds memory: torch, or the CUDA driver API (ctypes).")
-@click.option("--uid", type=click.IntRange(0), default=None,
-              help="Run the workers as this uid (seed: 1000).  [default: the lab's own]")
-@click.option("--size-mib", type=click.IntRange(1), default=2048, show_default=True,
-              help="Memory each worker holds.")
-@click.option("--init", "init", type=click.Choice([i for i in INITS if i != "sleep"]), default=None,
-              help="PID 1 of S2-S4 instead of tini -s (variants: tini-g, dumb-init).")
-@click.option("--main", "main_process", type=click.Choice(["sleep", "worker"]), default="sleep",
-              show_default=True,
-              help="The container's main process under the init in S2-S4: sleep (experiments via "
-                   "kubectl exec, the seed's way) or a worker that is the workload itself.")
-@click.option("--ranks", type=click.IntRange(2), default=None,
-              help="NCCL ranks (--scenario nccl).  [default: one per GPU; 2 on the stand-in]")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True,
-              help="Where results.json, comparison.md, the plots and one folder per scenario go.")
-def run_command(scenario: str, workers: int, grace: float, device: str, backend: str, uid: int | None,
-                size_mib: int, init: str | None, main_process: str, ranks: int | None, out: Path) -> int:
+@click.option(
+    "--scenario",
+    type=click.Choice(CHOICES),
+    default="all",
+    show_default=True,
+    help="One of the seed's scenarios, all four, or the NCCL comparison.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Workers alive at deletion (the parent spawns one more: the kill -9 victim).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0.5, 600),
+    default=30.0,
+    show_default=True,
+    help="terminationGracePeriodSeconds, counted from the deletion (Kubernetes: 30).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    default="auto",
+    show_default=True,
+    help="cuda, or cpu: the labelled stand-in that holds host memory; auto: a GPU when NVML sees one.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default="auto",
+    show_default=True,
+    help="How a GPU worker holds memory: torch, or the CUDA driver API (ctypes).",
+)
+@click.option(
+    "--uid",
+    type=click.IntRange(0),
+    default=None,
+    help="Run the workers as this uid (seed: 1000).  [default: the lab's own]",
+)
+@click.option("--size-mib", type=click.IntRange(1), default=2048, show_default=True, help="Memory each worker holds.")
+@click.option(
+    "--init",
+    "init",
+    type=click.Choice([i for i in INITS if i != "sleep"]),
+    default=None,
+    help="PID 1 of S2-S4 instead of tini -s (variants: tini-g, dumb-init).",
+)
+@click.option(
+    "--main",
+    "main_process",
+    type=click.Choice(["sleep", "worker"]),
+    default="sleep",
+    show_default=True,
+    help="The container's main process under the init in S2-S4: sleep (experiments via "
+    "kubectl exec, the seed's way) or a worker that is the workload itself.",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(2),
+    default=None,
+    help="NCCL ranks (--scenario nccl).  [default: one per GPU; 2 on the stand-in]",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="Where results.json, comparison.md, the plots and one folder per scenario go.",
+)
+def run_command(
+    scenario: str,
+    workers: int,
+    grace: float,
+    device: str,
+    backend: str,
+    uid: int | None,
+    size_mib: int,
+    init: str | None,
+    main_process: str,
+    ranks: int | None,
+    out: Path,
+) -> int:
     """Run the seed's scenarios as pods on this machine and write OUT/.
 
     \b
@@ -153,8 +224,16 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
         check_can_make_pods()
     if lab_backend == CPU_STANDIN and names != ["nccl"]:
         console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
-    config = LabConfig(workers=workers, grace=grace, device=lab_device, backend=lab_backend,
-                       size_mib=size_mib, uid=uid, init=init, main=main_process)
+    config = LabConfig(
+        workers=workers,
+        grace=grace,
+        device=lab_device,
+        backend=lab_backend,
+        size_mib=size_mib,
+        uid=uid,
+        init=init,
+        main=main_process,
+    )
     runs: list[ScenarioRun] = []
     nccl = None
     with console.status("starting") as status:
@@ -177,8 +256,9 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
         out_console = Console()
         out_console.width = max(out_console.width, 120)
         out_console.print(summary_table(runs))
-    console.print(f"wrote {path.parent}/ (comparison.md, results.json"
-                  + (", memory-timeline.png)" if runs else ", nccl/)"))
+    console.print(
+        f"wrote {path.parent}/ (comparison.md, results.json" + (", memory-timeline.png)" if runs else ", nccl/)")
+    )
     left = [run_key(r) for r in runs if r.deletion.leftovers]
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")
@@ -186,8 +266,7 @@ def run_command(scenario: str, workers: int, grace: float, device: str, backend:
     return ExitStatus.OK
 
 
-def _run_one(scenario: Scenario, config: LabConfig, nvml: NvmlBackend,
-             say: Callable[[str], None]) -> ScenarioRun:
+def _run_one(scenario: Scenario, config: LabConfig, nvml: NvmlBackend, say: Callable[[str], None]) -> ScenarioRun:
     """One scenario; a pod that cannot start or a workload that fails is a one-line error."""
     try:
         return run_scenario(scenario, config, nvml=nvml, progress=say)

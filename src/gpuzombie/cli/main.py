@@ -34,8 +34,7 @@ class LazyCommands(click.Group):
         return command
 
 
-@click.group(cls=LazyCommands,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyCommands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuzombie")
 def cli() -> None:
     """Reproduce, detect, measure and fix zombie processes, orphans, ghost GPU memory and

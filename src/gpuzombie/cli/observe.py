@@ -14,8 +14,9 @@ from gpuzombie.proc.procfs import Procfs
 @procfs_option
 @json_option
 @ghost_options
-def command(procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: int | None,
-            nvml_replay: str | None) -> int:
+def command(
+    procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: int | None, nvml_replay: str | None
+) -> int:
     """Inside a container (or on a node): PID 1, process tree, zombies, orphans, GPU memory, GPU
     processes, /dev/nvidia* holders, orphaned contexts and ghost memory.
 

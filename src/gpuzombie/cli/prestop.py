@@ -12,30 +12,62 @@ from gpuzombie.prestop.hook import run_hook
 
 
 @click.command()
-@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
-              envvar="GPUZOMBIE_PRESTOP_TIMEOUT",
-              help="Seconds between SIGTERM and SIGKILL. With --kill-wait it must fit the pod's "
-                   "terminationGracePeriodSeconds (the hook's time counts against it).")
-@click.option("--kill-wait", type=float, default=DEFAULT_KILL_WAIT, show_default=True,
-              help="Seconds to wait for processes to vanish after SIGKILL before calling them survivors.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    envvar="GPUZOMBIE_PRESTOP_TIMEOUT",
+    help="Seconds between SIGTERM and SIGKILL. With --kill-wait it must fit the pod's "
+    "terminationGracePeriodSeconds (the hook's time counts against it).",
+)
+@click.option(
+    "--kill-wait",
+    type=float,
+    default=DEFAULT_KILL_WAIT,
+    show_default=True,
+    help="Seconds to wait for processes to vanish after SIGKILL before calling them survivors.",
+)
 @click.option("--dry-run", is_flag=True, help="List the targets and signal nothing.")
 @click.option("--no-orphans", is_flag=True, help="Stop only GPU holders, not other orphans.")
 @click.option("--no-nvml", is_flag=True, help="Do not ask NVML (the /dev/nvidia* fd scan still runs).")
-@click.option("--same-cgroup", is_flag=True,
-              help="Only processes in this process's own cgroup (pods with shareProcessNamespace).")
-@click.option("--pid1-log/--no-pid1-log", default=True, show_default=True,
-              envvar="GPUZOMBIE_PRESTOP_PID1_LOG",
-              help="Also write the log lines to /proc/1/fd/1, so they reach `kubectl logs`.")
+@click.option(
+    "--same-cgroup", is_flag=True, help="Only processes in this process's own cgroup (pods with shareProcessNamespace)."
+)
+@click.option(
+    "--pid1-log/--no-pid1-log",
+    default=True,
+    show_default=True,
+    envvar="GPUZOMBIE_PRESTOP_PID1_LOG",
+    help="Also write the log lines to /proc/1/fd/1, so they reach `kubectl logs`.",
+)
 @json_option
 @procfs_option
-def command(timeout: float, kill_wait: float, dry_run: bool, no_orphans: bool, no_nvml: bool,
-            same_cgroup: bool, pid1_log: bool, as_json: bool, procfs: str) -> int:
+def command(
+    timeout: float,
+    kill_wait: float,
+    dry_run: bool,
+    no_orphans: bool,
+    no_nvml: bool,
+    same_cgroup: bool,
+    pid1_log: bool,
+    as_json: bool,
+    procfs: str,
+) -> int:
     """Stop every GPU-holding process and orphan of this container, before the kubelet's SIGKILL.
 
     Run it inside the pod's PID namespace (as a preStop exec hook). Exit 0: every target is gone
     (or there was none); 1: something survived SIGKILL; 2: usage or environment error;
     130: interrupted.
     """
-    return run_hook(procfs=procfs, timeout=timeout, kill_wait=kill_wait, dry_run=dry_run,
-                    include_orphans=not no_orphans, same_cgroup=same_cgroup, use_nvml=not no_nvml,
-                    pid1_log=pid1_log, as_json=as_json)
+    return run_hook(
+        procfs=procfs,
+        timeout=timeout,
+        kill_wait=kill_wait,
+        dry_run=dry_run,
+        include_orphans=not no_orphans,
+        same_cgroup=same_cgroup,
+        use_nvml=not no_nvml,
+        pid1_log=pid1_log,
+        as_json=as_json,
+    )

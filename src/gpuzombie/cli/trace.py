@@ -28,16 +28,39 @@ from gpuzombie.trace.report import trace_node
 @click.command()
 @procfs_option
 @json_option
-@click.option("--crictl", "crictl_path", default=None, metavar="PATH",
-              help="crictl to ask for pod and container names. Default: crictl on PATH, if any.")
-@click.option("--crictl-timeout", type=click.FloatRange(min=0.1), default=cri.DEFAULT_TIMEOUT,
-              show_default=True, metavar="S", help="Give up on crictl after S seconds (ids only, a warning).")
-@click.option("--pod-resources-socket", default=DEFAULT_SOCKET, show_default=True, metavar="PATH",
-              help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.")
+@click.option(
+    "--crictl",
+    "crictl_path",
+    default=None,
+    metavar="PATH",
+    help="crictl to ask for pod and container names. Default: crictl on PATH, if any.",
+)
+@click.option(
+    "--crictl-timeout",
+    type=click.FloatRange(min=0.1),
+    default=cri.DEFAULT_TIMEOUT,
+    show_default=True,
+    metavar="S",
+    help="Give up on crictl after S seconds (ids only, a warning).",
+)
+@click.option(
+    "--pod-resources-socket",
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
+)
 @ghost_options
-def command(procfs: str, as_json: bool, crictl_path: str | None, crictl_timeout: float,
-            pod_resources_socket: str, ghost_threshold_mib: int, baseline_mib: int | None,
-            nvml_replay: str | None) -> int:
+def command(
+    procfs: str,
+    as_json: bool,
+    crictl_path: str | None,
+    crictl_timeout: float,
+    pod_resources_socket: str,
+    ghost_threshold_mib: int,
+    baseline_mib: int | None,
+    nvml_replay: str | None,
+) -> int:
     """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
     and pod, and each GPU's memory split into driver baseline, processes and ghost.
 

@@ -7,11 +7,21 @@ Needs the ``exporter`` extra (prometheus-client); the only package that imports 
 from gpuzombie.exporter.collector import DEFAULT_MIN_INTERVAL, NodeCollector, ScanResult
 from gpuzombie.exporter.scan import NodeScan, PodLabels, scan_node
 from gpuzombie.exporter.server import (
-           DEFAULT_LISTEN,
-           ListenAddress,
-           PrometheusExporter,
-           parse_listen,
+    DEFAULT_LISTEN,
+    ListenAddress,
+    PrometheusExporter,
+    parse_listen,
 )
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_MIN_INTERVAL", "ListenAddress", "NodeCollector", "NodeScan",
-           "PodLabels", "PrometheusExporter", "ScanResult", "parse_listen", "scan_node"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_MIN_INTERVAL",
+    "ListenAddress",
+    "NodeCollector",
+    "NodeScan",
+    "PodLabels",
+    "PrometheusExporter",
+    "ScanResult",
+    "parse_listen",
+    "scan_node",
+]

@@ -33,10 +33,15 @@ class ScanResult:
 
 
 class NodeCollector(Collector):
-    def __init__(self, scan: Callable[[], NodeScan], *, min_interval: float = DEFAULT_MIN_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time,
-                 on_result: Callable[[ScanResult], None] | None = None) -> None:
+    def __init__(
+        self,
+        scan: Callable[[], NodeScan],
+        *,
+        min_interval: float = DEFAULT_MIN_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        on_result: Callable[[ScanResult], None] | None = None,
+    ) -> None:
         self._scan = scan
         self.min_interval = min_interval
         self._clock = clock
@@ -71,15 +76,23 @@ class NodeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         result = self.latest()
         ok = result.scan is not None
-        yield GaugeMetricFamily("gpuzombie_scan_success", "1 when the last scan read the node, 0 when it "
-                                "failed (then the node metrics are absent).", value=float(ok))
-        yield GaugeMetricFamily("gpuzombie_scan_timestamp_seconds", "Wall time of the last scan (cached "
-                                "for --min-interval seconds).", value=result.taken_at)
+        yield GaugeMetricFamily(
+            "gpuzombie_scan_success",
+            "1 when the last scan read the node, 0 when it failed (then the node metrics are absent).",
+            value=float(ok),
+        )
+        yield GaugeMetricFamily(
+            "gpuzombie_scan_timestamp_seconds",
+            "Wall time of the last scan (cached for --min-interval seconds).",
+            value=result.taken_at,
+        )
         if result.scan is not None:
-            yield GaugeMetricFamily("gpuzombie_scan_duration_seconds", "How long the last scan took.",
-                                    value=result.scan.duration_s)
-        yield CounterMetricFamily("gpuzombie_scans", "Node scans done (scrapes within --min-interval "
-                                  "reuse the last one).", value=self.scans)
+            yield GaugeMetricFamily(
+                "gpuzombie_scan_duration_seconds", "How long the last scan took.", value=result.scan.duration_s
+            )
+        yield CounterMetricFamily(
+            "gpuzombie_scans", "Node scans done (scrapes within --min-interval reuse the last one).", value=self.scans
+        )
         yield CounterMetricFamily("gpuzombie_scan_errors", "Node scans that failed.", value=self.errors)
         if result.scan is not None:
             yield from node_metrics(result.scan)

@@ -26,40 +26,85 @@ class Gauge:
     doc: str
 
 
-GAUGES = {g.name: g for g in (
-    Gauge("gpuzombie_zombies", POD, "Processes in state Z on the node, by pod."),
-    Gauge("gpuzombie_gpu_processes", (*POD, *GPU, "verdict"),
-          "Processes NVML lists, by pod, GPU and verdict (live, zombie, gone, unresolved)."),
-    Gauge("gpuzombie_gpu_process_memory_bytes", (*POD, *GPU, "verdict"),
-          "GPU memory NVML attributes to processes, by pod, GPU and verdict (0.1 MiB precision)."),
-    Gauge("gpuzombie_fd_only_holders", (*POD, "gpu"), "Processes holding /dev/nvidia* that NVML lists on "
-          "no GPU (NSMI=N), by pod and GPU node (empty: several or none)."),
-    Gauge("gpuzombie_pid1_info", (*POD, "program", "kind", "reaping"), "PID 1 of each PID namespace below "
-          "the node's: its program, kind (init, pause, shell, non_forking, program, ...) and whether it reaps "
-          "zombies; 1 a namespace (more where the labels coincide, as for namespaces outside Kubernetes)."),
-    Gauge("gpuzombie_zombies_by_parent", (*POD, "parent", "parent_is_pid1"), "Zombies inside each PID "
-          "namespace by the parent that has not reaped them (parent_is_pid1: the namespace's PID 1)."),
-    Gauge("gpuzombie_orphans", (*POD, "verdict"), "Live children of a namespace's PID 1 that it did not "
-          "start (verdict orphan), or that no evidence decides (cannot_tell)."),
-    Gauge("gpuzombie_grace_risk_gpu_memory_bytes", (*POD, "reason"), "GPU memory a pod deletion would keep "
-          "for the whole grace period: SIGTERM to the container's PID 1 cannot end the processes holding it."),
-    Gauge("gpuzombie_nvml_available", (), "1 when NVML answered the last scan, 0 when not (no driver, no "
-          "library, no GPU)."),
-    Gauge("gpuzombie_gpu_memory_total_bytes", (*GPU, "model"), "GPU memory size."),
-    Gauge("gpuzombie_gpu_memory_used_bytes", GPU, "GPU memory used (total - free, driver reservation "
-          "included)."),
-    Gauge("gpuzombie_gpu_baseline_bytes", (*GPU, "source"), "Memory used with no process at all: the "
-          "driver's reservation (NVML v2 'reserved'), or --baseline-mib."),
-    Gauge("gpuzombie_gpu_listed_process_memory_bytes", GPU, "Sum of the memory NVML attributes to listed "
-          "processes."),
-    Gauge("gpuzombie_gpu_unexplained_memory_bytes", GPU, "used - baseline - listed processes: ghost memory "
-          "when above the threshold."),
-    Gauge("gpuzombie_gpu_memory_verdict", (*GPU, "verdict"), "1 for the GPU's current verdict: ok, ghost "
-          "(unexplained above the threshold) or cannot_tell."),
-    Gauge("gpuzombie_scan_warnings", (), "Warnings of the last scan (crictl missing, unreadable namespaces, "
-          "no NVML); their text goes to stderr each time it changes."),
-    Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
-)}
+GAUGES = {
+    g.name: g
+    for g in (
+        Gauge("gpuzombie_zombies", POD, "Processes in state Z on the node, by pod."),
+        Gauge(
+            "gpuzombie_gpu_processes",
+            (*POD, *GPU, "verdict"),
+            "Processes NVML lists, by pod, GPU and verdict (live, zombie, gone, unresolved).",
+        ),
+        Gauge(
+            "gpuzombie_gpu_process_memory_bytes",
+            (*POD, *GPU, "verdict"),
+            "GPU memory NVML attributes to processes, by pod, GPU and verdict (0.1 MiB precision).",
+        ),
+        Gauge(
+            "gpuzombie_fd_only_holders",
+            (*POD, "gpu"),
+            "Processes holding /dev/nvidia* that NVML lists on "
+            "no GPU (NSMI=N), by pod and GPU node (empty: several or none).",
+        ),
+        Gauge(
+            "gpuzombie_pid1_info",
+            (*POD, "program", "kind", "reaping"),
+            "PID 1 of each PID namespace below "
+            "the node's: its program, kind (init, pause, shell, non_forking, program, ...) and whether it reaps "
+            "zombies; 1 a namespace (more where the labels coincide, as for namespaces outside Kubernetes).",
+        ),
+        Gauge(
+            "gpuzombie_zombies_by_parent",
+            (*POD, "parent", "parent_is_pid1"),
+            "Zombies inside each PID "
+            "namespace by the parent that has not reaped them (parent_is_pid1: the namespace's PID 1).",
+        ),
+        Gauge(
+            "gpuzombie_orphans",
+            (*POD, "verdict"),
+            "Live children of a namespace's PID 1 that it did not "
+            "start (verdict orphan), or that no evidence decides (cannot_tell).",
+        ),
+        Gauge(
+            "gpuzombie_grace_risk_gpu_memory_bytes",
+            (*POD, "reason"),
+            "GPU memory a pod deletion would keep "
+            "for the whole grace period: SIGTERM to the container's PID 1 cannot end the processes holding it.",
+        ),
+        Gauge(
+            "gpuzombie_nvml_available",
+            (),
+            "1 when NVML answered the last scan, 0 when not (no driver, no library, no GPU).",
+        ),
+        Gauge("gpuzombie_gpu_memory_total_bytes", (*GPU, "model"), "GPU memory size."),
+        Gauge("gpuzombie_gpu_memory_used_bytes", GPU, "GPU memory used (total - free, driver reservation included)."),
+        Gauge(
+            "gpuzombie_gpu_baseline_bytes",
+            (*GPU, "source"),
+            "Memory used with no process at all: the driver's reservation (NVML v2 'reserved'), or --baseline-mib.",
+        ),
+        Gauge(
+            "gpuzombie_gpu_listed_process_memory_bytes", GPU, "Sum of the memory NVML attributes to listed processes."
+        ),
+        Gauge(
+            "gpuzombie_gpu_unexplained_memory_bytes",
+            GPU,
+            "used - baseline - listed processes: ghost memory when above the threshold.",
+        ),
+        Gauge(
+            "gpuzombie_gpu_memory_verdict",
+            (*GPU, "verdict"),
+            "1 for the GPU's current verdict: ok, ghost (unexplained above the threshold) or cannot_tell.",
+        ),
+        Gauge(
+            "gpuzombie_scan_warnings",
+            (),
+            "Warnings of the last scan (crictl missing, unreadable namespaces, "
+            "no NVML); their text goes to stderr each time it changes.",
+        ),
+        Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
+    )
+}
 
 
 def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:

@@ -61,8 +61,12 @@ def parse_sigterm(status_text: str, wchan: str | None = None) -> SigtermDisposit
                 masks[key] = bool(int(value.strip(), 16) & SIGTERM_BIT)
             except ValueError:
                 continue
-    return SigtermDisposition(masks.get("SigBlk"), masks.get("SigIgn"), masks.get("SigCgt"),
-                              sigwaiting=bool(wchan and wchan.startswith("do_sigtimedwait")))
+    return SigtermDisposition(
+        masks.get("SigBlk"),
+        masks.get("SigIgn"),
+        masks.get("SigCgt"),
+        sigwaiting=bool(wchan and wchan.startswith("do_sigtimedwait")),
+    )
 
 
 def read_sigterm(view: Procfs, pid: int) -> SigtermDisposition:

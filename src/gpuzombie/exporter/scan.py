@@ -76,15 +76,26 @@ def scan_node(
     started = clock()
     now = time.time() if now is None else now
     namespaces = survey(procfs, now=now)
-    extra = {ns.container.container_id for ns in namespaces.namespaces
-             if ns.container and ns.container.container_id}
+    extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []
 
     def lookup(ids: Iterable[str]) -> CriNames:
         asked.append(names(sorted(set(ids) | extra)))
         return asked[-1]
 
-    trace = trace_node(procfs=procfs, nvml=nvml, view=view, names=lookup, resources=resources(), now=now,
-                       baseline=baseline, threshold=threshold)
-    return NodeScan(trace=trace, namespaces=namespaces, names=asked[0] if asked else CriNames(source=None),
-                    duration_s=clock() - started)
+    trace = trace_node(
+        procfs=procfs,
+        nvml=nvml,
+        view=view,
+        names=lookup,
+        resources=resources(),
+        now=now,
+        baseline=baseline,
+        threshold=threshold,
+    )
+    return NodeScan(
+        trace=trace,
+        namespaces=namespaces,
+        names=asked[0] if asked else CriNames(source=None),
+        duration_s=clock() - started,
+    )

@@ -118,10 +118,16 @@ class GhostMemory:
         """used = baseline + processes + unexplained, in MiB, with the verdict against ``threshold``:
         one conversion for observe's JSON and trace's per-GPU accounting, which show the same fields
         (trace's ``GpuMemory`` takes them as keywords, so a renamed key fails loudly there)."""
-        return {"used_mib": mib(self.used), "baseline_mib": mib(self.baseline),
-                "baseline_source": self.baseline_source, "process_memory_mib": mib(self.process_memory),
-                "unexplained_mib": mib(self.unexplained), "threshold_mib": mib(threshold),
-                "verdict": self.verdict, "flagged": self.flagged}
+        return {
+            "used_mib": mib(self.used),
+            "baseline_mib": mib(self.baseline),
+            "baseline_source": self.baseline_source,
+            "process_memory_mib": mib(self.process_memory),
+            "unexplained_mib": mib(self.unexplained),
+            "threshold_mib": mib(threshold),
+            "verdict": self.verdict,
+            "flagged": self.flagged,
+        }
 
 
 @dataclass(frozen=True)
@@ -131,9 +137,17 @@ class Attribution:
     ghosts: tuple[GhostMemory, ...]
 
 
-def _ref(device: GpuDevice, nvml_pid: int, used: int | None, kind: str, verdict: Verdict,
-         proc: ProcessInfo | None, evidence: str, host_pid: int | None = None,
-         view: ReaderView | None = None) -> GpuProcessRef:
+def _ref(
+    device: GpuDevice,
+    nvml_pid: int,
+    used: int | None,
+    kind: str,
+    verdict: Verdict,
+    proc: ProcessInfo | None,
+    evidence: str,
+    host_pid: int | None = None,
+    view: ReaderView | None = None,
+) -> GpuProcessRef:
     if host_pid is None and proc is not None and (view is None or view.in_root_pidns):
         # Only a reader in the root namespace sees host pids; inside a container the outermost
         # pid it can see is its own namespace's, so the host pid stays unknown unless NVML gave it.
@@ -164,9 +178,7 @@ def _name_matches(nvml_name: str | None, proc: ProcessInfo) -> bool:
     return base == proc.comm or any(os.path.basename(arg) == base for arg in proc.cmdline[:2])
 
 
-def attribute_processes(
-    table: ProcessTable, gpus: GpuSnapshot, view: ReaderView
-) -> tuple[GpuProcessRef, ...]:
+def attribute_processes(table: ProcessTable, gpus: GpuSnapshot, view: ReaderView) -> tuple[GpuProcessRef, ...]:
     """Attribute every NVML process entry to a process of ``table``, or say why not."""
     holders = [p for p in table if p.nvidia_fds and not p.is_zombie and p.pid != view.own_pid]
     refs: list[GpuProcessRef | None] = []
@@ -176,19 +188,58 @@ def attribute_processes(
             proc = table.get(gp.pid)
             if view.in_root_pidns:
                 if proc is None:
-                    refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.GONE, None,
-                                     "no such pid in the root namespace's /proc", host_pid=gp.pid))
+                    refs.append(
+                        _ref(
+                            device,
+                            gp.pid,
+                            gp.used_memory,
+                            gp.kind,
+                            Verdict.GONE,
+                            None,
+                            "no such pid in the root namespace's /proc",
+                            host_pid=gp.pid,
+                        )
+                    )
                 else:
-                    refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc),
-                                     proc, "NVML pid is a host pid", view=view))
+                    refs.append(
+                        _ref(
+                            device,
+                            gp.pid,
+                            gp.used_memory,
+                            gp.kind,
+                            _state_verdict(proc),
+                            proc,
+                            "NVML pid is a host pid",
+                            view=view,
+                        )
+                    )
             elif proc is not None and (proc.nvidia_fds or proc.is_zombie):
-                refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
-                                 "local pid of a process holding /dev/nvidia*", view=view))
+                refs.append(
+                    _ref(
+                        device,
+                        gp.pid,
+                        gp.used_memory,
+                        gp.kind,
+                        _state_verdict(proc),
+                        proc,
+                        "local pid of a process holding /dev/nvidia*",
+                        view=view,
+                    )
+                )
             elif proc is not None and proc.access_denied and _name_matches(gp.name, proc):
                 # Not root: another user's fds are unreadable, but pid and NVML's name agree.
-                refs.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc,
-                                 f"local pid; its fds are unreadable here, NVML name {gp.name!r} matches",
-                                 view=view))
+                refs.append(
+                    _ref(
+                        device,
+                        gp.pid,
+                        gp.used_memory,
+                        gp.kind,
+                        _state_verdict(proc),
+                        proc,
+                        f"local pid; its fds are unreadable here, NVML name {gp.name!r} matches",
+                        view=view,
+                    )
+                )
             else:
                 refs.append(None)
                 pending.append((device, gp.pid, gp.used_memory, gp.kind, gp.name))
@@ -207,8 +258,10 @@ def attribute_processes(
     rest_pids = [p for p in unmatched_pids if p not in mapping]
     rest_cands = [c for c in candidates if all(c is not m for m, _ in mapping.values())]
     if len(rest_pids) == 1 and len(rest_cands) == 1:
-        mapping[rest_pids[0]] = (rest_cands[0], "the only unmatched NVML pid and the only unmatched "
-                                 "/dev/nvidia* holder (NVML gave a host pid)")
+        mapping[rest_pids[0]] = (
+            rest_cands[0],
+            "the only unmatched NVML pid and the only unmatched /dev/nvidia* holder (NVML gave a host pid)",
+        )
 
     resolved = iter(refs)
     out: list[GpuProcessRef] = []
@@ -222,17 +275,39 @@ def attribute_processes(
             proc, why = mapping[pid]
             out.append(_ref(device, pid, used, kind, _state_verdict(proc), proc, why, host_pid=pid))
         elif not rest_cands:
-            out.append(_ref(device, pid, used, kind, Verdict.UNRESOLVED, None,
-                            "not visible in this PID namespace and no unmatched local /dev/nvidia* "
-                            "holder: a host pid of a process outside this namespace, or a dead one",
-                            host_pid=None))
+            out.append(
+                _ref(
+                    device,
+                    pid,
+                    used,
+                    kind,
+                    Verdict.UNRESOLVED,
+                    None,
+                    "not visible in this PID namespace and no unmatched local /dev/nvidia* "
+                    "holder: a host pid of a process outside this namespace, or a dead one",
+                    host_pid=None,
+                )
+            )
         else:
             holders_text = ", ".join(str(c.innermost_pid) for c in rest_cands)
-            paired = (" (as many holders as unmatched NVML pids: all alive and accounted for, pairing "
-                      "unknown)" if len(rest_cands) == len(rest_pids) else "")
-            out.append(_ref(device, pid, used, kind, Verdict.UNRESOLVED, None,
-                            f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it "
-                            f"({holders_text}){paired}", host_pid=None))
+            paired = (
+                " (as many holders as unmatched NVML pids: all alive and accounted for, pairing unknown)"
+                if len(rest_cands) == len(rest_pids)
+                else ""
+            )
+            out.append(
+                _ref(
+                    device,
+                    pid,
+                    used,
+                    kind,
+                    Verdict.UNRESOLVED,
+                    None,
+                    f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it "
+                    f"({holders_text}){paired}",
+                    host_pid=None,
+                )
+            )
     return tuple(out)
 
 
@@ -240,8 +315,14 @@ def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderV
     """Every process holding /dev/nvidia* fds, marked with whether NVML lists it anywhere."""
     listed = {r.reader_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
     return tuple(
-        FdHolder(pid=p.pid, local_pid=p.innermost_pid, comm=p.comm, state=p.state,
-                 devices=p.nvidia_fds, listed_by_nvml=p.pid in listed)
+        FdHolder(
+            pid=p.pid,
+            local_pid=p.innermost_pid,
+            comm=p.comm,
+            state=p.state,
+            devices=p.nvidia_fds,
+            listed_by_nvml=p.pid in listed,
+        )
         for p in table
         if p.nvidia_fds and p.pid != view.own_pid
     )
@@ -275,21 +356,29 @@ def ghost_memory(
     # only this GPU's node held by an unlisted process hints at a context NVML hides.
     unlisted = [h for h in holders if not h.listed_by_nvml and device.device_node in h.devices]
     if unlisted:
-        local.append(f"processes hold {device.device_node} but NVML lists none of them (contexts NVML "
-                     "does not report): " + ", ".join(f"{h.pid} ({h.comm})" for h in unlisted[:5]))
+        local.append(
+            f"processes hold {device.device_node} but NVML lists none of them (contexts NVML "
+            "does not report): " + ", ".join(f"{h.pid} ({h.comm})" for h in unlisted[:5])
+        )
     if any(h.state == "D" for h in holders):
         local.append("a /dev/nvidia* holder is in D state (stuck in the driver)")
     peers = list(peer_devices)
     if not mine and peers:
-        local.append("peer context of a multi-GPU process listed on GPU "
-                     + ", ".join(str(i) for i in peers) + " (e.g. an NCCL rank whose peer died)")
+        local.append(
+            "peer context of a multi-GPU process listed on GPU "
+            + ", ".join(str(i) for i in peers)
+            + " (e.g. an NCCL rank whose peer died)"
+        )
     causes = list(local)
     if not view.in_root_pidns:
-        causes.append("processes of other PID namespaces are invisible from inside this one: their "
-                      "memory counts here without a listed process (not proof of a ghost)")
+        causes.append(
+            "processes of other PID namespaces are invisible from inside this one: their "
+            "memory counts here without a listed process (not proof of a ghost)"
+        )
     elif not causes:
-        causes.append("no process accounts for it: a context the driver has not freed, or a "
-                      "process NVML does not report")
+        causes.append(
+            "no process accounts for it: a context the driver has not freed, or a process NVML does not report"
+        )
     if unexplained <= threshold:
         verdict, causes = "ok", []
     elif view.in_root_pidns or local:
@@ -323,8 +412,15 @@ def attribute(
     holders = fd_holders(table, refs, view)
     devices_with_procs = {r.gpu_index for r in refs}
     ghosts = tuple(
-        ghost_memory(d, refs, holders, view, baseline=baseline, threshold=threshold,
-                     peer_devices=sorted(devices_with_procs - {d.index}))
+        ghost_memory(
+            d,
+            refs,
+            holders,
+            view,
+            baseline=baseline,
+            threshold=threshold,
+            peer_devices=sorted(devices_with_procs - {d.index}),
+        )
         for d in gpus.devices
     )
     return Attribution(processes=refs, fd_holders=holders, ghosts=ghosts)

@@ -134,9 +134,7 @@ class PynvmlBackend:
         except (nv.NVMLError, OSError, AttributeError) as exc:
             # AttributeError: an nvidia-ml-py older than the function or constant we asked for.
             return GpuSnapshot(available=False, reason=f"NVML query failed: {type(exc).__name__}: {exc}")
-        return GpuSnapshot(
-            available=True, driver_version=driver, cuda_driver_version=cuda, devices=devices
-        )
+        return GpuSnapshot(available=True, driver_version=driver, cuda_driver_version=cuda, devices=devices)
 
     def _read_device(self, nv: Any, index: int) -> GpuDevice:
         handle = nv.nvmlDeviceGetHandleByIndex(index)

@@ -27,9 +27,14 @@ from gpuzombie.graceful.torchdist import dist_initialized
 _current: Guard | None = None
 
 
-def install(*, deadline_s: float = 10.0, watch_peers: bool = True, peer_timeout_s: float = 3.0,
-            peer_exit_s: float = 2.0,
-            signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> Guard:
+def install(
+    *,
+    deadline_s: float = 10.0,
+    watch_peers: bool = True,
+    peer_timeout_s: float = 3.0,
+    peer_exit_s: float = 2.0,
+    signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+) -> Guard:
     """Install the handlers and watchdog (main thread only); one Guard per process."""
     global _current
     if _current is not None:

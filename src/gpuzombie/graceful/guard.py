@@ -32,9 +32,14 @@ EXIT_DEADLINE = 124
 class Guard:
     """One per process. ``install()`` makes one; ``should_stop()`` is the loop's check."""
 
-    def __init__(self, *, deadline_s: float = 10.0, peer_exit_s: float = 2.0,
-                 signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        deadline_s: float = 10.0,
+        peer_exit_s: float = 2.0,
+        signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.deadline_s = deadline_s
         self.peer_exit_s = peer_exit_s
         self.signals = tuple(signals)
@@ -91,8 +96,10 @@ class Guard:
                 self._deadline_at = now + limit
             else:
                 return
-        self.log(f"gpuzombie.graceful: {'stop requested' if first else 'also'}: {reason}; "
-                 f"exiting within {self._deadline_at - now:.3g} s")
+        self.log(
+            f"gpuzombie.graceful: {'stop requested' if first else 'also'}: {reason}; "
+            f"exiting within {self._deadline_at - now:.3g} s"
+        )
         if first:
             threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
         self._arm_kernel_backstop()
@@ -112,8 +119,7 @@ class Guard:
             self._held.clear()
             # Stopping early: peers may be dead or mid-collective, so abort. Done normally: the
             # peers are finishing too, and the polite destroy does not wait on anyone dead.
-            what = (torchdist.abort_process_group() if self._stop.is_set()
-                    else torchdist.destroy_process_group())
+            what = torchdist.abort_process_group() if self._stop.is_set() else torchdist.destroy_process_group()
             # With a dead peer, cudaFree's implicit sync could wait on a stuck NCCL kernel; the
             # exit that follows frees everything anyway.
             freed = "cache left to the exit (peer lost)" if self._peer_gone else torchdist.free_cuda_memory()
@@ -129,8 +135,7 @@ class Guard:
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc is not None and not isinstance(exc, SystemExit) and not self._stop.is_set():
             # An error escaping the loop (a collective that failed) takes the same way out, with the
             # deadline: a plain exit could hang in the communication library's teardown. A failed

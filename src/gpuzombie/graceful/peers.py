@@ -41,8 +41,14 @@ def _pid_identity(pid: int) -> str:
 class PeerMonitor:
     """Calls ``on_lost(reason)`` once, from its own thread, when a watched peer is gone."""
 
-    def __init__(self, on_lost: Callable[[str], None], *, interval_s: float = 0.2,
-                 timeout_s: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        on_lost: Callable[[str], None],
+        *,
+        interval_s: float = 0.2,
+        timeout_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.on_lost = on_lost
         self.interval_s = interval_s
         self.timeout_s = timeout_s

@@ -109,7 +109,8 @@ def dedicated_store_client(host: str, port: int, timeout_s: float) -> Any | None
     from datetime import timedelta
 
     try:
-        return torch.distributed.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                                          timeout=timedelta(seconds=timeout_s))
+        return torch.distributed.TCPStore(
+            host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        )
     except Exception:
         return None

@@ -70,8 +70,9 @@ def _run(argv: list[str], deadline: float) -> str:
     if remaining <= 0:
         raise CrictlFailed(f"no time left for {' '.join(argv[1:3])}")
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     except OSError as exc:
         raise CrictlFailed(f"cannot run {argv[0]}: {exc.strerror}") from exc
     try:
@@ -130,8 +131,16 @@ def parse_pods(text: str) -> tuple[list[PodNames], list[ContainerNames]]:
         uid, name, ns = meta.get("uid"), meta.get("name"), meta.get("namespace")
         if uid and name:
             pods.append(PodNames(pod_uid=uid, pod=name, namespace=ns))
-        sandboxes.append(ContainerNames(container_id=item.get("id", ""), container="POD", pod=name,
-                                        namespace=ns, pod_uid=uid, state=item.get("state")))
+        sandboxes.append(
+            ContainerNames(
+                container_id=item.get("id", ""),
+                container="POD",
+                pod=name,
+                namespace=ns,
+                pod_uid=uid,
+                state=item.get("state"),
+            )
+        )
     return pods, sandboxes
 
 
@@ -157,8 +166,10 @@ def _inspect(exe: str, ids: list[str], deadline: float, warnings: list[str]) -> 
         except CrictlFailed:
             unknown.append(cid[:13])
     if unknown or len(ids) > MAX_SINGLE_INSPECTS:
-        warnings.append(f"crictl: {len(ids) - len(found)} container(s) unknown to the CRI runtime "
-                        f"(e.g. {', '.join(unknown[:3])}): shown by id")
+        warnings.append(
+            f"crictl: {len(ids) - len(found)} container(s) unknown to the CRI runtime "
+            f"(e.g. {', '.join(unknown[:3])}): shown by id"
+        )
     return found
 
 

@@ -55,6 +55,7 @@ class PodResourcesError(Exception):
 
 # --- protobuf: just enough of the wire format to read ListPodResourcesResponse -------------------
 
+
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
     shift = value = 0
     while True:
@@ -123,12 +124,16 @@ def parse_list_response(message: bytes) -> tuple[DeviceAssignment, ...]:
                         elif dn == 2:
                             ids.append(_text(dv))
                     devices.append((resource, ids))
-            out.extend(DeviceAssignment(namespace, pod, cname, resource, device_id)
-                       for resource, ids in devices for device_id in ids)
+            out.extend(
+                DeviceAssignment(namespace, pod, cname, resource, device_id)
+                for resource, ids in devices
+                for device_id in ids
+            )
     return tuple(out)
 
 
 # --- HTTP/2: one unary gRPC call --------------------------------------------------------------
+
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
@@ -154,14 +159,25 @@ def _hpack_literal(name: str, value: str) -> bytes:
 
 
 def _request_frames(path: str) -> bytes:
-    headers = b"".join(_hpack_literal(k, v) for k, v in (
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
-        ("content-type", "application/grpc"), ("te", "trailers")))
+    headers = b"".join(
+        _hpack_literal(k, v)
+        for k, v in (
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        )
+    )
     settings = struct.pack(">HI", 0x2, 0) + struct.pack(">HI", 0x4, _MAX_WINDOW)  # no push; big window
-    return (_PREFACE + _frame(_SETTINGS, 0, 0, settings)
-            + _frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", _MAX_WINDOW - 65535))
-            + _frame(_HEADERS, _END_HEADERS, 1, headers)
-            + _frame(_DATA, _END_STREAM, 1, b"\x00\x00\x00\x00\x00"))  # an empty request message
+    return (
+        _PREFACE
+        + _frame(_SETTINGS, 0, 0, settings)
+        + _frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", _MAX_WINDOW - 65535))
+        + _frame(_HEADERS, _END_HEADERS, 1, headers)
+        + _frame(_DATA, _END_STREAM, 1, b"\x00\x00\x00\x00\x00")
+    )  # an empty request message
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:

@@ -69,8 +69,9 @@ def sampling_stats(samples: Sequence[Sample]) -> dict[str, float]:
     }
 
 
-def scenario_metrics(*, samples: Sequence[Sample], marks: dict[str, float | None], grace: float,
-                     worker_bytes: int) -> dict[str, float | bool | None]:
+def scenario_metrics(
+    *, samples: Sequence[Sample], marks: dict[str, float | None], grace: float, worker_bytes: int
+) -> dict[str, float | bool | None]:
     """Release latency, grace waste and the kill -9 comparison, from the samples and event times.
 
     ``marks`` holds the event times: delete, sigkill (None when PID 1 exited within the grace),
@@ -91,10 +92,10 @@ def scenario_metrics(*, samples: Sequence[Sample], marks: dict[str, float | None
         "grace_s": grace,
         "waited_whole_grace": sigkill is not None,
         "pod_exit_after_delete_s": None if pod_exit is None else round(pod_exit - delete, 3),
-        "sigkill_to_free_s": None if sigkill is None or free is None or free < sigkill
-                             else round(free - sigkill, 3),
+        "sigkill_to_free_s": None if sigkill is None or free is None or free < sigkill else round(free - sigkill, 3),
         "grace_waste_gib_s": round(integral_gib_s(samples, delete, end), 3),
         "kill9_to_free_s": None if kill9_latency is None else round(kill9_latency, 3),
-        "release_within_2x_kill9": (None if latency is None or kill9_latency is None
-                                    else latency <= 2 * max(kill9_latency, 0.01)),
+        "release_within_2x_kill9": (
+            None if latency is None or kill9_latency is None else latency <= 2 * max(kill9_latency, 0.01)
+        ),
     }

@@ -74,8 +74,15 @@ def pod_table(pod: Pod) -> ProcessTable:
 def host_view(pod: Pod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
     table = pod_table(pod)
     return tuple(
-        PodProcess(host_pid=p.pid, pod_pid=p.innermost_pid, ppid=p.ppid, state=p.state,
-                   role=role_of(p, pod.pid1, roles), rss_bytes=p.rss_bytes, command=p.command)
+        PodProcess(
+            host_pid=p.pid,
+            pod_pid=p.innermost_pid,
+            ppid=p.ppid,
+            state=p.state,
+            role=role_of(p, pod.pid1, roles),
+            rss_bytes=p.rss_bytes,
+            command=p.command,
+        )
         for p in sorted(table, key=lambda p: p.innermost_pid)
     )
 
@@ -83,8 +90,7 @@ def host_view(pod: Pod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
 def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
     """(zombies, orphans) as the seed counted them."""
     zombies = sum(1 for p in processes if p.state == "Z")
-    orphans = sum(1 for p in processes
-                  if p.state != "Z" and p.ppid == pid1 and p.role in ("worker", "victim"))
+    orphans = sum(1 for p in processes if p.state != "Z" and p.ppid == pid1 and p.role in ("worker", "victim"))
     return zombies, orphans
 
 
@@ -111,17 +117,28 @@ def observe(pod: Pod, point: str, t: float, roles: Mapping[int, str]) -> tuple[O
             error = f"observe gave no JSON summary (exit {rc}): {last}"
         text_run = run_observe(pod, as_json=False)
         observe_text = (text_run.stdout + text_run.stderr).rstrip()
-    obs = Observation(point=point, t=t, zombies=zombies, orphans=orphans, processes=processes,
-                      observe_rc=rc, observe_summary=summary, observe_error=error)
+    obs = Observation(
+        point=point,
+        t=t,
+        zombies=zombies,
+        orphans=orphans,
+        processes=processes,
+        observe_rc=rc,
+        observe_summary=summary,
+        observe_error=error,
+    )
     return obs, render_observation(obs, observe_text)
 
 
 def render_observation(obs: Observation, observe_text: str) -> str:
-    lines = [f"# observation: {obs.point} (t = {obs.t:.3f} s)",
-             f"# lab count from the host: zombies={obs.zombies} orphans={obs.orphans}",
-             f"{'HOST_PID':>8} {'POD_PID':>7} {'PPID':>7} {'STATE':>5} {'ROLE':<7} COMMAND"]
-    lines += [f"{p.host_pid:>8} {p.pod_pid:>7} {p.ppid:>7} {p.state:>5} {p.role:<7} {p.command[:100]}"
-              for p in obs.processes]
+    lines = [
+        f"# observation: {obs.point} (t = {obs.t:.3f} s)",
+        f"# lab count from the host: zombies={obs.zombies} orphans={obs.orphans}",
+        f"{'HOST_PID':>8} {'POD_PID':>7} {'PPID':>7} {'STATE':>5} {'ROLE':<7} COMMAND",
+    ]
+    lines += [
+        f"{p.host_pid:>8} {p.pod_pid:>7} {p.ppid:>7} {p.state:>5} {p.role:<7} {p.command[:100]}" for p in obs.processes
+    ]
     if not obs.processes:
         lines.append("(the pod has no process)")
     lines += ["", "# gpuzombie observe (run inside the pod with nsenter --pid --mount)"]

@@ -35,8 +35,7 @@ def pdeathsig_prefix() -> tuple[str, ...]:
     if setpriv is None:
         return ()
     try:
-        usage = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=5,
-                               check=False).stdout
+        usage = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=5, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return (setpriv, "--pdeathsig", "KILL") if "--pdeathsig" in usage else ()
@@ -85,8 +84,7 @@ def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
     moves the working directory to its root, where ``PYTHONPATH=src`` would point at nothing."""
     env = dict(environ)
     if env.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
-                                            for p in env["PYTHONPATH"].split(os.pathsep))
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p for p in env["PYTHONPATH"].split(os.pathsep))
     return env
 
 
@@ -142,9 +140,17 @@ class Deletion:
 class Pod:
     """One pod: start it, run commands inside it (nsenter), delete it like the kubelet."""
 
-    def __init__(self, name: str, init: str, main_command: Sequence[str], *, log: IO[str],
-                 events: EventLog, env: dict[str, str] | None = None,
-                 then: Sequence[str] = ("sleep", "infinity")) -> None:
+    def __init__(
+        self,
+        name: str,
+        init: str,
+        main_command: Sequence[str],
+        *,
+        log: IO[str],
+        events: EventLog,
+        env: dict[str, str] | None = None,
+        then: Sequence[str] = ("sleep", "infinity"),
+    ) -> None:
         self.name = name
         self.init = init
         self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command), shlex.join(then))]
@@ -157,8 +163,14 @@ class Pod:
         self.pidns = 0
 
     def start(self, timeout: float = 10.0) -> None:
-        self.proc = subprocess.Popen(self.launch, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.launch,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             kids = children_of(self.proc.pid)
@@ -170,8 +182,10 @@ class Pod:
                     self.events.add("pod-start", f"{self.init} as PID 1 (host pid {self.pid1})")
                     return
             if self.proc.poll() is not None:
-                raise PodError(f"pod {self.name}: unshare exited with {self.proc.returncode}"
-                               f"{self._last_log_line()} (the lab needs root, unshare and nsenter)")
+                raise PodError(
+                    f"pod {self.name}: unshare exited with {self.proc.returncode}"
+                    f"{self._last_log_line()} (the lab needs root, unshare and nsenter)"
+                )
             time.sleep(0.005)
         self.kill()
         raise PodError(f"pod {self.name}: no PID 1 appeared within {timeout:.0f} s")
@@ -220,8 +234,7 @@ class Pod:
         """Run a command inside the pod's PID and mount namespaces (``kubectl exec``)."""
         cmd = ["nsenter", "--target", str(self.pid1), "--pid", "--mount", *argv]
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env,
-                                  check=False)
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env, check=False)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
             return subprocess.CompletedProcess(cmd, 124, out or "", f"timed out after {timeout:.1f} s")
@@ -257,9 +270,18 @@ class Pod:
                 self.kill()
         exited = self.events.add("pod-exit", f"unshare exit {self.proc.returncode}").t
         leftovers = self.leftovers()
-        return Deletion(requested_at=requested, grace_s=grace, prestop_rc=prestop_rc,
-                        prestop_stdout=prestop_out, prestop_stderr=prestop_err, sigterm_at=sigterm_at, sigkill_at=sigkill_at,
-                        exited_at=exited, pod_exit_code=self.proc.returncode, leftovers=leftovers)
+        return Deletion(
+            requested_at=requested,
+            grace_s=grace,
+            prestop_rc=prestop_rc,
+            prestop_stdout=prestop_out,
+            prestop_stderr=prestop_err,
+            sigterm_at=sigterm_at,
+            sigkill_at=sigkill_at,
+            exited_at=exited,
+            pod_exit_code=self.proc.returncode,
+            leftovers=leftovers,
+        )
 
     def leftovers(self) -> tuple[int, ...]:
         """Processes of the pod still there after it exited (must be none)."""

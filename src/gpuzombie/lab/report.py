@@ -10,8 +10,18 @@ from typing import Any
 
 Entry = Mapping[str, Any]
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
-MARKED_EVENTS = ("spawn", "parent-exit", "kill-9", "delete", "prestop-start", "prestop-end",
-                 "sigterm", "sigkill", "pod-exit", "memory-released")
+MARKED_EVENTS = (
+    "spawn",
+    "parent-exit",
+    "kill-9",
+    "delete",
+    "prestop-start",
+    "prestop-end",
+    "sigterm",
+    "sigkill",
+    "pod-exit",
+    "memory-released",
+)
 
 
 def load(out_dir: Path) -> dict[str, Any]:
@@ -43,8 +53,7 @@ Row = tuple[str, Sequence[str], Sequence[bool], Callable[[Entry], tuple[str, boo
 
 def _zombies(e: Entry) -> tuple[str, bool]:
     z = _obs(e, "after-kill").get("zombies", 0)
-    return (f"❌ {z} zombie(s) after kill -9, never reaped" if z else "✅ reaped (0 zombies after kill -9)",
-            z > 0)
+    return (f"❌ {z} zombie(s) after kill -9, never reaped" if z else "✅ reaped (0 zombies after kill -9)", z > 0)
 
 
 def _orphans(e: Entry) -> tuple[str, bool]:
@@ -64,11 +73,13 @@ def _sigterm(e: Entry) -> tuple[str, bool]:
     if m["waited_whole_grace"] and rc is not None:
         return f"❌ preStop did not finish within the grace (exit {rc}): SIGKILL at the grace's end", False
     if m["waited_whole_grace"] and e["init"] == "sleep":
-        return "❌ SIG_IGN; PID 1 (sleep) has no handler, so the kernel drops SIGTERM: SIGKILL at the grace's end", False
+        return (
+            "❌ SIG_IGN; PID 1 (sleep) has no handler, so the kernel drops SIGTERM: SIGKILL at the grace's end",
+            False,
+        )
     if m["waited_whole_grace"]:
         return f"❌ SIG_IGN; PID 1 ({e['init']}) outlived SIGTERM: SIGKILL at the grace's end", False
-    return ((f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the "
-            "namespace"), False)
+    return ((f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the namespace"), False)
 
 
 def _kill9(e: Entry) -> tuple[str, bool]:
@@ -91,8 +102,7 @@ def _hold_time(e: Entry) -> tuple[str, bool]:
 def _after_delete(e: Entry) -> tuple[str, bool]:
     m = e["metrics"]
     freed = m["released_at_s"] is not None
-    return (f"✅ freed {format_seconds(m['release_latency_s'])} after deletion" if freed else "❌ still held",
-            freed)
+    return (f"✅ freed {format_seconds(m['release_latency_s'])} after deletion" if freed else "❌ still held", freed)
 
 
 def _waste(e: Entry) -> tuple[str, bool]:
@@ -108,21 +118,43 @@ def _reboot(e: Entry) -> tuple[str, bool]:
 
 
 ROWS: tuple[Row, ...] = (
-    ("Zombies (좀비 수거)", ("❌ occur (1–10)", "✅ tini reaps", "✅", "✅"), (True, False, False, False),
-     _zombies),
-    ("Orphans (고아 발생)", ("✅ (PPID=1)", "✅ but tini reaps", "✅ but reaped", "none (handler cleans up)"),
-     (True, True, True, False), _orphans),
-    ("SIGTERM handling", ("❌ SIG_IGN", "❌ SIG_IGN", "❌ but preStop tries cleanup", "✅ graceful"),
-     (False, False, False, True), _sigterm),
-    ("Orphaned CUDA ctx after kill -9", ("❌ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
-     (False, False, False, False), _kill9),
-    ("Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)",
-     ("30 s (whole grace)", "30 s (no handler)", "30 s (worker ignores)", "0 s ⭐"),
-     (True, True, True, False), _hold_time),
-    ("Memory after pod deletion", ("✅ freed (after SIGKILL)", "✅ freed", "✅ freed", "✅ freed at once"),
-     (True, True, True, True), _after_delete),
-    ("Grace waste (GiB·s)", ("≈74 per worker (740 with 10 workers)", "as S1 (expected)", "as S1 (expected)", "0"),
-     (True, True, True, False), _waste),
+    ("Zombies (좀비 수거)", ("❌ occur (1–10)", "✅ tini reaps", "✅", "✅"), (True, False, False, False), _zombies),
+    (
+        "Orphans (고아 발생)",
+        ("✅ (PPID=1)", "✅ but tini reaps", "✅ but reaped", "none (handler cleans up)"),
+        (True, True, True, False),
+        _orphans,
+    ),
+    (
+        "SIGTERM handling",
+        ("❌ SIG_IGN", "❌ SIG_IGN", "❌ but preStop tries cleanup", "✅ graceful"),
+        (False, False, False, True),
+        _sigterm,
+    ),
+    (
+        "Orphaned CUDA ctx after kill -9",
+        ("❌ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
+        (False, False, False, False),
+        _kill9,
+    ),
+    (
+        "Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)",
+        ("30 s (whole grace)", "30 s (no handler)", "30 s (worker ignores)", "0 s ⭐"),
+        (True, True, True, False),
+        _hold_time,
+    ),
+    (
+        "Memory after pod deletion",
+        ("✅ freed (after SIGKILL)", "✅ freed", "✅ freed", "✅ freed at once"),
+        (True, True, True, True),
+        _after_delete,
+    ),
+    (
+        "Grace waste (GiB·s)",
+        ("≈74 per worker (740 with 10 workers)", "as S1 (expected)", "as S1 (expected)", "0"),
+        (True, True, True, False),
+        _waste,
+    ),
     ("Node reboot needed", ("❌ not needed", "❌", "❌", "❌"), (False, False, False, False), _reboot),
 )
 
@@ -142,12 +174,17 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     prov = (first or {}).get("provenance") or data.get("provenance", {})
     lines = ["# Comparison: the seed's four scenarios, measured", ""]
     if first is not None and first["cpu_standin"]:
-        lines += ["> **CPU STAND-IN**: no GPU was used. \"Memory\" below is host memory (RSS) of the",
-                  "> workers, standing in for GPU memory; the process and signal behaviour is real.", ""]
+        lines += [
+            '> **CPU STAND-IN**: no GPU was used. "Memory" below is host memory (RSS) of the',
+            "> workers, standing in for GPU memory; the process and signal behaviour is real.",
+            "",
+        ]
     gpu = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in prov.get("gpus", [])) or "none"
     lines += [
-        (f"- date: {prov.get('date_utc')} · machine: {prov.get('hostname')} ({prov.get('cpu')}, "
-        f"{prov.get('cpus')} CPUs) · kernel: {prov.get('kernel')} · cgroup {prov.get('cgroup')}"),
+        (
+            f"- date: {prov.get('date_utc')} · machine: {prov.get('hostname')} ({prov.get('cpu')}, "
+            f"{prov.get('cpus')} CPUs) · kernel: {prov.get('kernel')} · cgroup {prov.get('cgroup')}"
+        ),
         f"- GPU: {gpu} · driver: {prov.get('driver') or '—'} · torch: {prov.get('torch') or '—'}",
         f"- command: `{prov.get('command')}`",
     ]
@@ -159,19 +196,31 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
     if first is not None:
         c = first["config"]
-        lines.append(f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
-                     f"(+1 killed with kill -9) · {c['size_mib']} MiB each · memory: {first['memory']}")
-    lines += ["", ("Cells show our measurement; where it disagrees with the seed's value the seed's is "
-              "beside it in bold (the seed measured S1 and expected S2–S4)."), "",
-              "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |", "|---|---|---|---|---|"]
+        lines.append(
+            f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
+            f"(+1 killed with kill -9) · {c['size_mib']} MiB each · memory: {first['memory']}"
+        )
+    lines += [
+        "",
+        (
+            "Cells show our measurement; where it disagrees with the seed's value the seed's is "
+            "beside it in bold (the seed measured S1 and expected S2–S4)."
+        ),
+        "",
+        "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |",
+        "|---|---|---|---|---|",
+    ]
     for label, seed, seed_yes, read in ROWS:
         cells = [_cell(e, s, y, read) for e, s, y in zip(base, seed, seed_yes)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     nccl = data.get("nccl")
-    lines.append("| NCCL hang: GPU memory held | 5.7 GB held until the pod is deleted (seed, measured) | "
-                 "same (expected) | preStop cannot end the hang (expected) | NCCL_ASYNC + "
-                 "destroy_process_group (expected) |" if nccl is None else
-                 "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |")
+    lines.append(
+        "| NCCL hang: GPU memory held | 5.7 GB held until the pod is deleted (seed, measured) | "
+        "same (expected) | preStop cannot end the hang (expected) | NCCL_ASYNC + "
+        "destroy_process_group (expected) |"
+        if nccl is None
+        else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |"
+    )
     lines += ["", "## Measured only", "", "| | " + " | ".join(BASE) + " |", "|---|---|---|---|---|"]
     extra: tuple[tuple[str, Callable[[Entry], str]], ...] = (
         ("PID 1", lambda e: f"`{e['init']}`"),
@@ -180,44 +229,92 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         ("deletion → pod gone", lambda e: format_seconds(e["metrics"]["pod_exit_after_delete_s"])),
         ("SIGKILL at grace end → free", lambda e: format_seconds(e["metrics"]["sigkill_to_free_s"])),
         ("kill -9 of a worker → its memory free", lambda e: format_seconds(e["metrics"]["kill9_to_free_s"])),
-        ("deletion → free ≤ 2 × (kill -9 → free)", lambda e: {True: "✅", False: "❌", None: "—"}[
-            e["metrics"]["release_within_2x_kill9"]]),
-        ("preStop exit code / outcomes", lambda e: "—" if e["deletion"]["prestop_rc"] is None else
-         f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"),
-        ("deletion → preStop hook running", lambda e: format_seconds(e["deletion"].get("prestop_started_after_delete_s"))),
-        ("preStop SIGTERM → target gone", lambda e: ", ".join(
-            format_seconds(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or []) or "—"),
+        (
+            "deletion → free ≤ 2 × (kill -9 → free)",
+            lambda e: {True: "✅", False: "❌", None: "—"}[e["metrics"]["release_within_2x_kill9"]],
+        ),
+        (
+            "preStop exit code / outcomes",
+            lambda e: (
+                "—"
+                if e["deletion"]["prestop_rc"] is None
+                else f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"
+            ),
+        ),
+        (
+            "deletion → preStop hook running",
+            lambda e: format_seconds(e["deletion"].get("prestop_started_after_delete_s")),
+        ),
+        (
+            "preStop SIGTERM → target gone",
+            lambda e: (
+                ", ".join(format_seconds(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or [])
+                or "—"
+            ),
+        ),
         ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
-        ("zombies spawn / kill / delete", lambda e: " / ".join(
-            str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete"))),
+        (
+            "zombies spawn / kill / delete",
+            lambda e: " / ".join(
+                str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete")
+            ),
+        ),
         ("observe summary after kill", lambda e: _observe_summary(_obs(e, "after-kill"))),
         ("processes left after deletion", lambda e: str(len(e["deletion"]["leftovers"]))),
-        ("sampler: samples, mean interval, CPU", lambda e: f"{e['sampler']['count']}, "
-         f"{e['sampler']['mean_interval_ms']} ms, {e['sampler']['cpu_percent_of_one_core']}% of a core"),
+        (
+            "sampler: samples, mean interval, CPU",
+            lambda e: (
+                f"{e['sampler']['count']}, "
+                f"{e['sampler']['mean_interval_ms']} ms, {e['sampler']['cpu_percent_of_one_core']}% of a core"
+            ),
+        ),
     )
     for label, fn in extra:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
     variants = [k for k in scenarios if k not in BASE]
     if variants:
-        lines += ["", "## Variants", "", ("| run | PID 1 | workers | memory | uid | zombies after kill | "
-                  "deletion → free | waited whole grace | grace waste (GiB·s) | kill -9 → free |"),
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Variants",
+            "",
+            (
+                "| run | PID 1 | workers | memory | uid | zombies after kill | "
+                "deletion → free | waited whole grace | grace waste (GiB·s) | kill -9 → free |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for k in variants:
             e = scenarios[k]
             m, c = e["metrics"], e["config"]
-            lines.append(f"| {k} | `{e['init']}` | {c['workers']} | {c['backend']} | {c['uid'] or '—'} | "
-                         f"{_obs(e, 'after-kill').get('zombies')} | {format_seconds(m['release_latency_s'])} | "
-                         f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
-                         f"{format_seconds(m['kill9_to_free_s'])} |")
+            lines.append(
+                f"| {k} | `{e['init']}` | {c['workers']} | {c['backend']} | {c['uid'] or '—'} | "
+                f"{_obs(e, 'after-kill').get('zombies')} | {format_seconds(m['release_latency_s'])} | "
+                f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
+                f"{format_seconds(m['kill9_to_free_s'])} |"
+            )
     if nccl is not None:
-        lines += ["", "## NCCL", "", ("From `gpuzombie lab run --scenario nccl` (its files: "
-                  "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):"), ""]
+        lines += [
+            "",
+            "## NCCL",
+            "",
+            (
+                "From `gpuzombie lab run --scenario nccl` (its files: "
+                "[nccl/comparison.md](nccl/comparison.md), nccl/results.json):"
+            ),
+            "",
+        ]
         if isinstance(nccl, dict) and nccl.get("table_md"):
             lines.append(str(nccl["table_md"]).rstrip())
         else:
             lines += ["```json", json.dumps(nccl, indent=1)[:6000], "```"]
-    lines += ["", ("Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
-              "events marked); each scenario's folder has its own memory.png and notes.md."), ""]
+    lines += [
+        "",
+        (
+            "Plots: [memory-timeline.png](memory-timeline.png) (memory held around each deletion, "
+            "events marked); each scenario's folder has its own memory.png and notes.md."
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -235,13 +332,20 @@ def notes_for(key: str, e: Entry) -> str:
     lines = [f"# {key}: scenario {number}, {e['scenario']['title']}", ""]
     if e["cpu_standin"]:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the workers' host RSS.", ""]
-    lines += [f"- memory: {e['memory']} ({c['size_mib']} MiB per worker, sampled: {e['probe']})",
-              f"- pod: `{e['pod_command']}`",
-              f"- grace {c['grace']:g} s; preStop: "
-              + (f"`gpuzombie prestop --timeout {c['prestop_timeout']:g} --kill-wait "
-                 f"{c['prestop_kill_wait']:g}`" if e["scenario"]["prestop"] else "none"),
-              f"- command: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}",
-              "", "## What happened", ""]
+    lines += [
+        f"- memory: {e['memory']} ({c['size_mib']} MiB per worker, sampled: {e['probe']})",
+        f"- pod: `{e['pod_command']}`",
+        f"- grace {c['grace']:g} s; preStop: "
+        + (
+            f"`gpuzombie prestop --timeout {c['prestop_timeout']:g} --kill-wait {c['prestop_kill_wait']:g}`"
+            if e["scenario"]["prestop"]
+            else "none"
+        ),
+        f"- command: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}",
+        "",
+        "## What happened",
+        "",
+    ]
     for label, seed, seed_yes, read in ROWS:
         text, yes = read(e)
         idx = number - 1
@@ -249,17 +353,22 @@ def notes_for(key: str, e: Entry) -> str:
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
-    lines += ["", "## Numbers", "", "```json", json.dumps(m, indent=1), "```",
-              "", f"Sampler: {e['sampler']}", ""]
+    lines += ["", "## Numbers", "", "```json", json.dumps(m, indent=1), "```", "", f"Sampler: {e['sampler']}", ""]
     if d.get("prestop_log"):
         lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
     if e["init"] != "sleep" and not e["scenario"]["prestop"] and not m["waited_whole_grace"]:
-        lines += ["## Why the grace was not used up", "",
-                  (f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
-                  "child died, the init exited with it, and the kernel SIGKILLs every process of a PID "
-                  "namespace whose init exits, the SIGTERM-ignoring workers included. The seed "
-                  "expected the whole grace here; an init whose main child survives SIGTERM (or a "
-                  "worker that is the main process) would use it up."), ""]
+        lines += [
+            "## Why the grace was not used up",
+            "",
+            (
+                f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
+                "child died, the init exited with it, and the kernel SIGKILLs every process of a PID "
+                "namespace whose init exits, the SIGTERM-ignoring workers included. The seed "
+                "expected the whole grace here; an init whose main child survives SIGTERM (or a "
+                "worker that is the main process) would use it up."
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -272,15 +381,22 @@ def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.
         if ev["name"] not in MARKED_EVENTS:
             continue
         x = ev["t"] - shift
-        ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey",
-                   linestyle=":", linewidth=0.8)
+        ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey", linestyle=":", linewidth=0.8)
         if groups and x - groups[-1][0] < 0.01 * (hi - lo):
             groups[-1][1].append(ev["name"])
         else:
             groups.append((x, [ev["name"]]))
     for i, (x, names) in enumerate(groups):
-        ax.text(x, ymax * 0.97, " + ".join(names), rotation=90, fontsize=6, va="top",
-                ha="right" if i % 2 else "left", clip_on=True)
+        ax.text(
+            x,
+            ymax * 0.97,
+            " + ".join(names),
+            rotation=90,
+            fontsize=6,
+            va="top",
+            ha="right" if i % 2 else "left",
+            clip_on=True,
+        )
 
 
 def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:

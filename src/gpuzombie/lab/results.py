@@ -1,9 +1,9 @@
 """Write a lab run in the seed's results/ layout, plus results.json (every metric, provenance).
 
-    <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
-        nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
-    <out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
-    <out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build)
+<out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
+    nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
+<out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
+<out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build)
 """
 
 from __future__ import annotations
@@ -87,10 +87,16 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
         "gpu_reason": gpus.reason,
         "driver": gpus.driver_version,
         "cuda_driver": gpus.cuda_driver_version,
-        "gpus": [{"index": d.index, "name": d.name, "memory_total_mib": d.memory_total // MIB,
-                  "memory_used_mib": d.memory_used // MIB} for d in gpus.devices],
-        "cgroup": "v2 only" if (_read_text("/proc/self/cgroup") or "").startswith("0::")
-                  else "v1 or hybrid",
+        "gpus": [
+            {
+                "index": d.index,
+                "name": d.name,
+                "memory_total_mib": d.memory_total // MIB,
+                "memory_used_mib": d.memory_used // MIB,
+            }
+            for d in gpus.devices
+        ],
+        "cgroup": "v2 only" if (_read_text("/proc/self/cgroup") or "").startswith("0::") else "v1 or hybrid",
     }
 
 
@@ -111,10 +117,14 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
             prestop_report = None
     return {
         "scenario": _jsonable(run.scenario),
-        "config": {**_jsonable(run.config), "prestop_timeout": run.config.prestop_timeout,
-                   "prestop_kill_wait": run.config.prestop_kill_wait},
-        "memory": CPU_STANDIN_LABEL if run.config.backend == CPU_STANDIN
-                  else f"GPU memory through {run.config.backend}",
+        "config": {
+            **_jsonable(run.config),
+            "prestop_timeout": run.config.prestop_timeout,
+            "prestop_kill_wait": run.config.prestop_kill_wait,
+        },
+        "memory": CPU_STANDIN_LABEL
+        if run.config.backend == CPU_STANDIN
+        else f"GPU memory through {run.config.backend}",
         "cpu_standin": run.config.backend == CPU_STANDIN,
         "init": run.init,
         "pod_command": shlex.join(run.pod_command),
@@ -125,21 +135,29 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         "pod": dict(run.pod_ids),
         "observations": _jsonable(run.observations),
         "deletion": {
-            "grace_s": d.grace_s, "requested_at": round(d.requested_at, 4),
+            "grace_s": d.grace_s,
+            "requested_at": round(d.requested_at, 4),
             "sigterm_at": round(d.sigterm_at, 4),
             "sigkill_at": None if d.sigkill_at is None else round(d.sigkill_at, 4),
-            "exited_at": round(d.exited_at, 4), "pod_exit_code": d.pod_exit_code,
-            "prestop_rc": d.prestop_rc, "prestop_log": d.prestop_stderr.strip(),
-            "prestop_outcomes": _prestop_outcomes(prestop_report), "leftovers": list(d.leftovers),
+            "exited_at": round(d.exited_at, 4),
+            "pod_exit_code": d.pod_exit_code,
+            "prestop_rc": d.prestop_rc,
+            "prestop_log": d.prestop_stderr.strip(),
+            "prestop_outcomes": _prestop_outcomes(prestop_report),
+            "leftovers": list(d.leftovers),
             "prestop_started_after_delete_s": (
-                None if not prestop_report or "started_at" not in prestop_report
-                else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)),
+                None
+                if not prestop_report or "started_at" not in prestop_report
+                else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)
+            ),
         },
         "origin_epoch": run.origin_epoch,
         "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
-        "samples": {"t": [round(s.t, 4) for s in run.samples],
-                    "held_mib": [round(s.held_bytes / MIB, 2) for s in run.samples],
-                    "process_mib": [round(s.process_bytes / MIB, 2) for s in run.samples]},
+        "samples": {
+            "t": [round(s.t, 4) for s in run.samples],
+            "held_mib": [round(s.held_bytes / MIB, 2) for s in run.samples],
+            "process_mib": [round(s.process_bytes / MIB, 2) for s in run.samples],
+        },
     }
 
 
@@ -149,8 +167,15 @@ def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] 
     out = []
     for r in report.get("results", []):
         target = r.get("target", {})
-        out.append({"pid": target.get("pid"), "comm": target.get("comm"), "outcome": r.get("outcome"),
-                    "signals": r.get("signals"), "exited_after_s": r.get("exited_after_s")})
+        out.append(
+            {
+                "pid": target.get("pid"),
+                "comm": target.get("comm"),
+                "outcome": r.get("outcome"),
+                "signals": r.get("signals"),
+                "exited_after_s": r.get("exited_after_s"),
+            }
+        )
     return out
 
 
@@ -162,8 +187,14 @@ def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
     return "gpu: " + ", ".join(sorted({d.name for d in gpus.devices}))
 
 
-def write_results(runs: Sequence[ScenarioRun], out_dir: Path, *, command: Sequence[str],
-                  gpus: GpuSnapshot, nccl: Mapping[str, Any] | None = None) -> Path:
+def write_results(
+    runs: Sequence[ScenarioRun],
+    out_dir: Path,
+    *,
+    command: Sequence[str],
+    gpus: GpuSnapshot,
+    nccl: Mapping[str, Any] | None = None,
+) -> Path:
     """Write every scenario's files and results.json, then comparison.md, notes.md and plots.
 
     An earlier results.json of the same kind is merged (new scenarios replace old ones); one of

@@ -123,10 +123,21 @@ class ScenarioRun:
 
 
 def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
-    cmd = [sys.executable, "-m", PARENT, "--workers", str(config.workers + 1),
-           "--size-mib", str(config.size_mib), "--device", config.device,
-           "--backend", "auto" if config.backend == CPU_STANDIN else config.backend,
-           "--gpu-index", str(config.gpu_index)]
+    cmd = [
+        sys.executable,
+        "-m",
+        PARENT,
+        "--workers",
+        str(config.workers + 1),
+        "--size-mib",
+        str(config.size_mib),
+        "--device",
+        config.device,
+        "--backend",
+        "auto" if config.backend == CPU_STANDIN else config.backend,
+        "--gpu-index",
+        str(config.gpu_index),
+    ]
     if scenario.fixed:
         cmd.append("--fixed")
     if config.uid is not None:
@@ -139,16 +150,34 @@ def main_process(scenario: Scenario, config: LabConfig) -> list[str]:
     if config.main == "sleep" or scenario.init == "sleep":
         return ["sleep", "infinity"]
     module = "gpuzombie.workloads.worker_fixed" if scenario.fixed else "gpuzombie.workloads.worker"
-    return [sys.executable, "-m", module, "--size-mib", str(config.size_mib), "--device", config.device,
-            "--backend", "auto" if config.backend == CPU_STANDIN else config.backend,
-            "--gpu-index", str(config.gpu_index)]
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--size-mib",
+        str(config.size_mib),
+        "--device",
+        config.device,
+        "--backend",
+        "auto" if config.backend == CPU_STANDIN else config.backend,
+        "--gpu-index",
+        str(config.gpu_index),
+    ]
 
 
 def prestop_command(config: LabConfig) -> list[str]:
     """The hook as a pod would run it; the stdlib-only entry of ``gpuzombie prestop`` (same
     options and JSON), which starts without click and rich: its start-up is part of S4's latency."""
-    return [sys.executable, "-m", "gpuzombie.prestop", "--json", "--timeout",
-            f"{config.prestop_timeout:g}", "--kill-wait", f"{config.prestop_kill_wait:g}"]
+    return [
+        sys.executable,
+        "-m",
+        "gpuzombie.prestop",
+        "--json",
+        "--timeout",
+        f"{config.prestop_timeout:g}",
+        "--kill-wait",
+        f"{config.prestop_kill_wait:g}",
+    ]
 
 
 def _read(path: str) -> str:
@@ -185,8 +214,9 @@ def trace_from_host(timeout: float = 60.0) -> str:
 class _Run:
     """One scenario while it runs: its pod, its sampler, and what it has recorded so far."""
 
-    def __init__(self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress,
-                 log: IO[str]) -> None:
+    def __init__(
+        self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress, log: IO[str]
+    ) -> None:
         self.scenario, self.config, self.nvml, self.progress, self.log = scenario, config, nvml, progress, log
         self.events = EventLog()
         self.init = config.init if (config.init and scenario.init != "sleep") else scenario.init
@@ -195,8 +225,9 @@ class _Run:
         self.logs: dict[str, str] = {}
         self.standin = config.backend == CPU_STANDIN
         self.then = main_process(scenario, config)
-        self.pod = Pod(scenario.name, self.init, parent_command(scenario, config), log=log,
-                       events=self.events, then=self.then)
+        self.pod = Pod(
+            scenario.name, self.init, parent_command(scenario, config), log=log, events=self.events, then=self.then
+        )
         self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
 
     def _probe(self) -> Probe:
@@ -224,8 +255,7 @@ class _Run:
         self.observations.append(obs)
         self.logs[f"observe-{point}.log"] = text
         self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
-        self.progress(f"{self.scenario.name}: observe {point}: zombies={obs.zombies} "
-                      f"orphans={obs.orphans}")
+        self.progress(f"{self.scenario.name}: observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
 
     def wait_for_workers(self) -> None:
         """Wait for every ``ready`` line and the parent's exit; name the pod's processes.
@@ -249,8 +279,10 @@ class _Run:
             return len(READY.findall(text)) >= want and "parent exiting" in text
 
         if not _wait(ready, self.config.ready_timeout, 0.01):
-            raise ScenarioError(f"{self.scenario.name}: workers not ready after "
-                                f"{self.config.ready_timeout:.0f} s:\n{_read(log_path)[-2000:]}")
+            raise ScenarioError(
+                f"{self.scenario.name}: workers not ready after "
+                f"{self.config.ready_timeout:.0f} s:\n{_read(log_path)[-2000:]}"
+            )
         by_pod_pid = {p.pod_pid: p.host_pid for p in host_view(self.pod, {})}
         parent_pod_pid, worker_pod_pids = spawned[0], set(spawned[1:])
         for pod_pid in map(int, READY.findall(_read(log_path))):
@@ -291,8 +323,9 @@ class _Run:
                 self.observe("after-kill")
                 self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
                 self.logs["gpu-pod-trace.log"] = trace_from_host()
-                self.progress(f"{s.name}: deleting the pod (grace {c.grace:g} s"
-                              + (", preStop first)" if s.prestop else ")"))
+                self.progress(
+                    f"{s.name}: deleting the pod (grace {c.grace:g} s" + (", preStop first)" if s.prestop else ")")
+                )
                 deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
                 threshold = release_tolerance(c.size_mib * MIB)
                 _wait(lambda: self.held_now() <= threshold, 5.0)
@@ -306,30 +339,51 @@ class _Run:
 
     def finish(self, deletion: Deletion, reaped: bool) -> ScenarioRun:
         samples = tuple(self.sampler.samples)
-        marks = {"delete": deletion.requested_at, "sigkill": deletion.sigkill_at,
-                 "pod_exit": deletion.exited_at, "kill9": (self.events.first("kill-9") or Event(0, "")).t}
-        metrics = scenario_metrics(samples=samples, marks=marks, grace=self.config.grace,
-                                   worker_bytes=self.config.size_mib * MIB)
+        marks = {
+            "delete": deletion.requested_at,
+            "sigkill": deletion.sigkill_at,
+            "pod_exit": deletion.exited_at,
+            "kill9": (self.events.first("kill-9") or Event(0, "")).t,
+        }
+        metrics = scenario_metrics(
+            samples=samples, marks=marks, grace=self.config.grace, worker_bytes=self.config.size_mib * MIB
+        )
         if metrics["released_at_s"] is not None:
-            self.events.add("memory-released", f"{metrics['release_latency_s']} s after the deletion",
-                            at=float(metrics["released_at_s"]))
+            self.events.add(
+                "memory-released",
+                f"{metrics['release_latency_s']} s after the deletion",
+                at=float(metrics["released_at_s"]),
+            )
         return ScenarioRun(
-            scenario=self.scenario, config=self.config, init=self.init,
-            pod_command=tuple(self.pod.argv), probe_source=self.sampler.probe.source,
-            events=tuple(self.events.events), samples=samples,
-            observations=tuple(self.observations), deletion=deletion, victim_reaped=reaped,
-            pod_ids={"unshare_pid": self.pod.proc.pid if self.pod.proc else 0,
-                     "pid1": self.pod.pid1, "pidns": self.pod.pidns},
+            scenario=self.scenario,
+            config=self.config,
+            init=self.init,
+            pod_command=tuple(self.pod.argv),
+            probe_source=self.sampler.probe.source,
+            events=tuple(self.events.events),
+            samples=samples,
+            observations=tuple(self.observations),
+            deletion=deletion,
+            victim_reaped=reaped,
+            pod_ids={
+                "unshare_pid": self.pod.proc.pid if self.pod.proc else 0,
+                "pid1": self.pod.pid1,
+                "pidns": self.pod.pidns,
+            },
             metrics=metrics,
-            sampler={"cpu_seconds": round(self.sampler.cpu_seconds, 4),
-                     "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
-                     **sampling_stats(samples)},
-            origin_epoch=self.events.origin_epoch, logs=self.logs,
+            sampler={
+                "cpu_seconds": round(self.sampler.cpu_seconds, 4),
+                "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
+                **sampling_stats(samples),
+            },
+            origin_epoch=self.events.origin_epoch,
+            logs=self.logs,
         )
 
 
-def run_scenario(scenario: Scenario, config: LabConfig, *, nvml: NvmlBackend | None = None,
-                 progress: Progress = lambda _: None) -> ScenarioRun:
+def run_scenario(
+    scenario: Scenario, config: LabConfig, *, nvml: NvmlBackend | None = None, progress: Progress = lambda _: None
+) -> ScenarioRun:
     """Run one scenario end to end; the pod is gone when this returns, whatever happened."""
     with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{scenario.name}-", suffix=".log") as log:
         return _Run(scenario, config, nvml or default_backend(), progress, log).run()

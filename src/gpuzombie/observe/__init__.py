@@ -5,5 +5,4 @@ from gpuzombie.observe.pid1 import Pid1, Pid1Kind
 from gpuzombie.observe.render import render_text
 from gpuzombie.observe.report import SCHEMA, ObserveReport, Summary, observe
 
-__all__ = ["SCHEMA", "ObserveReport", "Orphan", "Pid1", "Pid1Kind", "Summary", "Zombie", "observe",
-           "render_text"]
+__all__ = ["SCHEMA", "ObserveReport", "Orphan", "Pid1", "Pid1Kind", "Summary", "Zombie", "observe", "render_text"]

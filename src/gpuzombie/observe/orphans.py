@@ -93,18 +93,23 @@ def _started_child(children: list[ProcessInfo]) -> ProcessInfo | None:
 def _pid1_evidence(pid1: Pid1, started: ProcessInfo | None, proc: ProcessInfo) -> str | None:
     name = pid1.program
     if pid1.kind is Pid1Kind.INIT and started is not None and proc.pid != started.pid:
-        return (f"PID 1 is {name}, which starts exactly one child (pid {started.pid}, "
-                f"{started.comm}); every other child was re-parented to it")
+        return (
+            f"PID 1 is {name}, which starts exactly one child (pid {started.pid}, "
+            f"{started.comm}); every other child was re-parented to it"
+        )
     if pid1.kind is Pid1Kind.PAUSE:
         return "PID 1 is pause, which starts no process: every child of it was re-parented"
     if pid1.kind is Pid1Kind.NON_FORKING:
-        return (f"PID 1 is {name}, which forks nothing after its exec: its children were "
-                "re-parented (or forked by its shell before the exec)")
+        return (
+            f"PID 1 is {name}, which forks nothing after its exec: its children were "
+            "re-parented (or forked by its shell before the exec)"
+        )
     return None
 
 
-def find_orphans(table: ProcessTable, pid1: Pid1, *, exclude: frozenset[int] = frozenset(),
-                 now: float) -> tuple[Orphan, ...]:
+def find_orphans(
+    table: ProcessTable, pid1: Pid1, *, exclude: frozenset[int] = frozenset(), now: float
+) -> tuple[Orphan, ...]:
     """Every live child of PID 1 not started by it per the evidence, plus the undecidable ones."""
     if table.get(1) is None:
         return ()
@@ -120,10 +125,18 @@ def find_orphans(table: ProcessTable, pid1: Pid1, *, exclude: frozenset[int] = f
         evidence += _leader_evidence(table, proc)
         if not evidence and pid1.kind is Pid1Kind.SUPERVISOR:
             continue  # a supervisor's children are its services unless evidence says otherwise
-        found.append(Orphan(
-            pid=proc.pid, local_pid=proc.innermost_pid, ppid=proc.ppid, comm=proc.comm,
-            command=proc.command, age_s=round(max(0.0, now - proc.start_time), 1),
-            verdict=ORPHAN if evidence else CANNOT_TELL, evidence=tuple(evidence)))
+        found.append(
+            Orphan(
+                pid=proc.pid,
+                local_pid=proc.innermost_pid,
+                ppid=proc.ppid,
+                comm=proc.comm,
+                command=proc.command,
+                age_s=round(max(0.0, now - proc.start_time), 1),
+                verdict=ORPHAN if evidence else CANNOT_TELL,
+                evidence=tuple(evidence),
+            )
+        )
     return tuple(found)
 
 
@@ -134,12 +147,13 @@ def _reaped_by(table: ProcessTable, pid1: Pid1, proc: ProcessInfo) -> str:
     if parent.pid == 1:
         if pid1.is_reaping_init:
             return f"PID 1 ({pid1.program}) reaps it (transient)"
-        return (f"nobody: PID 1 ({pid1.program}) never calls wait(); it stays until the "
-                "namespace (container) ends")
+        return f"nobody: PID 1 ({pid1.program}) never calls wait(); it stays until the namespace (container) ends"
     if parent.is_zombie:
         return f"its parent {parent.pid} ({parent.comm}) is a zombie too; PID 1 inherits it when that is reaped"
-    return (f"only its parent {parent.pid} ({parent.comm}), which is alive and has not called wait(): "
-            "no init can reap it until that parent waits or exits")
+    return (
+        f"only its parent {parent.pid} ({parent.comm}), which is alive and has not called wait(): "
+        "no init can reap it until that parent waits or exits"
+    )
 
 
 def find_zombies(table: ProcessTable, pid1: Pid1, *, now: float) -> tuple[Zombie, ...]:
@@ -149,9 +163,15 @@ def find_zombies(table: ProcessTable, pid1: Pid1, *, now: float) -> tuple[Zombie
         if not proc.is_zombie:
             continue
         parent = table.get(proc.ppid)
-        found.append(Zombie(
-            pid=proc.pid, local_pid=proc.innermost_pid, ppid=proc.ppid, comm=proc.comm,
-            parent_comm=parent.comm if parent else None,
-            age_s=round(max(0.0, now - proc.start_time), 1),
-            reaped_by=_reaped_by(table, pid1, proc)))
+        found.append(
+            Zombie(
+                pid=proc.pid,
+                local_pid=proc.innermost_pid,
+                ppid=proc.ppid,
+                comm=proc.comm,
+                parent_comm=parent.comm if parent else None,
+                age_s=round(max(0.0, now - proc.start_time), 1),
+                reaped_by=_reaped_by(table, pid1, proc),
+            )
+        )
     return tuple(found)

@@ -33,8 +33,10 @@ class Pid1Kind(str, Enum):
 
 _KINDS: dict[str, Pid1Kind] = {
     **dict.fromkeys(("tini", "tini-static", "dumb-init", "catatonit", "docker-init"), Pid1Kind.INIT),
-    **dict.fromkeys(("systemd", "init", "s6-svscan", "runit", "runit-init", "runsvdir", "supervisord",
-                     "openrc-init", "my_init"), Pid1Kind.SUPERVISOR),
+    **dict.fromkeys(
+        ("systemd", "init", "s6-svscan", "runit", "runit-init", "runsvdir", "supervisord", "openrc-init", "my_init"),
+        Pid1Kind.SUPERVISOR,
+    ),
     "pause": Pid1Kind.PAUSE,
     **dict.fromkeys(("sleep", "tail"), Pid1Kind.NON_FORKING),
     **dict.fromkeys(("sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"), Pid1Kind.SHELL),
@@ -43,14 +45,13 @@ _KINDS: dict[str, Pid1Kind] = {
 _REAPS = {Pid1Kind.INIT, Pid1Kind.SUPERVISOR, Pid1Kind.PAUSE}
 
 _NOTES = {
-    Pid1Kind.INIT: "a reaping init: reaps every zombie re-parented to it and forwards signals to "
-                   "its one child",
+    Pid1Kind.INIT: "a reaping init: reaps every zombie re-parented to it and forwards signals to its one child",
     Pid1Kind.SUPERVISOR: "a reaping init (service supervisor): reaps re-parented zombies",
     Pid1Kind.PAUSE: "the pause container: reaps re-parented zombies, starts no process itself",
     Pid1Kind.NON_FORKING: "NOT an init: never calls wait(), so every process re-parented to it "
-                          "stays a zombie after it exits; SIGTERM is not forwarded",
+    "stays a zombie after it exits; SIGTERM is not forwarded",
     Pid1Kind.SHELL: "NOT an init: a shell reaps only while it waits for its own jobs and does not "
-                    "forward SIGTERM to them",
+    "forward SIGTERM to them",
     Pid1Kind.PROGRAM: "NOT an init: reaps nothing it did not start itself, forwards no signals",
     Pid1Kind.UNKNOWN: "PID 1 is not readable here",
 }
@@ -87,12 +88,26 @@ def program_name(proc: ProcessInfo) -> str:
 def classify(proc: ProcessInfo | None) -> Pid1:
     """Classify the process that is PID 1 (``None`` when it could not be read)."""
     if proc is None:
-        return Pid1(pid=1, comm=None, command=None, program=None, kind=Pid1Kind.UNKNOWN,
-                    is_reaping_init=False, note=_NOTES[Pid1Kind.UNKNOWN])
+        return Pid1(
+            pid=1,
+            comm=None,
+            command=None,
+            program=None,
+            kind=Pid1Kind.UNKNOWN,
+            is_reaping_init=False,
+            note=_NOTES[Pid1Kind.UNKNOWN],
+        )
     name = program_name(proc)
     kind = _KINDS.get(name, Pid1Kind.PROGRAM)
-    return Pid1(pid=proc.pid, comm=proc.comm, command=proc.command, program=name, kind=kind,
-                is_reaping_init=kind in _REAPS, note=_NOTES[kind])
+    return Pid1(
+        pid=proc.pid,
+        comm=proc.comm,
+        command=proc.command,
+        program=name,
+        kind=kind,
+        is_reaping_init=kind in _REAPS,
+        note=_NOTES[kind],
+    )
 
 
 def find_pid1(table: ProcessTable) -> Pid1:

@@ -30,8 +30,16 @@ def _tree_rows(table: ProcessTable, now: float, marks: dict[int, str]) -> list[t
         children = table.children(proc.pid)
         kernel = proc.pid == 2 and proc.comm == "kthreadd" and not proc.cmdline
         text = proc.command[:100] + (f" + {len(children)} kernel threads" if kernel else "")
-        rows.append((proc.pid, proc.ppid, proc.state, proc.uid, f"{max(0.0, now - proc.start_time):.0f}s",
-                     "  " * depth + text + marks.get(proc.pid, "")))
+        rows.append(
+            (
+                proc.pid,
+                proc.ppid,
+                proc.state,
+                proc.uid,
+                f"{max(0.0, now - proc.start_time):.0f}s",
+                "  " * depth + text + marks.get(proc.pid, ""),
+            )
+        )
         for child in () if kernel else children:
             visit(child, depth + 1)
 
@@ -48,8 +56,10 @@ def _section(n: int, title: str) -> list[str]:
 def render_text(report: ObserveReport) -> str:
     """The eight sections, then a one-line summary."""
     r, s, now = report, report.summary, report.taken_at
-    out = [f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
-           f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"]
+    out = [
+        f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
+        f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"
+    ]
     out += [f"warning: {w}" for w in r.view.warnings]
 
     out += _section(1, "PID 1")
@@ -57,51 +67,76 @@ def render_text(report: ObserveReport) -> str:
 
     marks = {z.pid: "  <- zombie" for z in r.zombies}
     marks.update({o.pid: f"  <- {'orphan' if o.verdict == ORPHAN else 'orphan? cannot tell'}" for o in r.orphans})
-    marks.update({pid: "  (this observer)" for pid in r.view.excluded_pids})
+    marks.update(dict.fromkeys(r.view.excluded_pids, "  (this observer)"))
     out += _section(2, "Process tree")
     out += _table(("PID", "PPID", "STAT", "UID", "AGE", "COMMAND"), _tree_rows(r.table, now, marks))
 
     out += _section(3, f"Zombies (state Z): {s.zombies}")
-    out += _table(("PID", "PPID", "PARENT", "AGE", "REAPED BY"),
-                  [(z.pid, z.ppid, z.parent_comm, f"{z.age_s:.0f}s", z.reaped_by) for z in r.zombies])
+    out += _table(
+        ("PID", "PPID", "PARENT", "AGE", "REAPED BY"),
+        [(z.pid, z.ppid, z.parent_comm, f"{z.age_s:.0f}s", z.reaped_by) for z in r.zombies],
+    )
 
-    out += _section(4, f"Orphans (re-parented to PID 1): {s.orphans}"
-                    + (f", {len(r.orphans) - s.orphans} cannot tell" if len(r.orphans) > s.orphans else ""))
-    out += _table(("PID", "COMM", "AGE", "VERDICT", "EVIDENCE"),
-                  [(o.pid, o.comm, f"{o.age_s:.0f}s", o.verdict, "; ".join(o.evidence) or "none")
-                   for o in r.orphans])
+    out += _section(
+        4,
+        f"Orphans (re-parented to PID 1): {s.orphans}"
+        + (f", {len(r.orphans) - s.orphans} cannot tell" if len(r.orphans) > s.orphans else ""),
+    )
+    out += _table(
+        ("PID", "COMM", "AGE", "VERDICT", "EVIDENCE"),
+        [(o.pid, o.comm, f"{o.age_s:.0f}s", o.verdict, "; ".join(o.evidence) or "none") for o in r.orphans],
+    )
 
     out += _section(5, "GPU memory")
     if not r.gpu.available:
         out.append(f"  no GPU/NVML: {r.gpu.reason}")
     else:
-        out += _table(("GPU", "NAME", "TOTAL", "USED", "RESERVED", "UUID"),
-                      [(d.index, d.name, _mib(d.memory_total), _mib(d.memory_used), _mib(d.memory_reserved),
-                        d.uuid) for d in r.gpu.devices])
+        out += _table(
+            ("GPU", "NAME", "TOTAL", "USED", "RESERVED", "UUID"),
+            [
+                (d.index, d.name, _mib(d.memory_total), _mib(d.memory_used), _mib(d.memory_reserved), d.uuid)
+                for d in r.gpu.devices
+            ],
+        )
 
     out += _section(6, f"GPU processes (NVML): {s.gpu_processes}")
-    out += _table(("GPU", "NVML_PID", "LOCAL_PID", "HOST_PID", "COMM", "MEMORY", "VERDICT", "EVIDENCE"),
-                  [(g.gpu_index, g.nvml_pid, g.local_pid, g.host_pid, g.comm, _mib(g.used_memory),
-                    g.verdict.value, g.evidence) for g in r.attribution.processes])
+    out += _table(
+        ("GPU", "NVML_PID", "LOCAL_PID", "HOST_PID", "COMM", "MEMORY", "VERDICT", "EVIDENCE"),
+        [
+            (g.gpu_index, g.nvml_pid, g.local_pid, g.host_pid, g.comm, _mib(g.used_memory), g.verdict.value, g.evidence)
+            for g in r.attribution.processes
+        ],
+    )
 
     out += _section(7, f"/dev/nvidia* holders: {len(r.attribution.fd_holders)}")
-    out += _table(("PID", "LOCAL_PID", "STAT", "COMM", "IN_NVML", "DEVICES"),
-                  [(h.pid, h.local_pid, h.state, h.comm, "yes" if h.listed_by_nvml else "NO",
-                    " ".join(h.devices)) for h in r.attribution.fd_holders])
+    out += _table(
+        ("PID", "LOCAL_PID", "STAT", "COMM", "IN_NVML", "DEVICES"),
+        [
+            (h.pid, h.local_pid, h.state, h.comm, "yes" if h.listed_by_nvml else "NO", " ".join(h.devices))
+            for h in r.attribution.fd_holders
+        ],
+    )
 
     out += _section(8, "Orphaned contexts and ghost memory")
     for g in r.orphaned_contexts:
-        out.append(f"  ORPHANED CONTEXT: GPU {g.gpu_index} pid {g.nvml_pid} {_mib(g.used_memory)} "
-                   f"({g.verdict.value}: {g.evidence})")
+        out.append(
+            f"  ORPHANED CONTEXT: GPU {g.gpu_index} pid {g.nvml_pid} {_mib(g.used_memory)} "
+            f"({g.verdict.value}: {g.evidence})"
+        )
     if not r.orphaned_contexts:
         out.append("  orphaned contexts: none (no GPU memory attributed to a dead pid)")
     for gh in r.attribution.ghosts:
-        line = (f"  GPU {gh.gpu_index}: used {_mib(gh.used)} - baseline {_mib(gh.baseline)} "
-                f"({gh.baseline_source}) - processes {_mib(gh.process_memory)} = "
-                f"{_mib(gh.unexplained)} unexplained -> {gh.verdict.upper()}")
+        line = (
+            f"  GPU {gh.gpu_index}: used {_mib(gh.used)} - baseline {_mib(gh.baseline)} "
+            f"({gh.baseline_source}) - processes {_mib(gh.process_memory)} = "
+            f"{_mib(gh.unexplained)} unexplained -> {gh.verdict.upper()}"
+        )
         out.append(line)
         out += [f"      likely: {c}" for c in gh.likely_causes]
 
-    out += ["", f"summary: {s.zombies} zombies, {s.orphans} orphans, {s.orphaned_contexts} orphaned "
-            f"contexts, {s.ghost_gpus} GPUs with ghost memory -> {'HEALTHY' if s.healthy else 'FINDINGS'}"]
+    out += [
+        "",
+        f"summary: {s.zombies} zombies, {s.orphans} orphans, {s.orphaned_contexts} orphaned "
+        f"contexts, {s.ghost_gpus} GPUs with ghost memory -> {'HEALTHY' if s.healthy else 'FINDINGS'}",
+    ]
     return "\n".join(out) + "\n"

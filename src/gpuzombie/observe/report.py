@@ -136,34 +136,66 @@ def _mib(n: int | None) -> float | None:
 
 
 def _process_dict(p: ProcessInfo, now: float) -> dict[str, Any]:
-    return {"pid": p.pid, "ppid": p.ppid, "state": p.state, "uid": p.uid, "pgid": p.pgid,
-            "sid": p.sid, "nspid": list(p.nspid), "comm": p.comm, "command": p.command,
-            "age_s": round(max(0.0, now - p.start_time), 1), "nvidia_fds": list(p.nvidia_fds)}
+    return {
+        "pid": p.pid,
+        "ppid": p.ppid,
+        "state": p.state,
+        "uid": p.uid,
+        "pgid": p.pgid,
+        "sid": p.sid,
+        "nspid": list(p.nspid),
+        "comm": p.comm,
+        "command": p.command,
+        "age_s": round(max(0.0, now - p.start_time), 1),
+        "nvidia_fds": list(p.nvidia_fds),
+    }
 
 
 def _device_dict(d: GpuDevice) -> dict[str, Any]:
-    return {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_total_mib": _mib(d.memory_total),
-            "memory_used_mib": _mib(d.memory_used), "memory_free_mib": _mib(d.memory_free),
-            "memory_reserved_mib": _mib(d.memory_reserved), "processes": len(d.processes)}
+    return {
+        "index": d.index,
+        "uuid": d.uuid,
+        "name": d.name,
+        "memory_total_mib": _mib(d.memory_total),
+        "memory_used_mib": _mib(d.memory_used),
+        "memory_free_mib": _mib(d.memory_free),
+        "memory_reserved_mib": _mib(d.memory_reserved),
+        "processes": len(d.processes),
+    }
 
 
 def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
-    return {"gpu_index": r.gpu_index, "gpu_uuid": r.gpu_uuid, "nvml_pid": r.nvml_pid,
-            "local_pid": r.local_pid, "host_pid": r.host_pid, "comm": r.comm, "kind": r.kind,
-            "used_memory_mib": _mib(r.used_memory), "verdict": r.verdict.value, "evidence": r.evidence}
+    return {
+        "gpu_index": r.gpu_index,
+        "gpu_uuid": r.gpu_uuid,
+        "nvml_pid": r.nvml_pid,
+        "local_pid": r.local_pid,
+        "host_pid": r.host_pid,
+        "comm": r.comm,
+        "kind": r.kind,
+        "used_memory_mib": _mib(r.used_memory),
+        "verdict": r.verdict.value,
+        "evidence": r.evidence,
+    }
 
 
 def _ghost_dict(g: GhostMemory, threshold: int) -> dict[str, Any]:
-    return {"gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid, **g.accounting_mib(threshold),
-            "likely_causes": list(g.likely_causes)}
+    return {
+        "gpu_index": g.gpu_index,
+        "gpu_uuid": g.gpu_uuid,
+        **g.accounting_mib(threshold),
+        "likely_causes": list(g.likely_causes),
+    }
 
 
 def _warnings(table: ProcessTable, is_root: bool) -> tuple[str, ...]:
     denied = sum(1 for p in table if p.access_denied)
     found = []
     if not is_root:
-        found.append(f"not root: {denied} processes of other users could not be fully read (fds, "
-                     "cmdline); /dev/nvidia* holders among them are missing from this report")
+        found.append(
+            f"not root: {denied} processes of other users could not be fully read (fds, "
+            "cmdline); /dev/nvidia* holders among them are missing from this report"
+        )
     elif denied:
         found.append(f"{denied} processes could not be fully read (access denied)")
     return tuple(found)
@@ -213,10 +245,16 @@ def observe(
     is_root = os.geteuid() == 0 if is_root is None else is_root
     return ObserveReport(
         taken_at=now,
-        view=ViewInfo(procfs=procfs.root, in_root_pidns=view.in_root_pidns, own_pid=view.own_pid,
-                      excluded_pids=excluded, is_root=is_root, processes_seen=len(table),
-                      access_denied=sum(1 for p in table if p.access_denied),
-                      warnings=_warnings(table, is_root)),
+        view=ViewInfo(
+            procfs=procfs.root,
+            in_root_pidns=view.in_root_pidns,
+            own_pid=view.own_pid,
+            excluded_pids=excluded,
+            is_root=is_root,
+            processes_seen=len(table),
+            access_denied=sum(1 for p in table if p.access_denied),
+            warnings=_warnings(table, is_root),
+        ),
         pid1=pid1,
         table=table,
         zombies=find_zombies(table, pid1, now=now),

@@ -17,7 +17,21 @@ from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, plan_target
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
 
 __all__ = [
-    "DEFAULT_KILL_WAIT", "DEFAULT_TIMEOUT", "Excluded", "Outcome", "PrestopEvent", "PrestopPlan",
-    "PrestopReport", "ProcessHandle", "ProcessIdentity", "Target", "TargetResult", "execute_plan",
-    "plan_prestop", "plan_targets", "render_text", "run_prestop", "summary_line",
+    "DEFAULT_KILL_WAIT",
+    "DEFAULT_TIMEOUT",
+    "Excluded",
+    "Outcome",
+    "PrestopEvent",
+    "PrestopPlan",
+    "PrestopReport",
+    "ProcessHandle",
+    "ProcessIdentity",
+    "Target",
+    "TargetResult",
+    "execute_plan",
+    "plan_prestop",
+    "plan_targets",
+    "render_text",
+    "run_prestop",
+    "summary_line",
 ]

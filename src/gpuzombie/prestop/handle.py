@@ -70,8 +70,9 @@ class ProcessHandle:
         self.pidfd = pidfd
 
     @classmethod
-    def open(cls, identity: ProcessIdentity, procfs_root: str,
-             use_pidfd: bool = True) -> tuple[ProcessHandle | None, Liveness]:
+    def open(
+        cls, identity: ProcessIdentity, procfs_root: str, use_pidfd: bool = True
+    ) -> tuple[ProcessHandle | None, Liveness]:
         """Pin the process; (None, why) when it is already gone or its pid was reused."""
         pidfd = None
         if use_pidfd and pidfds_supported():

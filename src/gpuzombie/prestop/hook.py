@@ -37,10 +37,20 @@ def pid1_log_status(sink: Pid1Log | None) -> str:
     return sink.why_not or f"written to {sink.path}"
 
 
-def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
-             kill_wait: float = DEFAULT_KILL_WAIT, dry_run: bool = False, include_orphans: bool = True,
-             same_cgroup: bool = False, use_nvml: bool = True, pid1_log: bool = True,
-             as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run_hook(
+    *,
+    procfs: str = "/proc",
+    timeout: float = DEFAULT_TIMEOUT,
+    kill_wait: float = DEFAULT_KILL_WAIT,
+    dry_run: bool = False,
+    include_orphans: bool = True,
+    same_cgroup: bool = False,
+    use_nvml: bool = True,
+    pid1_log: bool = True,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result."""
     out = out or sys.stdout
     err = err or sys.stderr
@@ -63,9 +73,16 @@ def run_hook(*, procfs: str = "/proc", timeout: float = DEFAULT_TIMEOUT,
 
         nvml = default_backend()
     try:
-        report = run_prestop(procfs=Procfs(procfs), nvml=nvml, timeout=timeout, kill_wait=kill_wait,
-                             dry_run=dry_run, include_orphans=include_orphans, same_cgroup=same_cgroup,
-                             on_event=on_event)
+        report = run_prestop(
+            procfs=Procfs(procfs),
+            nvml=nvml,
+            timeout=timeout,
+            kill_wait=kill_wait,
+            dry_run=dry_run,
+            include_orphans=include_orphans,
+            same_cgroup=same_cgroup,
+            on_event=on_event,
+        )
     finally:
         if sink is not None:
             sink.close()
@@ -89,22 +106,32 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click)."""
-    ap = _Parser(prog="python3 -m gpuzombie.prestop",
-                 description="SIGTERM this container's GPU holders and orphans, wait, "
-                             "SIGKILL the rest. Exit 0 all gone, 1 survivors, 2 error, 130 interrupted.")
+    ap = _Parser(
+        prog="python3 -m gpuzombie.prestop",
+        description="SIGTERM this container's GPU holders and orphans, wait, "
+        "SIGKILL the rest. Exit 0 all gone, 1 survivors, 2 error, 130 interrupted.",
+    )
     # String defaults go through ``type`` too, so a bad environment value is a usage error.
-    ap.add_argument("--timeout", type=float,
-                    default=os.environ.get("GPUZOMBIE_PRESTOP_TIMEOUT", str(DEFAULT_TIMEOUT)),
-                    help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_TIMEOUT:g}, "
-                         "or GPUZOMBIE_PRESTOP_TIMEOUT)")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=os.environ.get("GPUZOMBIE_PRESTOP_TIMEOUT", str(DEFAULT_TIMEOUT)),
+        help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_TIMEOUT:g}, or GPUZOMBIE_PRESTOP_TIMEOUT)",
+    )
     ap.add_argument("--kill-wait", type=float, default=DEFAULT_KILL_WAIT)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-orphans", action="store_true")
     ap.add_argument("--no-nvml", action="store_true")
-    ap.add_argument("--same-cgroup", action="store_true",
-                    help="only processes in this process's cgroup (shareProcessNamespace pods)")
-    ap.add_argument("--no-pid1-log", action="store_true",
-                    default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"))
+    ap.add_argument(
+        "--same-cgroup",
+        action="store_true",
+        help="only processes in this process's cgroup (shareProcessNamespace pods)",
+    )
+    ap.add_argument(
+        "--no-pid1-log",
+        action="store_true",
+        default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"),
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", "/proc"))
     try:
@@ -115,10 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return ExitStatus.ERROR if exc.code else ExitStatus.OK
     try:
-        return run_hook(procfs=args.procfs, timeout=args.timeout, kill_wait=args.kill_wait,
-                        dry_run=args.dry_run, include_orphans=not args.no_orphans,
-                        same_cgroup=args.same_cgroup, use_nvml=not args.no_nvml,
-                        pid1_log=not args.no_pid1_log, as_json=args.json)
+        return run_hook(
+            procfs=args.procfs,
+            timeout=args.timeout,
+            kill_wait=args.kill_wait,
+            dry_run=args.dry_run,
+            include_orphans=not args.no_orphans,
+            same_cgroup=args.same_cgroup,
+            use_nvml=not args.no_nvml,
+            pid1_log=not args.no_pid1_log,
+            as_json=args.json,
+        )
     except GpuzombieError as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)
         return exc.status
@@ -128,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the last line of defence, as gpuzombie.cli.main has it
         if os.environ.get("GPUZOMBIE_DEBUG"):
             traceback.print_exc()
-        print(f"gpuzombie: internal error: {type(exc).__name__}: {exc} (set GPUZOMBIE_DEBUG=1 for details)",
-              file=sys.stderr)
+        print(
+            f"gpuzombie: internal error: {type(exc).__name__}: {exc} (set GPUZOMBIE_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
         return ExitStatus.ERROR

@@ -41,9 +41,14 @@ class PrestopReport:
     exit_status: int
 
 
-def plan_prestop(*, procfs: Procfs, nvml: NvmlBackend | None = None,
-                 include_orphans: bool = True, same_cgroup: bool = False,
-                 own_pid: int | None = None) -> PrestopPlan:
+def plan_prestop(
+    *,
+    procfs: Procfs,
+    nvml: NvmlBackend | None = None,
+    include_orphans: bool = True,
+    same_cgroup: bool = False,
+    own_pid: int | None = None,
+) -> PrestopPlan:
     """One snapshot of the namespace and NVML, turned into targets and exclusions."""
     me = own_pid if own_pid is not None else own_pid_in(procfs.root)
     table = procfs.snapshot(now=time.time())
@@ -73,30 +78,51 @@ def run_prestop(
     if me != os.getpid():
         raise GpuzombieError(
             f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are "
-            f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)", ExitStatus.ERROR)
+            f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)",
+            ExitStatus.ERROR,
+        )
     started = time.time()
     t0 = clock()
-    plan = plan_prestop(procfs=procfs, nvml=nvml, include_orphans=include_orphans,
-                        same_cgroup=same_cgroup, own_pid=me)
+    plan = plan_prestop(procfs=procfs, nvml=nvml, include_orphans=include_orphans, same_cgroup=same_cgroup, own_pid=me)
     on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
     for ex in plan.excluded:
         on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
 
     def rescan() -> PrestopPlan:
-        return plan_prestop(procfs=procfs, nvml=None, include_orphans=include_orphans,
-                            same_cgroup=same_cgroup, own_pid=plan.own_pid)
+        return plan_prestop(
+            procfs=procfs, nvml=None, include_orphans=include_orphans, same_cgroup=same_cgroup, own_pid=plan.own_pid
+        )
 
-    results = execute_plan(plan, procfs_root=procfs.root, timeout=timeout, kill_wait=kill_wait,
-                           dry_run=dry_run, rescan=rescan, on_event=on_event, clock=clock)
+    results = execute_plan(
+        plan,
+        procfs_root=procfs.root,
+        timeout=timeout,
+        kill_wait=kill_wait,
+        dry_run=dry_run,
+        rescan=rescan,
+        on_event=on_event,
+        clock=clock,
+    )
     survivors = sum(r.outcome in (Outcome.SURVIVED, Outcome.DENIED) for r in results)
     status = ExitStatus.FINDINGS if survivors else ExitStatus.OK
     report = PrestopReport(
-        schema=SCHEMA, started_at=started, duration_s=round(clock() - t0, 3), dry_run=dry_run,
-        timeout_s=timeout, kill_wait_s=kill_wait, own_pid=plan.own_pid, pidns=plan.own_pidns,
-        in_root_pidns=plan.in_root_pidns, pid1_command=plan.pid1_command,
-        orphans_included=plan.orphans_included, gpu_available=plan.gpu_available,
-        gpu_reason=plan.gpu_reason, results=results, excluded=plan.excluded,
-        survivors=survivors, exit_status=int(status),
+        schema=SCHEMA,
+        started_at=started,
+        duration_s=round(clock() - t0, 3),
+        dry_run=dry_run,
+        timeout_s=timeout,
+        kill_wait_s=kill_wait,
+        own_pid=plan.own_pid,
+        pidns=plan.own_pidns,
+        in_root_pidns=plan.in_root_pidns,
+        pid1_command=plan.pid1_command,
+        orphans_included=plan.orphans_included,
+        gpu_available=plan.gpu_available,
+        gpu_reason=plan.gpu_reason,
+        results=results,
+        excluded=plan.excluded,
+        survivors=survivors,
+        exit_status=int(status),
     )
     on_event(PrestopEvent(report.duration_s, "done", None, summary_line(report)))
     return report
@@ -104,11 +130,15 @@ def run_prestop(
 
 def _plan_line(plan: PrestopPlan) -> str:
     gpu = "NVML available" if plan.gpu_available else f"NVML not used ({plan.gpu_reason})"
-    orphans = "orphans included" if plan.orphans_included else (
-        "orphans not swept, own cgroup only (host PID namespace)" if plan.in_root_pidns
-        else "orphans not swept")
-    return (f"{len(plan.targets)} target(s) in pid namespace {plan.own_pidns} "
-            f"(PID 1: {plan.pid1_command}); {orphans}; {gpu}")
+    orphans = (
+        "orphans included"
+        if plan.orphans_included
+        else ("orphans not swept, own cgroup only (host PID namespace)" if plan.in_root_pidns else "orphans not swept")
+    )
+    return (
+        f"{len(plan.targets)} target(s) in pid namespace {plan.own_pidns} "
+        f"(PID 1: {plan.pid1_command}); {orphans}; {gpu}"
+    )
 
 
 def summary_line(report: PrestopReport) -> str:
@@ -125,8 +155,10 @@ def render_text(report: PrestopReport) -> str:
     lines = [f"{'PID':>7}  {'COMM':<16} {'OUTCOME':<28} {'SIGNALS':<26} {'GONE_AFTER':>10}  REASONS"]
     for r in report.results:
         gone = f"{r.exited_after_s:.3f}s" if r.exited_after_s is not None else "-"
-        lines.append(f"{r.target.pid:>7}  {r.target.comm[:16]:<16} {r.outcome.value:<28} "
-                     f"{','.join(r.signals) or '-':<26} {gone:>10}  {'; '.join(r.target.reasons)}")
+        lines.append(
+            f"{r.target.pid:>7}  {r.target.comm[:16]:<16} {r.outcome.value:<28} "
+            f"{','.join(r.signals) or '-':<26} {gone:>10}  {'; '.join(r.target.reasons)}"
+        )
     for ex in report.excluded:
         lines.append(f"{ex.pid:>7}  {ex.comm[:16]:<16} {'untouched':<28} {'-':<26} {'-':>10}  {ex.reason}")
     lines.append(summary_line(report))

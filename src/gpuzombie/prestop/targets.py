@@ -98,15 +98,13 @@ def is_orphan(proc: ProcessInfo) -> bool:
     return proc.ppid == 1 and proc.pid != 1 and proc.pgid != proc.pid
 
 
-def _nvml_matches(refs: tuple[GpuProcessRef, ...], table: ProcessTable,
-                  own_pidns: int | None) -> dict[int, int]:
+def _nvml_matches(refs: tuple[GpuProcessRef, ...], table: ProcessTable, own_pidns: int | None) -> dict[int, int]:
     """pid -> bytes, for NVML entries that resolve to exactly one process of this namespace."""
     memory: dict[int, int] = {}
     for ref in refs:
         if ref.verdict is not Verdict.LIVE or ref.local_pid is None:
             continue
-        candidates = [p for p in table if p.innermost_pid == ref.local_pid
-                      and (ref.comm is None or p.comm == ref.comm)]
+        candidates = [p for p in table if p.innermost_pid == ref.local_pid and (ref.comm is None or p.comm == ref.comm)]
         if len(candidates) != 1 or candidates[0].pidns != own_pidns:
             continue  # ambiguous, or not ours: the fd scan still finds our own holders
         pid = candidates[0].pid
@@ -114,8 +112,9 @@ def _nvml_matches(refs: tuple[GpuProcessRef, ...], table: ProcessTable,
     return memory
 
 
-def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
-                 include_orphans: bool = True, same_cgroup: bool = False) -> PrestopPlan:
+def plan_targets(
+    table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int, include_orphans: bool = True, same_cgroup: bool = False
+) -> PrestopPlan:
     """Decide targets and exclusions from one snapshot. Pure: reads nothing, signals nothing.
 
     ``same_cgroup`` keeps to processes in this process's own cgroup: with
@@ -156,20 +155,37 @@ def plan_targets(table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int,
         elif own_pidns is None or proc.pidns != own_pidns:
             why_not = "in another PID namespace" if proc.pidns else "PID namespace unreadable"
         elif own_cgroup_only and (me is None or not me.cgroup or proc.cgroup != me.cgroup):
-            why_not = ("in another cgroup (host PID namespace: only this process's own cgroup)"
-                       if in_root else "in another cgroup (another container of the pod)")
+            why_not = (
+                "in another cgroup (host PID namespace: only this process's own cgroup)"
+                if in_root
+                else "in another cgroup (another container of the pod)"
+            )
         elif proc.is_zombie:
             why_not = "zombie: already exited, nothing to signal (its parent must reap it)"
         if why_not:
             excluded.append(Excluded(proc.pid, proc.comm, why_not))
             continue
-        targets.append(Target(pid=proc.pid, start_ticks=proc.start_ticks, comm=proc.comm,
-                              command=proc.command, state=proc.state, reasons=tuple(reasons),
-                              devices=proc.nvidia_fds, gpu_memory=nvml_memory.get(proc.pid)))
+        targets.append(
+            Target(
+                pid=proc.pid,
+                start_ticks=proc.start_ticks,
+                comm=proc.comm,
+                command=proc.command,
+                state=proc.state,
+                reasons=tuple(reasons),
+                devices=proc.nvidia_fds,
+                gpu_memory=nvml_memory.get(proc.pid),
+            )
+        )
     pid1 = table.get(1)
     return PrestopPlan(
-        own_pid=own_pid, own_pidns=own_pidns, in_root_pidns=in_root,
-        pid1_command=pid1.command if pid1 else None, orphans_included=orphans_on,
-        gpu_available=gpus.available, gpu_reason=gpus.reason,
-        targets=tuple(targets), excluded=tuple(excluded),
+        own_pid=own_pid,
+        own_pidns=own_pidns,
+        in_root_pidns=in_root,
+        pid1_command=pid1.command if pid1 else None,
+        orphans_included=orphans_on,
+        gpu_available=gpus.available,
+        gpu_reason=gpus.reason,
+        targets=tuple(targets),
+        excluded=tuple(excluded),
     )

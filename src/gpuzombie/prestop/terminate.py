@@ -112,8 +112,11 @@ def execute_plan(
             return
         if state is Liveness.ALIVE:
             item.signals.append(f"{name}@{now():.3f}")
-            emit("signal", item.target.pid, f"{name} -> pid {item.target.pid} ({item.target.comm}): "
-                 + "; ".join(item.target.reasons))
+            emit(
+                "signal",
+                item.target.pid,
+                f"{name} -> pid {item.target.pid} ({item.target.comm}): " + "; ".join(item.target.reasons),
+            )
         else:
             finish(item, Outcome.PID_REUSED if state is Liveness.REUSED else _exit_outcome(item))
 
@@ -122,8 +125,11 @@ def execute_plan(
         item.exited_after = now()
         if item.handle is not None:
             item.handle.close()
-        emit("exit", item.target.pid, f"pid {item.target.pid} ({item.target.comm}) gone after "
-             f"{item.exited_after:.3f} s ({outcome.value})")
+        emit(
+            "exit",
+            item.target.pid,
+            f"pid {item.target.pid} ({item.target.comm}) gone after {item.exited_after:.3f} s ({outcome.value})",
+        )
 
     def live() -> list[_Tracked]:
         """Signalled and not yet seen to exit (every one has an open handle)."""
@@ -173,8 +179,12 @@ def execute_plan(
         reap_exits()
     for item in live():
         item.outcome = Outcome.SURVIVED
-        emit("survivor", item.target.pid, f"pid {item.target.pid} ({item.target.comm}) still alive "
-             f"{kill_wait:.1f} s after SIGKILL (D state in the driver?)")
+        emit(
+            "survivor",
+            item.target.pid,
+            f"pid {item.target.pid} ({item.target.comm}) still alive "
+            f"{kill_wait:.1f} s after SIGKILL (D state in the driver?)",
+        )
         if item.handle is not None:
             item.handle.close()
     return _results(tracked)
@@ -190,7 +200,12 @@ def _exit_outcome(item: _Tracked) -> Outcome:
 
 def _results(tracked: dict[tuple[int, int], _Tracked]) -> tuple[TargetResult, ...]:
     return tuple(
-        TargetResult(target=t.target, outcome=t.outcome or Outcome.SURVIVED, signals=tuple(t.signals),
-                     exited_after_s=t.exited_after, found_by_rescan=t.rescan)
+        TargetResult(
+            target=t.target,
+            outcome=t.outcome or Outcome.SURVIVED,
+            signals=tuple(t.signals),
+            exited_after_s=t.exited_after,
+            found_by_rescan=t.rescan,
+        )
         for t in tracked.values()
     )

@@ -281,8 +281,9 @@ class Procfs:
                 return pidns
         return None
 
-    def read_process(self, pid: int, boot_time: float, *, with_cgroup: bool = True,
-                     tree_pidns: int | None = None) -> ProcessInfo | None:
+    def read_process(
+        self, pid: int, boot_time: float, *, with_cgroup: bool = True, tree_pidns: int | None = None
+    ) -> ProcessInfo | None:
         """Read one process; None when it has vanished (or never was).
 
         A file that denies access (another user's fds without root) leaves its fields empty and
@@ -297,8 +298,9 @@ class Procfs:
         except (OSError, ValueError, IndexError):
             return None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
-            return self._process(pid, stat, owner, boot_time, cmdline=(), nspid=(pid,), pidns=tree_pidns,
-                                 cgroup=(), fds=(), denied=False)
+            return self._process(
+                pid, stat, owner, boot_time, cmdline=(), nspid=(pid,), pidns=tree_pidns, cgroup=(), fds=(), denied=False
+            )
         # Each read below: denied -> leave the field empty and say so; gone -> drop the process.
         denied = False
         cmdline: tuple[str, ...] = ()
@@ -333,12 +335,33 @@ class Procfs:
             if exc.errno in _GONE:
                 return None  # exited mid-read: drop it rather than report half a process
             denied = True
-        return self._process(pid, stat, owner, boot_time, cmdline=cmdline, nspid=status.nspid or (pid,),
-                             pidns=pidns, cgroup=cgroup, fds=fds, denied=denied)
+        return self._process(
+            pid,
+            stat,
+            owner,
+            boot_time,
+            cmdline=cmdline,
+            nspid=status.nspid or (pid,),
+            pidns=pidns,
+            cgroup=cgroup,
+            fds=fds,
+            denied=denied,
+        )
 
-    def _process(self, pid: int, stat: StatFields, uid: int, boot_time: float, *, cmdline: tuple[str, ...],
-                 nspid: tuple[int, ...], pidns: int | None, cgroup: tuple[str, ...], fds: tuple[str, ...],
-                 denied: bool) -> ProcessInfo:
+    def _process(
+        self,
+        pid: int,
+        stat: StatFields,
+        uid: int,
+        boot_time: float,
+        *,
+        cmdline: tuple[str, ...],
+        nspid: tuple[int, ...],
+        pidns: int | None,
+        cgroup: tuple[str, ...],
+        fds: tuple[str, ...],
+        denied: bool,
+    ) -> ProcessInfo:
         return ProcessInfo(
             pid=pid,
             ppid=stat.ppid,
@@ -358,9 +381,7 @@ class Procfs:
             access_denied=denied,
         )
 
-    def snapshot(
-        self, pids: Iterable[int] | None = None, *, now: float, with_cgroup: bool = True
-    ) -> ProcessTable:
+    def snapshot(self, pids: Iterable[int] | None = None, *, now: float, with_cgroup: bool = True) -> ProcessTable:
         """Read every process (or the given pids) into a ProcessTable.
 
         ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers

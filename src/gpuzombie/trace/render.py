@@ -53,19 +53,23 @@ def render_text(report: TraceReport) -> str:
         out.append("")
         for g in report.gpus:
             mark = {"ok": "ok", "ghost": "GHOST", "cannot_tell": "cannot tell"}.get(g.verdict, g.verdict)
-            out.append(f"GPU {g.index} {g.name} ({g.uuid}): used {_mib(g.used_mib)} = baseline "
-                       f"{_mib(g.baseline_mib)} + processes {_mib(g.process_memory_mib)} + unexplained "
-                       f"{_mib(g.unexplained_mib)}  [{mark}]")
+            out.append(
+                f"GPU {g.index} {g.name} ({g.uuid}): used {_mib(g.used_mib)} = baseline "
+                f"{_mib(g.baseline_mib)} + processes {_mib(g.process_memory_mib)} + unexplained "
+                f"{_mib(g.unexplained_mib)}  [{mark}]"
+            )
             for cause in g.likely_causes:
                 out.append(f"  likely cause: {cause}")
             if g.allocated_to and not g.likely_causes:
-                out.append("  allocated to: " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}"
-                                                          for a in g.allocated_to))
+                out.append(
+                    "  allocated to: " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in g.allocated_to)
+                )
         out.append(f"note: {report.baseline_note}")
     for w in report.warnings:
         out.append(f"warning: {w}")
     s = report.summary
-    out.append(f"summary: {s.gpu_processes} GPU processes, {s.fd_only} fd-only holders, {s.zombies} "
-               f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs -> "
-               + ("healthy" if s.healthy else "findings"))
+    out.append(
+        f"summary: {s.gpu_processes} GPU processes, {s.fd_only} fd-only holders, {s.zombies} "
+        f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs -> " + ("healthy" if s.healthy else "findings")
+    )
     return "\n".join(out)

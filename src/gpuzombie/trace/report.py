@@ -145,9 +145,18 @@ def _gpu_nodes(devices: Iterable[str]) -> list[int]:
     return sorted({int(m.group(1)) for d in devices if (m := _GPU_NODE.match(d))})
 
 
-def _row(proc: ProcessInfo | None, ref: ContainerRef | None, names: CriNames, *, pid: int | None,
-         gpu: tuple[int | None, str | None], memory: int | None, nsmi: bool, verdict: str,
-         evidence: str) -> TraceRow:
+def _row(
+    proc: ProcessInfo | None,
+    ref: ContainerRef | None,
+    names: CriNames,
+    *,
+    pid: int | None,
+    gpu: tuple[int | None, str | None],
+    memory: int | None,
+    nsmi: bool,
+    verdict: str,
+    evidence: str,
+) -> TraceRow:
     cnames = names.container(ref.container_id) if ref else None
     pnames = names.pod(ref.pod_uid) if ref else None
     return TraceRow(
@@ -174,17 +183,32 @@ def _row(proc: ProcessInfo | None, ref: ContainerRef | None, names: CriNames, *,
     )
 
 
-def build_rows(table: ProcessTable, refs: Iterable[GpuProcessRef], holders: Iterable[FdHolder],
-               containers: dict[int, ContainerRef | None], names: CriNames) -> list[TraceRow]:
+def build_rows(
+    table: ProcessTable,
+    refs: Iterable[GpuProcessRef],
+    holders: Iterable[FdHolder],
+    containers: dict[int, ContainerRef | None],
+    names: CriNames,
+) -> list[TraceRow]:
     """NVML entries first (one row per GPU), then unlisted fd holders, then zombies not yet shown."""
     rows: list[TraceRow] = []
     shown: set[int] = set()
     for r in refs:
         pid = r.reader_pid
         proc = table.get(pid) if pid is not None else None
-        rows.append(_row(proc, containers.get(pid) if pid is not None else None, names,
-                         pid=pid if proc else r.host_pid, gpu=(r.gpu_index, r.gpu_uuid),
-                         memory=r.used_memory, nsmi=True, verdict=r.verdict.value, evidence=r.evidence))
+        rows.append(
+            _row(
+                proc,
+                containers.get(pid) if pid is not None else None,
+                names,
+                pid=pid if proc else r.host_pid,
+                gpu=(r.gpu_index, r.gpu_uuid),
+                memory=r.used_memory,
+                nsmi=True,
+                verdict=r.verdict.value,
+                evidence=r.evidence,
+            )
+        )
         if pid is not None:
             shown.add(pid)
     for h in holders:
@@ -192,16 +216,35 @@ def build_rows(table: ProcessTable, refs: Iterable[GpuProcessRef], holders: Iter
             continue
         proc = table.get(h.pid)
         nodes = _gpu_nodes(h.devices)
-        rows.append(_row(proc, containers.get(h.pid), names, pid=h.pid,
-                         gpu=(nodes[0] if len(nodes) == 1 else None, None), memory=None, nsmi=False,
-                         verdict="zombie" if h.state == "Z" else "fd-only",
-                         evidence="holds " + ", ".join(h.devices) + "; NVML lists it on no GPU"))
+        rows.append(
+            _row(
+                proc,
+                containers.get(h.pid),
+                names,
+                pid=h.pid,
+                gpu=(nodes[0] if len(nodes) == 1 else None, None),
+                memory=None,
+                nsmi=False,
+                verdict="zombie" if h.state == "Z" else "fd-only",
+                evidence="holds " + ", ".join(h.devices) + "; NVML lists it on no GPU",
+            )
+        )
         shown.add(h.pid)
     for proc in table:
         if proc.is_zombie and proc.pid not in shown:
-            rows.append(_row(proc, containers.get(proc.pid), names, pid=proc.pid, gpu=(None, None),
-                             memory=None, nsmi=False, verdict="zombie",
-                             evidence=f"state Z, parent {proc.ppid} has not reaped it"))
+            rows.append(
+                _row(
+                    proc,
+                    containers.get(proc.pid),
+                    names,
+                    pid=proc.pid,
+                    gpu=(None, None),
+                    memory=None,
+                    nsmi=False,
+                    verdict="zombie",
+                    evidence=f"state Z, parent {proc.ppid} has not reaped it",
+                )
+            )
     return rows
 
 
@@ -212,25 +255,37 @@ def _peer_evidence(device: GpuDevice, rows: list[TraceRow]) -> list[str]:
     for row in rows:
         if row.nsmi and row.gpu_index != device.index and node in row.devices and row.pid is not None:
             where = f" (pod {row.namespace}/{row.pod})" if row.pod else ""
-            found.append(f"pid {row.pid}{where}, listed on GPU {row.gpu_index}, also holds {node}: "
-                         "likely its peer context (NCCL/P2P), freed when that process exits")
+            found.append(
+                f"pid {row.pid}{where}, listed on GPU {row.gpu_index}, also holds {node}: "
+                "likely its peer context (NCCL/P2P), freed when that process exits"
+            )
     return sorted(set(found))
 
 
-def account_memory(device: GpuDevice, ghost: GhostMemory, rows: list[TraceRow],
-                   resources: PodResources, threshold: int) -> GpuMemory:
+def account_memory(
+    device: GpuDevice, ghost: GhostMemory, rows: list[TraceRow], resources: PodResources, threshold: int
+) -> GpuMemory:
     causes = list(ghost.likely_causes)
     if ghost.unexplained > 0 and ghost.verdict != "ok":
         causes = _peer_evidence(device, rows) + causes
-    allocated = tuple(sorted({Allocation(a.namespace, a.pod, a.container)
-                              for a in resources.for_device(device.uuid)},
-                             key=lambda a: (a.namespace, a.pod, a.container)))
+    allocated = tuple(
+        sorted(
+            {Allocation(a.namespace, a.pod, a.container) for a in resources.for_device(device.uuid)},
+            key=lambda a: (a.namespace, a.pod, a.container),
+        )
+    )
     if allocated and ghost.verdict != "ok":
-        causes.append("allocated by the kubelet to " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}"
-                                                                  for a in allocated))
+        causes.append(
+            "allocated by the kubelet to " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in allocated)
+        )
     return GpuMemory(
-        index=device.index, uuid=device.uuid, name=device.name, total_mib=mib(device.memory_total),
-        **ghost.accounting_mib(threshold), likely_causes=tuple(causes), allocated_to=allocated,
+        index=device.index,
+        uuid=device.uuid,
+        name=device.name,
+        total_mib=mib(device.memory_total),
+        **ghost.accounting_mib(threshold),
+        likely_causes=tuple(causes),
+        allocated_to=allocated,
     )
 
 
@@ -238,10 +293,14 @@ def baseline_note(gpus: GpuSnapshot) -> str:
     if not gpus.available:
         return "no GPU readable: memory not accounted"
     if all(d.memory_reserved is not None for d in gpus.devices):
-        return ("baseline = the driver's own reservation (NVML memory v2 'reserved'): present with no "
-                "process at all, 615 MiB per GPU on an H200 with driver 580.159; not a ghost")
-    return ("this driver reports no reservation: give --baseline-mib (used memory of the idle GPU), "
-            "else the driver's own footprint counts as unexplained")
+        return (
+            "baseline = the driver's own reservation (NVML memory v2 'reserved'): present with no "
+            "process at all, 615 MiB per GPU on an H200 with driver 580.159; not a ghost"
+        )
+    return (
+        "this driver reports no reservation: give --baseline-mib (used memory of the idle GPU), "
+        "else the driver's own footprint counts as unexplained"
+    )
 
 
 def trace_node(

@@ -45,8 +45,7 @@ def relevant_pids(procfs: Procfs, gpu_pids: Iterable[int], *, skip: int | None =
     """Pids of zombies, /dev/nvidia* holders and ``gpu_pids`` present in the tree, ascending."""
     wanted = set(gpu_pids)
     root, prefix = procfs.root, procfs.device_prefix
-    return [pid for pid in procfs.pids()
-            if pid != skip and (pid in wanted or _is_relevant(root, pid, prefix))]
+    return [pid for pid in procfs.pids() if pid != skip and (pid in wanted or _is_relevant(root, pid, prefix))]
 
 
 def scan(procfs: Procfs, gpu_pids: Iterable[int], *, now: float, skip: int | None = None) -> ProcessTable:

@@ -25,8 +25,19 @@ READY_TIMEOUT_S = 180.0
 
 def worker_command(args: argparse.Namespace) -> list[str]:
     module = "gpuzombie.workloads.worker_fixed" if args.fixed else "gpuzombie.workloads.worker"
-    return [sys.executable, "-m", module, "--size-mib", str(args.size_mib), "--device", args.device,
-            "--backend", args.backend, "--gpu-index", str(args.gpu_index)]
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--size-mib",
+        str(args.size_mib),
+        "--device",
+        args.device,
+        "--backend",
+        args.backend,
+        "--gpu-index",
+        str(args.gpu_index),
+    ]
 
 
 def ready_line(child: subprocess.Popen[str], deadline: float) -> str:
@@ -52,14 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     children = []
     for _ in range(args.workers):
         try:
-            children.append(subprocess.Popen(worker_command(args), stdout=subprocess.PIPE, text=True,
-                                             user=args.uid, close_fds=True))
+            children.append(
+                subprocess.Popen(worker_command(args), stdout=subprocess.PIPE, text=True, user=args.uid, close_fds=True)
+            )
         except OSError as exc:  # e.g. --uid 1000 cannot read this Python or its PYTHONPATH
             who = f" as uid {args.uid}" if args.uid is not None else ""
             print(f"error pid={os.getpid()} cannot start a worker{who}: {exc}", flush=True)
             os._exit(2)
-    print(f"parent pid={os.getpid()} spawned {len(children)} worker(s): "
-          + " ".join(str(c.pid) for c in children), flush=True)
+    print(
+        f"parent pid={os.getpid()} spawned {len(children)} worker(s): " + " ".join(str(c.pid) for c in children),
+        flush=True,
+    )
     deadline = time.monotonic() + READY_TIMEOUT_S
     status = 0
     for child in children:

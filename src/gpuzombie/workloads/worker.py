@@ -41,8 +41,10 @@ def start_holding(argv: list[str] | None, prog: str, description: str) -> Holdin
     except MemoryBackendError as exc:
         print(f"error pid={os.getpid()} {exc}", flush=True)
         raise SystemExit(2) from exc
-    say(f"ready pid={os.getpid()} backend={holding.backend} device={holding.device} "
-        f"bytes={holding.size_bytes} label={holding.label!r}")
+    say(
+        f"ready pid={os.getpid()} backend={holding.backend} device={holding.device} "
+        f"bytes={holding.size_bytes} label={holding.label!r}"
+    )
     return holding
 
 

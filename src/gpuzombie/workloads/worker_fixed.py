@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         stopping.append(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    holding = start_holding(argv, "gpuzombie.workloads.worker_fixed",
-                            "Hold memory; on SIGTERM free it and exit.")
+    holding = start_holding(argv, "gpuzombie.workloads.worker_fixed", "Hold memory; on SIGTERM free it and exit.")
     while not stopping:
         signal.pause()  # returns after the handler ran
     holding.release()

@@ -20,23 +20,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=None, help="default: every GPU (2 on the CPU stand-in)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--cases", default="".join(CASE_KEYS), help="which of a,b,c,d,e (default: all)")
-    ap.add_argument("--observe-seconds", type=float, default=None,
-                    help="window after the first kill (default 420 on GPUs, 20 on the stand-in)")
-    ap.add_argument("--budget-seconds", type=float, default=None,
-                    help="end the window early so the whole run fits this many seconds")
+    ap.add_argument(
+        "--observe-seconds",
+        type=float,
+        default=None,
+        help="window after the first kill (default 420 on GPUs, 20 on the stand-in)",
+    )
+    ap.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help="end the window early so the whole run fits this many seconds",
+    )
     ap.add_argument("--size-mib", type=int, default=None)
-    ap.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S,
-                    help="init_process_group(timeout=...) of cases b and c")
+    ap.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=DEFAULT_COLLECTIVE_TIMEOUT_S,
+        help="init_process_group(timeout=...) of cases b and c",
+    )
     ap.add_argument("--out", type=Path, default=Path("results"))
     args = ap.parse_args(argv)
     # A `timeout` around us sends SIGTERM: unwind, so the ranks are stopped and nothing holds a GPU.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         summary = run_nccl_comparison(
-            ranks=args.ranks, device=args.device, out_dir=args.out, cases=list(args.cases),
-            observe_seconds=args.observe_seconds, progress=lambda line: print(line, flush=True),
-            size_mib=args.size_mib, collective_timeout_s=args.collective_timeout,
-            budget_s=args.budget_seconds)
+            ranks=args.ranks,
+            device=args.device,
+            out_dir=args.out,
+            cases=list(args.cases),
+            observe_seconds=args.observe_seconds,
+            progress=lambda line: print(line, flush=True),
+            size_mib=args.size_mib,
+            collective_timeout_s=args.collective_timeout,
+            budget_s=args.budget_seconds,
+        )
     except NcclScenarioError as exc:
         print(f"gpuzombie.lab.nccl: error: {exc}", file=sys.stderr)
         return 2

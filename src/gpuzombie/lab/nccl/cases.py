@@ -42,18 +42,32 @@ def case_specs(collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> di
     t = collective_timeout_s
     return {
         "a": CaseSpec("a", "defaults", "PyTorch defaults (collective timeout 10 min)"),
-        "b": CaseSpec("b", "seed fix", f"init_process_group(timeout={t:g}s) + "
-                      "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
-                      env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, timeout_s=t),
-        "c": CaseSpec("c", "best knobs", f"timeout={t:g}s, ASYNC_ERROR_HANDLING=3, "
-                      "WAIT_TIMEOUT_DUMP_MILSEC=100, DUMP_ON_TIMEOUT=0, no C++ stack",
-                      env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-                           "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "100",
-                           "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
-                           "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0"},
-                      timeout_s=t),
-        "d": CaseSpec("d", "torchrun", "torchrun (elastic agent, --max-restarts 0), defaults otherwise",
-                      launcher="torchrun"),
-        "e": CaseSpec("e", "gpuzombie.graceful", "defaults + gpuzombie.graceful.install() "
-                      "(peer pidfd/heartbeat, abort, exit)", graceful=True),
+        "b": CaseSpec(
+            "b",
+            "seed fix",
+            f"init_process_group(timeout={t:g}s) + TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+            env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+            timeout_s=t,
+        ),
+        "c": CaseSpec(
+            "c",
+            "best knobs",
+            f"timeout={t:g}s, ASYNC_ERROR_HANDLING=3, WAIT_TIMEOUT_DUMP_MILSEC=100, DUMP_ON_TIMEOUT=0, no C++ stack",
+            env={
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+                "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "100",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0",
+            },
+            timeout_s=t,
+        ),
+        "d": CaseSpec(
+            "d", "torchrun", "torchrun (elastic agent, --max-restarts 0), defaults otherwise", launcher="torchrun"
+        ),
+        "e": CaseSpec(
+            "e",
+            "gpuzombie.graceful",
+            "defaults + gpuzombie.graceful.install() (peer pidfd/heartbeat, abort, exit)",
+            graceful=True,
+        ),
     }

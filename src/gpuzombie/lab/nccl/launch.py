@@ -90,8 +90,9 @@ class CaseLaunch:
             if start is not None:
                 handle, _ = ProcessHandle.open(ProcessIdentity(pid, start[0]), "/proc")
             popen = next((p for p in self.procs if p.pid == pid), None)
-            self.ranks.append(RankProc(rank=int(info["rank"]), pid=pid, gpu=info.get("gpu"),
-                                       handle=handle, popen=popen))
+            self.ranks.append(
+                RankProc(rank=int(info["rank"]), pid=pid, gpu=info.get("gpu"), handle=handle, popen=popen)
+            )
         self.ranks.sort(key=lambda r: r.rank)
         return True
 
@@ -122,12 +123,18 @@ class CaseLaunch:
             f.close()
 
 
-def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_dir: Path,
-                log_dir: Path) -> CaseLaunch:
+def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_dir: Path, log_dir: Path) -> CaseLaunch:
     """Start the case's processes, each in its own session so the whole case can be killed."""
     port = free_port()
-    env = {**os.environ, **MULTI_GPU_ENV, **spec.env, "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        **MULTI_GPU_ENV,
+        **spec.env,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(ranks),
+        "PYTHONUNBUFFERED": "1",
+    }
     src = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     ready = [run_dir / f"{spec.key}-rank{r}.json" for r in range(ranks)]
@@ -143,25 +150,46 @@ def launch_case(spec: CaseSpec, *, ranks: int, device: str, size_mib: int, run_d
     if spec.launcher == "torchrun":
         log = open(log_dir / f"{spec.key}-torchrun.log", "wb")  # noqa: SIM115 (closed by stop_all)
         logs.append(log)
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
-                str(port), "--max-restarts", "0", "-m", RANK_MODULE, *rank_args,
-                "--ready-file", str(run_dir / f"{spec.key}-rank%RANK%.json")]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--max-restarts",
+            "0",
+            "-m",
+            RANK_MODULE,
+            *rank_args,
+            "--ready-file",
+            str(run_dir / f"{spec.key}-rank%RANK%.json"),
+        ]
         # torchrun passes the same argv to every worker; the rank fills in its own ready file.
-        procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     else:
         for r in range(ranks):
             log = open(log_dir / f"{spec.key}-rank{r}.log", "wb")  # noqa: SIM115 (closed by stop_all)
             logs.append(log)
             argv = [sys.executable, "-m", RANK_MODULE, *rank_args, "--ready-file", str(ready[r])]
-            procs.append(subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     return CaseLaunch(spec=spec, port=port, procs=procs, logs=logs, ready_files=ready)
 
 
-def wait_ready(launches: list[CaseLaunch], timeout_s: float,
-               clock: Callable[[], float] = time.monotonic) -> None:
+def wait_ready(launches: list[CaseLaunch], timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
     """Wait for every case's ranks; a case that fails or times out gets ``error`` and is stopped."""
     deadline = clock() + timeout_s
     pending = [c for c in launches if c.error is None]

@@ -25,8 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=10.0)
     ap.add_argument("--peer-exit-s", type=float, default=2.0)
     ap.add_argument("--ready-file", required=True)
-    ap.add_argument("--on-error", choices=("raise", "hang"), default="raise",
-                    help="hang: keep the memory and wait when a collective fails (test double of a hang)")
+    ap.add_argument(
+        "--on-error",
+        choices=("raise", "hang"),
+        default="raise",
+        help="hang: keep the memory and wait when a collective fails (test double of a hang)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -62,8 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     step()
     ready_file = args.ready_file.replace("%RANK%", str(rank))
     with open(ready_file + ".tmp", "w") as f:
-        json.dump({"rank": rank, "pid": os.getpid(), "gpu": gpu, "backend": backend,
-                   "torch": torch.__version__, "world": world}, f)
+        json.dump(
+            {
+                "rank": rank,
+                "pid": os.getpid(),
+                "gpu": gpu,
+                "backend": backend,
+                "torch": torch.__version__,
+                "world": world,
+            },
+            f,
+        )
     os.replace(ready_file + ".tmp", ready_file)
     if guard is None:
         try:

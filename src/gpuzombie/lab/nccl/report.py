@@ -36,13 +36,19 @@ def comparison_table(summary: dict[str, Any]) -> str:
         frees = ", ".join(_seconds_cell(s["memory_free_s"], s["still_running_at_s"]) for s in sv)
         codes = ", ".join("-" if s["exit_code"] is None else str(s["exit_code"]) for s in sv)
         ghost = "-" if c["ghost_mib"] is None else f"{c['ghost_mib']:.0f}"
-        lines.append(f"| {c['case']} {c['name']} | {c['description']} | {exits} | {frees} | {codes} | "
-                     f"{ghost} | {'yes' if c['goal_met'] else 'no'} |")
+        lines.append(
+            f"| {c['case']} {c['name']} | {c['description']} | {exits} | {frees} | {codes} | "
+            f"{ghost} | {'yes' if c['goal_met'] else 'no'} |"
+        )
     if summary.get("gpu_end"):
         lines.append("")
-        lines.append("GPU memory at the end of the window: " + "; ".join(
-            f"GPU{g['index']} used {g['used_mib']:.0f} MiB, unexplained {g['unexplained_mib']:.0f} MiB"
-            for g in summary["gpu_end"]))
+        lines.append(
+            "GPU memory at the end of the window: "
+            + "; ".join(
+                f"GPU{g['index']} used {g['used_mib']:.0f} MiB, unexplained {g['unexplained_mib']:.0f} MiB"
+                for g in summary["gpu_end"]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -83,8 +89,12 @@ def plot(path: Path, summary: dict[str, Any], samples: list[MemorySample]) -> No
         for i in indices:
             pts = [(s.t, g) for s in samples for g in s.gpus if g.index == i]
             ax2.plot([t for t, _ in pts], [g.used_mib for _, g in pts], label=f"GPU{i} used")
-            ax2.plot([t for t, _ in pts], [g.unexplained_mib for _, g in pts], linestyle="--",
-                     label=f"GPU{i} unexplained (ghost)")
+            ax2.plot(
+                [t for t, _ in pts],
+                [g.unexplained_mib for _, g in pts],
+                linestyle="--",
+                label=f"GPU{i} unexplained (ghost)",
+            )
         ax2.set_xlabel("seconds")
         ax2.set_ylabel("MiB")
         ax2.legend(fontsize=7)

@@ -36,8 +36,10 @@ from gpuzombie.workloads.memory import torch_installed
 SCHEMA = "gpuzombie.nccl/1"
 GOAL_S = 5.0
 WRAP_UP_S = 25.0
-CPU_STANDIN_LABEL = ("CPU stand-in: gloo backend, host RAM instead of GPU memory; NCCL knobs have "
-                     "no effect on gloo, which also notices a dead peer's closed socket by itself")
+CPU_STANDIN_LABEL = (
+    "CPU stand-in: gloo backend, host RAM instead of GPU memory; NCCL knobs have "
+    "no effect on gloo, which also notices a dead peer's closed socket by itself"
+)
 
 
 class NcclScenarioError(GpuzombieError):
@@ -101,9 +103,11 @@ def run_nccl_comparison(
     nccl_dir = Path(out_dir) / "nccl"
     log_dir = nccl_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    progress(f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
-             f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
-             f"observing up to {observe_seconds:g} s after the first kill")
+    progress(
+        f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
+        f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
+        f"observing up to {observe_seconds:g} s after the first kill"
+    )
     origin = time.monotonic()
 
     def now() -> float:
@@ -111,42 +115,77 @@ def run_nccl_comparison(
 
     launches: list[CaseLaunch] = []
     kills: dict[str, float] = {}
-    sampler = MemorySampler(nvml=nvml if gpu else None, clock=now,
-                            pids=lambda: [r.pid for c in launches for r in c.ranks if r.exited_at is None])
+    sampler = MemorySampler(
+        nvml=nvml if gpu else None,
+        clock=now,
+        pids=lambda: [r.pid for c in launches for r in c.ranks if r.exited_at is None],
+    )
     # The ready files live in a directory removed at the end; every rank launched so far is
     # killed whatever happens (Ctrl-C during the start-up included).
     with tempfile.TemporaryDirectory(prefix="gpuzombie-nccl-") as tmp:
         try:
             for k in keys:
-                launches.append(launch_case(specs[k], ranks=ranks, device=device, size_mib=size_mib,
-                                            run_dir=Path(tmp), log_dir=log_dir))
-            _kill_and_watch(launches, kills, sampler, now=now, ranks=ranks, stagger_s=stagger_s,
-                            observe_seconds=observe_seconds, budget_s=budget_s,
-                            startup_timeout_s=startup_timeout_s, progress=progress)
+                launches.append(
+                    launch_case(
+                        specs[k], ranks=ranks, device=device, size_mib=size_mib, run_dir=Path(tmp), log_dir=log_dir
+                    )
+                )
+            _kill_and_watch(
+                launches,
+                kills,
+                sampler,
+                now=now,
+                ranks=ranks,
+                stagger_s=stagger_s,
+                observe_seconds=observe_seconds,
+                budget_s=budget_s,
+                startup_timeout_s=startup_timeout_s,
+                progress=progress,
+            )
         finally:
             sampler.stop()
             t_end = now()
             for c in launches:
                 c.stop_all()
         observed = round(t_end - min(kills.values()), 1) if kills else 0.0
-        summary = _summarize(launches, kills, sampler.samples, t_end=t_end, device=device, ranks=ranks,
-                             size_mib=size_mib, observe_seconds=observed, nvml=nvml if gpu else None)
+        summary = _summarize(
+            launches,
+            kills,
+            sampler.samples,
+            t_end=t_end,
+            device=device,
+            ranks=ranks,
+            size_mib=size_mib,
+            observe_seconds=observed,
+            nvml=nvml if gpu else None,
+        )
     write_results(nccl_dir, summary, sampler.samples)
     for line in summary["table_md"].splitlines():
         progress(line)
     return summary
 
 
-def _kill_and_watch(launches: list[CaseLaunch], kills: dict[str, float], sampler: MemorySampler, *,
-                    now: Callable[[], float], ranks: int, stagger_s: float, observe_seconds: float,
-                    budget_s: float | None, startup_timeout_s: float,
-                    progress: Callable[[str], None]) -> None:
+def _kill_and_watch(
+    launches: list[CaseLaunch],
+    kills: dict[str, float],
+    sampler: MemorySampler,
+    *,
+    now: Callable[[], float],
+    ranks: int,
+    stagger_s: float,
+    observe_seconds: float,
+    budget_s: float | None,
+    startup_timeout_s: float,
+    progress: Callable[[str], None],
+) -> None:
     """Wait for the ranks, SIGKILL rank 0 of each case ``stagger_s`` apart (``kills`` records
     when), then record the survivors' exits until the window or the budget ends."""
     wait_ready(launches, startup_timeout_s)
     for c in launches:
-        progress(f"nccl: case {c.spec.key} ({c.spec.name}): "
-                 + (f"FAILED to start: {c.error}" if c.error else f"{ranks} ranks ready"))
+        progress(
+            f"nccl: case {c.spec.key} ({c.spec.name}): "
+            + (f"FAILED to start: {c.error}" if c.error else f"{ranks} ranks ready")
+        )
     running = [c for c in launches if c.error is None]
     sampler.start()
     time.sleep(1.0)  # a baseline with every rank holding its memory
@@ -164,8 +203,10 @@ def _kill_and_watch(launches: list[CaseLaunch], kills: dict[str, float], sampler
             if now() >= next_note:
                 next_note = now() + 30.0
                 hung = [c.spec.key for c in running if any(r.exited_at is None for r in c.ranks[1:])]
-                progress(f"nccl: {now() - min(kills.values(), default=now()):.0f} s after the first "
-                         f"kill; survivors still running in case(s): {', '.join(hung) or 'none'}")
+                progress(
+                    f"nccl: {now() - min(kills.values(), default=now()):.0f} s after the first "
+                    f"kill; survivors still running in case(s): {', '.join(hung) or 'none'}"
+                )
             time.sleep(0.02)
         return False
 
@@ -184,15 +225,30 @@ def _kill_and_watch(launches: list[CaseLaunch], kills: dict[str, float], sampler
     time.sleep(min(1.0, max(0.0, end - now())))  # let the last release show in the samples
 
 
-def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: list[MemorySample], *, t_end: float,
-               device: str, ranks: int, size_mib: int, observe_seconds: float,
-               nvml: NvmlBackend | None) -> dict[str, Any]:
+def _summarize(
+    launches: list[CaseLaunch],
+    kills: dict[str, float],
+    samples: list[MemorySample],
+    *,
+    t_end: float,
+    device: str,
+    ranks: int,
+    size_mib: int,
+    observe_seconds: float,
+    nvml: NvmlBackend | None,
+) -> dict[str, Any]:
     out_cases = []
     for c in launches:
         spec = c.spec
-        entry: dict[str, Any] = {"case": spec.key, "name": spec.name, "description": spec.description,
-                                 "env": spec.env, "collective_timeout_s": spec.timeout_s,
-                                 "launcher": spec.launcher, "error": c.error}
+        entry: dict[str, Any] = {
+            "case": spec.key,
+            "name": spec.name,
+            "description": spec.description,
+            "env": spec.env,
+            "collective_timeout_s": spec.timeout_s,
+            "launcher": spec.launcher,
+            "error": c.error,
+        }
         kill_t = kills.get(spec.key)
         entry["killed_at_s"] = round(kill_t, 3) if kill_t is not None else None
         survivors = []
@@ -204,13 +260,18 @@ def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: lis
             # A running rank NVML never listed is unknown, not free.
             known = r.exited_at is not None or (nvml is not None and held > 0)
             free_t = freed_at(samples, r.pid, kill_t) if known else None
-            survivors.append({
-                "rank": r.rank, "pid": r.pid, "gpu": r.gpu,
-                "held_mib_at_kill": round(held, 1),
-                "exit_s": exit_s, "exit_code": r.exit_code,
-                "memory_free_s": round(free_t - kill_t, 3) if free_t is not None else None,
-                "still_running_at_s": None if exit_s is not None else round(t_end - kill_t, 1),
-            })
+            survivors.append(
+                {
+                    "rank": r.rank,
+                    "pid": r.pid,
+                    "gpu": r.gpu,
+                    "held_mib_at_kill": round(held, 1),
+                    "exit_s": exit_s,
+                    "exit_code": r.exit_code,
+                    "memory_free_s": round(free_t - kill_t, 3) if free_t is not None else None,
+                    "still_running_at_s": None if exit_s is not None else round(t_end - kill_t, 1),
+                }
+            )
         entry["survivors"] = survivors
         frees = [s["memory_free_s"] for s in survivors]
         measured = [f for f in frees if f is not None]
@@ -221,12 +282,21 @@ def _summarize(launches: list[CaseLaunch], kills: dict[str, float], samples: lis
         entry["ghost_mib"] = _ghost_drop(samples, dead_gpu, c) if nvml is not None else None
         out_cases.append(entry)
     summary: dict[str, Any] = {
-        "schema": SCHEMA, "device": device, "backend": "nccl" if device == "cuda" else "gloo",
-        "stand_in": device != "cuda", "label": CPU_STANDIN_LABEL if device != "cuda" else
-        "real NCCL on GPUs", "ranks": ranks, "size_mib": size_mib, "observe_seconds": observe_seconds,
-        "goal_s": GOAL_S, "torch": _torch_version(launches), "cases": out_cases,
-        "gpu_end": [{"index": g.index, "used_mib": g.used_mib, "unexplained_mib": g.unexplained_mib}
-                    for g in (samples[-1].gpus if samples else ())],
+        "schema": SCHEMA,
+        "device": device,
+        "backend": "nccl" if device == "cuda" else "gloo",
+        "stand_in": device != "cuda",
+        "label": CPU_STANDIN_LABEL if device != "cuda" else "real NCCL on GPUs",
+        "ranks": ranks,
+        "size_mib": size_mib,
+        "observe_seconds": observe_seconds,
+        "goal_s": GOAL_S,
+        "torch": _torch_version(launches),
+        "cases": out_cases,
+        "gpu_end": [
+            {"index": g.index, "used_mib": g.used_mib, "unexplained_mib": g.unexplained_mib}
+            for g in (samples[-1].gpus if samples else ())
+        ],
     }
     summary["table_md"] = comparison_table(summary)
     return summary

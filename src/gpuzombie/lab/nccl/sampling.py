@@ -32,8 +32,14 @@ class MemorySample:
 
 
 class MemorySampler:
-    def __init__(self, *, nvml: NvmlBackend | None, pids: Callable[[], list[int]],
-                 clock: Callable[[], float], interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        *,
+        nvml: NvmlBackend | None,
+        pids: Callable[[], list[int]],
+        clock: Callable[[], float],
+        interval_s: float = 0.1,
+    ) -> None:
         self.nvml = nvml
         self.pids = pids
         self.clock = clock
@@ -59,8 +65,13 @@ class MemorySampler:
             snap = self.nvml.read()
             for d in snap.devices:
                 reserved = d.memory_reserved or 0
-                gpus.append(GpuPoint(d.index, round(d.memory_used / MIB, 1),
-                                     round(max(0, d.memory_used - reserved - d.process_memory) / MIB, 1)))
+                gpus.append(
+                    GpuPoint(
+                        d.index,
+                        round(d.memory_used / MIB, 1),
+                        round(max(0, d.memory_used - reserved - d.process_memory) / MIB, 1),
+                    )
+                )
                 for p in d.processes:
                     by_pid[p.pid] = by_pid.get(p.pid, 0.0) + (p.used_memory or 0) / MIB
         else:
@@ -74,7 +85,7 @@ class MemorySampler:
         while not self._stop.is_set():
             try:
                 self.samples.append(self.sample())
-            except Exception:  # noqa: BLE001, S110
+            except Exception:  # noqa: BLE001
                 pass  # one bad read (a process vanishing mid-query) is no reason to stop sampling
             self._stop.wait(self.interval_s)
 
@@ -91,5 +102,4 @@ def held_before(samples: list[MemorySample], pid: int, t: float) -> float:
 
 def unexplained_at(samples: list[MemorySample], gpu: int, t: float) -> float | None:
     """Unexplained MiB on ``gpu`` in the last sample at or before ``t``."""
-    return value_at(samples, t, lambda s: next((g.unexplained_mib for g in s.gpus if g.index == gpu), None),
-                    None)
+    return value_at(samples, t, lambda s: next((g.unexplained_mib for g in s.gpus if g.index == gpu), None), None)
