@@ -1,7 +1,7 @@
 """Skip markers shared by test files.
 
 Import them from here rather than from ``conftest``: with a second conftest.py in a subfolder,
-``from conftest import ...`` resolves to whichever was imported first and fails at random.
+``from markers import ...`` resolves to whichever was imported first and fails at random.
 """
 
 from __future__ import annotations

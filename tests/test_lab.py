@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_root, needs_tini
 from gpuzombie.cli.main import main
 from gpuzombie.lab.pod import pids_in_pidns
+from markers import needs_root, needs_tini
 
 GRACE = 2.0
 SEED_FILES = (

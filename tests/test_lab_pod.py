@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from conftest import needs_root, needs_tini
 from gpuzombie.cli.main import main
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.pod import Pod, children_of, init_argv, pids_in_pidns
+from markers import needs_root, needs_tini
 from pidns import wait_until
 
 pytestmark = [needs_root, needs_tini]

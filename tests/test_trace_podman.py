@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_root
 from gpuzombie.cli.main import main
 from gpuzombie.k8s.cgroup import cgroup_version, parse_cgroup_lines
 from gpuzombie.proc.procfs import Procfs
+from markers import needs_root
 
 PODMAN = shutil.which("podman")
 RUNC = shutil.which("runc") or "/usr/sbin/runc"

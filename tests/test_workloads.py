@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from conftest import needs_root
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.pod import Pod, children_of
@@ -22,6 +21,7 @@ from gpuzombie.workloads.memory import (
     hold,
     resolve_backend,
 )
+from markers import needs_root
 
 SIZE = 32
 
