@@ -6,6 +6,7 @@ import time
 
 from fakeproc import make_fake_proc
 from gpuzombie.proc.procfs import Procfs, parse_cmdline, parse_ns_link, parse_stat, parse_status
+from gpuzombie.proc.read import Reason, Unreadable
 
 STAT_WITH_PARENS = (
     "4242 (my (weird) proc) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 "
@@ -58,12 +59,22 @@ def test_vanished_pid_is_skipped(tmp_path):
     assert list(table.processes) == [1]
 
 
-def test_process_gone_mid_read_is_dropped(tmp_path):
-    """stat was read, then cmdline is gone (the process exited): no half-read process in the table."""
+def test_missing_cmdline_keeps_the_process_as_incomplete(tmp_path):
+    """Gone means stat is gone: a process whose stat is there but cmdline is not stays, marked."""
     (tmp_path / "stat").write_text("btime 1700000000\n")
     make_fake_proc(tmp_path, 1, ppid=0)
     make_fake_proc(tmp_path, 7, ppid=1)
     (tmp_path / "7" / "cmdline").unlink()
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    assert list(table.processes) == [1, 7]
+    assert table.get(7).incomplete == (Unreadable("cmdline", Reason.MISSING, "No such file or directory"),)
+    assert table.incomplete == (table.get(7),)
+
+
+def test_process_without_stat_is_gone(tmp_path):
+    (tmp_path / "stat").write_text("btime 1700000000\n")
+    make_fake_proc(tmp_path, 1, ppid=0)
+    (make_fake_proc(tmp_path, 7, ppid=1) / "stat").unlink()
     assert list(Procfs(str(tmp_path)).snapshot(now=time.time()).processes) == [1]
 
 

@@ -1,47 +1,59 @@
 """Read processes from a procfs tree: the real /proc, a node agent's /host/proc, or a test's fake tree.
 
-Parsing is done by pure functions on file contents (``parse_stat``, ``parse_status``, ...), so they
-are tested on fixture strings; ``Procfs`` is the one place that touches the filesystem. A process
-that vanishes mid-read is skipped; one whose files deny access is kept with what could be read.
+Parsing is done by pure functions on file contents (``gpuzombie.proc.parse``), so they are tested on
+fixture strings; ``Procfs`` is the one place that touches the filesystem, through the hardened
+reader of ``gpuzombie.proc.read``. A process is gone only when its ``stat`` is gone (or says it is
+dead); any other file that is missing, denied, hostile or malformed leaves the process in the table,
+marked incomplete with the file and the reason.
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gpuzombie.proc.parse import (
+    DEAD_STATES,
+    UNKNOWN_DISPOSITION,
+    SigtermDisposition,
+    StatFields,
+    StatusFields,
+    parse_boot_time,
+    parse_cgroup,
+    parse_cmdline,
+    parse_ns_link,
+    parse_sigterm,
+    parse_stat,
+    parse_status,
+)
+from gpuzombie.proc.read import (
+    GONE_ERRNOS,
+    Deadline,
+    Reason,
+    Unreadable,
+    read_capped,
+    read_owned,
+    read_text,
+    unreadable,
+)
+
+__all__ = [  # the parsers are imported from here by older callers (prestop, graceful)
+    "NVIDIA_DEVICE_PREFIX",
+    "ProcessInfo",
+    "ProcessTable",
+    "Procfs",
+    "fd_targets",
+    "parse_cgroup",
+    "parse_cmdline",
+    "parse_ns_link",
+    "parse_stat",
+    "parse_status",
+]
+
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
-PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
-
-
-@dataclass(frozen=True)
-class StatFields:
-    """The fields of /proc/<pid>/stat that gpuzombie uses."""
-
-    comm: str
-    state: str
-    ppid: int
-    pgid: int
-    sid: int
-    start_ticks: int
-    rss_pages: int
-    flags: int = 0
-
-    @property
-    def is_kernel_thread(self) -> bool:
-        return bool(self.flags & PF_KTHREAD)
-
-
-@dataclass(frozen=True)
-class StatusFields:
-    """The fields of /proc/<pid>/status that gpuzombie uses."""
-
-    uid: int | None
-    nspid: tuple[int, ...]
+DEFAULT_SCAN_DEADLINE_S = 20.0
+"""A scan that has not read every process by then stops and reports the rest as unread."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,7 @@ class ProcessInfo:
     pid: int
     ppid: int
     state: str
+    """R, S, D, Z, ... from stat; "?" when stat itself could not be used (see ``incomplete``)."""
     comm: str
     cmdline: tuple[str, ...]
     uid: int | None
@@ -70,11 +83,20 @@ class ProcessInfo:
     cgroup: tuple[str, ...]
     nvidia_fds: tuple[str, ...]
     rss_bytes: int
-    access_denied: bool = False
+    incomplete: tuple[Unreadable, ...] = ()
+    """The files that could not be used, and why; empty for a fully read process."""
 
     @property
     def is_zombie(self) -> bool:
         return self.state == "Z"
+
+    @property
+    def access_denied(self) -> bool:
+        return any(u.reason is Reason.ACCESS_DENIED for u in self.incomplete)
+
+    def unread(self, file: str) -> bool:
+        """``file`` (stat, fd, cgroup, ...) could not be used: its fields are empty, not known empty."""
+        return any(u.file == file for u in self.incomplete)
 
     @property
     def innermost_pid(self) -> int:
@@ -101,6 +123,8 @@ class ProcessTable:
     taken_at: float
     procfs_root: str = "/proc"
     children_of: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    unread: tuple[int, ...] = ()
+    """Pids listed but not read: the scan's deadline passed first."""
 
     def __iter__(self) -> Iterator[ProcessInfo]:
         return iter(self.processes.values())
@@ -114,107 +138,33 @@ class ProcessTable:
     def children(self, pid: int) -> list[ProcessInfo]:
         return [self.processes[c] for c in self.children_of.get(pid, ())]
 
+    @property
+    def incomplete(self) -> tuple[ProcessInfo, ...]:
+        """Processes with at least one file that could not be used."""
+        return tuple(p for p in self.processes.values() if p.incomplete)
 
-def parse_stat(text: str) -> StatFields:
-    """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'."""
-    open_paren = text.index("(")
-    close_paren = text.rindex(")")
-    comm = text[open_paren + 1 : close_paren]
-    # rest[0] is field 3 (state); field N is rest[N - 3]. Fields past 24 (rss) are never used:
-    # leave them unsplit (half the cost of splitting all ~50).
-    rest = text[close_paren + 2 :].split(None, 22)
-    return StatFields(
-        comm=comm,
-        state=rest[0],
-        ppid=int(rest[1]),
-        pgid=int(rest[2]),
-        sid=int(rest[3]),
-        start_ticks=int(rest[19]),
-        rss_pages=int(rest[21]),
-        flags=int(rest[6]),
+
+def build_table(
+    processes: Mapping[int, ProcessInfo],
+    *,
+    boot_time: float,
+    taken_at: float,
+    procfs_root: str,
+    unread: tuple[int, ...] = (),
+) -> ProcessTable:
+    """A ProcessTable with its parent -> children index."""
+    children: dict[int, list[int]] = {}
+    for proc in processes.values():
+        if proc.ppid in processes and proc.ppid != proc.pid:
+            children.setdefault(proc.ppid, []).append(proc.pid)
+    return ProcessTable(
+        processes=processes,
+        boot_time=boot_time,
+        taken_at=taken_at,
+        procfs_root=procfs_root,
+        children_of={k: tuple(sorted(v)) for k, v in children.items()},
+        unread=unread,
     )
-
-
-_UID_LINE = re.compile(r"^Uid:\s*(\d+)", re.MULTILINE)
-_NSPID_LINE = re.compile(r"^NSpid:([^\n]*)", re.MULTILINE)
-
-
-def parse_status(text: str) -> StatusFields:
-    """Parse the Uid (real uid) and NSpid lines of /proc/<pid>/status.
-
-    Two anchored searches instead of a loop over ~55 lines: this runs once per process, and a
-    node has thousands.
-    """
-    uid_match = _UID_LINE.search(text)
-    nspid_match = _NSPID_LINE.search(text)
-    return StatusFields(
-        uid=int(uid_match.group(1)) if uid_match else None,
-        nspid=tuple(int(p) for p in nspid_match.group(1).split()) if nspid_match else (),
-    )
-
-
-def parse_cmdline(raw: bytes) -> tuple[str, ...]:
-    """NUL-separated argv; empty for zombies and kernel threads."""
-    return tuple(filter(None, raw.decode(errors="replace").split("\0")))
-
-
-def parse_cgroup(text: str) -> tuple[str, ...]:
-    """The lines of /proc/<pid>/cgroup, as they are (``hierarchy-id:controllers:path``)."""
-    return tuple(line for line in text.splitlines() if line)
-
-
-@functools.lru_cache(maxsize=1024)
-def parse_ns_link(target: str) -> int | None:
-    """``pid:[4026531836]`` -> 4026531836. Cached: a node's thousands of processes share a few
-    namespaces, so the same few link texts come back. None for any other text (a recorded or fake
-    tree may hold any link): one odd process must not fail the whole snapshot."""
-    if "[" in target and target.endswith("]"):
-        inode = target[target.index("[") + 1 : -1]
-        return int(inode) if inode.isascii() and inode.isdigit() else None
-    return None
-
-
-def parse_boot_time(stat_text: str) -> float:
-    """The ``btime`` line of /proc/stat: boot time in seconds since the epoch."""
-    for line in stat_text.splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    raise ValueError("no btime line in /proc/stat")
-
-
-# errno values meaning "the process is gone" (ESRCH comes from reads of a task that just exited).
-_GONE = (errno.ENOENT, errno.ESRCH, errno.ENOTDIR)
-
-
-_READ_SIZE = 65536
-
-
-def _read_fd(fd: int) -> bytes:
-    data = os.read(fd, _READ_SIZE)
-    if len(data) < _READ_SIZE:  # procfs hands a small file over in one read: skip the EOF read
-        return data
-    chunks = [data]
-    while chunk := os.read(fd, _READ_SIZE):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _read_bytes(path: str) -> bytes:
-    """One open/read/close through the os layer: a third of the cost of ``open().read()``."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _read_fd(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_owned(path: str) -> tuple[bytes, int]:
-    """The file's bytes and its owner's uid (for /proc/<pid>/* the process's effective uid)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _read_fd(fd), os.fstat(fd).st_uid
-    finally:
-        os.close(fd)
 
 
 def fd_targets(fd_dir: str) -> list[str]:
@@ -225,7 +175,7 @@ def fd_targets(fd_dir: str) -> list[str]:
     closed between the listing and its readlink is skipped. A list, not a generator: resuming a
     generator per fd cost more than the early stop a caller could gain.
     """
-    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         targets = []
         for name in os.listdir(dir_fd):
@@ -238,31 +188,126 @@ def fd_targets(fd_dir: str) -> list[str]:
         os.close(dir_fd)
 
 
+class _Reading:
+    """The files of one process being read: collects what could not be used, and tells gone apart."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.missing: list[Unreadable] = []
+        self.gone = False
+
+    def failed(self, file: str, exc: OSError | ValueError) -> None:
+        """Record a failed file; a vanished one means the process is gone when its stat is gone too."""
+        if isinstance(exc, OSError) and exc.errno in GONE_ERRNOS and not os.path.lexists(f"{self.base}/stat"):
+            self.gone = True
+        else:
+            self.missing.append(unreadable(file, exc))
+
+
 class Procfs:
     """The filesystem edge: reads a procfs tree rooted at ``root``."""
 
-    def __init__(self, root: str = "/proc", *, device_prefix: str = NVIDIA_DEVICE_PREFIX) -> None:
+    def __init__(
+        self,
+        root: str = "/proc",
+        *,
+        device_prefix: str = NVIDIA_DEVICE_PREFIX,
+        deadline_s: float = DEFAULT_SCAN_DEADLINE_S,
+    ) -> None:
         self.root = root.rstrip("/") or "/"
         self.device_prefix = device_prefix  # a stand-in path on machines without /dev/nvidia*
+        self.deadline_s = deadline_s
         self.clock_ticks = os.sysconf("SC_CLK_TCK")
         self.page_size = os.sysconf("SC_PAGE_SIZE")
 
     def path(self, *parts: str | int) -> str:
         return os.path.join(self.root, *(str(p) for p in parts))
 
+    def deadline(self) -> Deadline:
+        """A new scan's deadline."""
+        return Deadline(self.deadline_s)
+
     def pids(self) -> list[int]:
         """Numeric entries of the tree; raises OSError when the root cannot be listed."""
-        return sorted(int(name) for name in os.listdir(self.root) if name.isdigit())
+        return sorted(int(name) for name in os.listdir(self.root) if name.isascii() and name.isdigit())
 
     def boot_time(self) -> float:
-        return parse_boot_time(_read_bytes(self.path("stat")).decode())
+        """The tree's boot time; raises OSError (unreadable, FIFO, too large) or ValueError (no btime)."""
+        return parse_boot_time(read_text(self.path("stat"), "proc_stat"))
 
     def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
         """Targets of the fds in ``fd_dir`` that point at the device prefix (/dev/nvidia*), sorted;
-        raises OSError when the directory cannot be listed (``read_process`` tells denied from gone)."""
+        raises OSError when the directory cannot be listed."""
         prefix = self.device_prefix
         found = {target for target in fd_targets(fd_dir) if target.startswith(prefix)}
         return tuple(sorted(found)) if found else ()
+
+    def pidns(self, pid: int) -> int | None:
+        """The PID-namespace inode of ``pid``; None when gone, denied or not a namespace link."""
+        try:
+            return parse_ns_link(os.readlink(self.path(pid, "ns", "pid")))
+        except OSError:
+            return None
+
+    def stat(self, pid: int) -> StatFields | None:
+        """The parsed stat of ``pid``; None when gone, unreadable or malformed."""
+        try:
+            return parse_stat(read_text(self.path(pid, "stat"), "stat"))
+        except (OSError, ValueError):
+            return None
+
+    def status(self, pid: int | str) -> StatusFields | None:
+        """The parsed status of ``pid``; None when gone, unreadable or malformed."""
+        try:
+            return parse_status(read_text(self.path(pid, "status"), "status"))
+        except (OSError, ValueError):
+            return None
+
+    def cmdline(self, pid: int) -> tuple[str, ...] | None:
+        """The argv of ``pid``; None when gone or unreadable."""
+        try:
+            return parse_cmdline(read_capped(self.path(pid, "cmdline"), "cmdline"))
+        except OSError:
+            return None
+
+    def rss_bytes(self, pid: int) -> int | None:
+        """Resident memory from /proc/<pid>/statm; None when gone or unreadable."""
+        try:
+            fields = read_text(self.path(pid, "statm"), "statm").split()
+            return int(fields[1]) * self.page_size
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def children_pids(self, pid: int) -> list[int]:
+        """Direct children from /proc/<pid>/task/*/children (empty when the process is gone)."""
+        found: list[int] = []
+        try:
+            tasks = [t for t in os.listdir(self.path(pid, "task")) if t.isascii() and t.isdigit()]
+        except OSError:
+            return found
+        for tid in tasks:
+            try:
+                text = read_text(self.path(pid, "task", tid, "children"), "children")
+                found.extend(int(p) for p in text.split() if p.isascii() and p.isdigit())
+            except OSError:
+                continue
+        return found
+
+    def pids_in_pidns(self, inode: int) -> list[int]:
+        """Every pid of the tree whose PID namespace is ``inode`` (zombies included)."""
+        return [pid for pid in self.pids() if self.pidns(pid) == inode]
+
+    def sigterm(self, pid: int) -> SigtermDisposition:
+        """What ``pid`` does with SIGTERM (status masks and wchan); unknown when unreadable."""
+        try:
+            status = read_text(self.path(pid, "status"), "status")
+        except OSError:
+            return UNKNOWN_DISPOSITION
+        try:
+            wchan: str | None = read_text(self.path(pid, "wchan"), "wchan")
+        except OSError:
+            wchan = None
+        return parse_sigterm(status, wchan)
 
     def tree_pidns(self, pids: Iterable[int] = (), *, tries: int = 16) -> int | None:
         """The PID namespace this tree shows: that of a process whose NSpid has one level.
@@ -271,70 +316,67 @@ class Procfs:
         a few more of the lowest pids follow; None when none can tell (then every status is read).
         """
         for pid in list(dict.fromkeys((1, *pids)))[:tries]:
-            base = f"{self.root}/{pid}"
-            try:
-                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
-                nspid = parse_status(_read_bytes(f"{base}/status").decode(errors="replace")).nspid
-            except OSError:
-                continue
-            if pidns is not None and len(nspid) == 1:
+            pidns = self.pidns(pid)
+            status = self.status(pid) if pidns is not None else None
+            if status is not None and len(status.nspid) == 1:
                 return pidns
         return None
 
     def read_process(
         self, pid: int, boot_time: float, *, with_cgroup: bool = True, tree_pidns: int | None = None
     ) -> ProcessInfo | None:
-        """Read one process; None when it has vanished (or never was).
+        """Read one process; None when it is gone: its stat is gone, or says it is dead (state X).
 
-        A file that denies access (another user's fds without root) leaves its fields empty and
-        sets ``access_denied``; a process that exits mid-read is dropped as a whole. A process in
-        ``tree_pidns`` (the tree's own namespace) has the NSpid chain ``(pid,)``: its status file,
-        the costliest file the kernel generates here, is not read.
+        Any other file that fails (denied, missing, hostile, malformed) leaves its fields empty and
+        is named in ``incomplete``. A process in ``tree_pidns`` (the tree's own namespace) has the
+        NSpid chain ``(pid,)``: its status file, the costliest file the kernel generates here, is
+        not read.
         """
         base = f"{self.root}/{pid}"
+        reading = _Reading(base)
         try:
-            raw_stat, owner = _read_owned(f"{base}/stat")
-            stat = parse_stat(raw_stat.decode(errors="replace"))
-        except (OSError, ValueError, IndexError):
+            raw, owner = read_owned(f"{base}/stat", "stat")
+        except OSError as exc:
+            if exc.errno in GONE_ERRNOS:
+                return None
+            return self._unknown(pid, boot_time, (unreadable("stat", exc),))
+        try:
+            stat = parse_stat(raw.decode(errors="replace"))
+        except ValueError as exc:
+            return self._unknown(pid, boot_time, (unreadable("stat", exc),), uid=owner)
+        if stat.state in DEAD_STATES:
             return None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
-            return self._process(
-                pid, stat, owner, boot_time, cmdline=(), nspid=(pid,), pidns=tree_pidns, cgroup=(), fds=(), denied=False
-            )
-        # Each read below: denied -> leave the field empty and say so; gone -> drop the process.
-        denied = False
+            return self._process(pid, stat, owner, boot_time, nspid=(pid,), pidns=tree_pidns)
         cmdline: tuple[str, ...] = ()
         status = StatusFields(uid=None, nspid=())
         cgroup: tuple[str, ...] = ()
         pidns: int | None = None
         fds: tuple[str, ...] = ()
         try:
-            try:
-                cmdline = parse_cmdline(_read_bytes(f"{base}/cmdline"))
-            except PermissionError:
-                denied = True
-            try:
-                pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
-            except PermissionError:
-                denied = True
-            if pidns is None or pidns != tree_pidns:
-                try:
-                    status = parse_status(_read_bytes(f"{base}/status").decode(errors="replace"))
-                except PermissionError:
-                    denied = True
-            if with_cgroup:
-                try:
-                    cgroup = parse_cgroup(_read_bytes(f"{base}/cgroup").decode(errors="replace"))
-                except PermissionError:
-                    denied = True
-            try:
-                fds = self._nvidia_fds(f"{base}/fd")
-            except PermissionError:
-                denied = True
+            cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
         except OSError as exc:
-            if exc.errno in _GONE:
-                return None  # exited mid-read: drop it rather than report half a process
-            denied = True
+            reading.failed("cmdline", exc)
+        try:
+            pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
+        except OSError as exc:
+            reading.failed("ns/pid", exc)
+        if pidns is None or pidns != tree_pidns:
+            try:
+                status = parse_status(read_text(f"{base}/status", "status"))
+            except (OSError, ValueError) as exc:
+                reading.failed("status", exc)
+        if with_cgroup:
+            try:
+                cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
+            except OSError as exc:
+                reading.failed("cgroup", exc)
+        try:
+            fds = self._nvidia_fds(f"{base}/fd")
+        except OSError as exc:
+            reading.failed("fd", exc)
+        if reading.gone:
+            return None  # exited mid-read: drop it rather than report half a process
         return self._process(
             pid,
             stat,
@@ -345,7 +387,30 @@ class Procfs:
             pidns=pidns,
             cgroup=cgroup,
             fds=fds,
-            denied=denied,
+            incomplete=tuple(reading.missing),
+        )
+
+    def _unknown(
+        self, pid: int, boot_time: float, why: tuple[Unreadable, ...], *, uid: int | None = None
+    ) -> ProcessInfo:
+        """A process whose stat exists but cannot be used: kept, with nothing known about it."""
+        return ProcessInfo(
+            pid=pid,
+            ppid=0,
+            state="?",
+            comm="?",
+            cmdline=(),
+            uid=uid,
+            start_ticks=0,
+            start_time=boot_time,
+            pgid=0,
+            sid=0,
+            nspid=(pid,),
+            pidns=None,
+            cgroup=(),
+            nvidia_fds=(),
+            rss_bytes=0,
+            incomplete=why,
         )
 
     def _process(
@@ -355,12 +420,12 @@ class Procfs:
         uid: int,
         boot_time: float,
         *,
-        cmdline: tuple[str, ...],
         nspid: tuple[int, ...],
         pidns: int | None,
-        cgroup: tuple[str, ...],
-        fds: tuple[str, ...],
-        denied: bool,
+        cmdline: tuple[str, ...] = (),
+        cgroup: tuple[str, ...] = (),
+        fds: tuple[str, ...] = (),
+        incomplete: tuple[Unreadable, ...] = (),
     ) -> ProcessInfo:
         return ProcessInfo(
             pid=pid,
@@ -378,31 +443,71 @@ class Procfs:
             cgroup=cgroup,
             nvidia_fds=fds,
             rss_bytes=stat.rss_pages * self.page_size,
-            access_denied=denied,
+            incomplete=incomplete,
         )
 
-    def snapshot(self, pids: Iterable[int] | None = None, *, now: float, with_cgroup: bool = True) -> ProcessTable:
+    def snapshot(
+        self,
+        pids: Iterable[int] | None = None,
+        *,
+        now: float,
+        with_cgroup: bool = True,
+        deadline: Deadline | None = None,
+    ) -> ProcessTable:
         """Read every process (or the given pids) into a ProcessTable.
 
         ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers
-        (observe): one read in five, on a node with thousands of processes.
+        (observe): one read in five, on a node with thousands of processes. Pids left when the
+        deadline passes are listed in ``unread``. Raises OSError or ValueError only for the tree
+        itself (its root not listable, its stat without a boot time).
         """
+        deadline = deadline or self.deadline()
         boot = self.boot_time()
         wanted = self.pids() if pids is None else list(pids)
         tree_pidns = self.tree_pidns(wanted)
         processes: dict[int, ProcessInfo] = {}
-        for pid in wanted:
+        unread: tuple[int, ...] = ()
+        for i, pid in enumerate(wanted):
+            if deadline.expired:
+                unread = tuple(wanted[i:])
+                break
             proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns)
             if proc is not None:
                 processes[pid] = proc
-        children: dict[int, list[int]] = {}
-        for proc in processes.values():
-            if proc.ppid in processes and proc.ppid != proc.pid:
-                children.setdefault(proc.ppid, []).append(proc.pid)
-        return ProcessTable(
-            processes=processes,
-            boot_time=boot,
-            taken_at=now,
-            procfs_root=self.root,
-            children_of={k: tuple(sorted(v)) for k, v in children.items()},
-        )
+        return build_table(processes, boot_time=boot, taken_at=now, procfs_root=self.root, unread=unread)
+
+    def _maybe_relevant(self, pid: int, prefix: str) -> bool:
+        """Holds a /dev/nvidia* fd, is a zombie, or cannot be ruled out (its fd/ or stat unreadable
+        while the process exists): the full read then says what is missing."""
+        try:
+            targets = fd_targets(f"{self.root}/{pid}/fd")
+        except OSError as exc:
+            return exc.errno not in GONE_ERRNOS or os.path.lexists(f"{self.root}/{pid}/stat")
+        if any(target.startswith(prefix) for target in targets):
+            return True
+        if targets:
+            return False
+        try:  # no fds: a zombie has released all its files
+            state = parse_stat(read_text(f"{self.root}/{pid}/stat", "stat")).state
+        except OSError as exc:
+            return exc.errno not in GONE_ERRNOS
+        except ValueError:
+            return True
+        return state == "Z"
+
+    def relevant_pids(
+        self, gpu_pids: Iterable[int], *, skip: int | None = None, deadline: Deadline | None = None
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """Pids of zombies, /dev/nvidia* holders, processes that cannot be ruled out and ``gpu_pids``
+        present in the tree, ascending; and the pids the deadline left unexamined."""
+        wanted = set(gpu_pids)
+        prefix = self.device_prefix
+        deadline = deadline or self.deadline()
+        all_pids = self.pids()
+        found: list[int] = []
+        for i, pid in enumerate(all_pids):
+            if deadline.expired:
+                return found, tuple(all_pids[i:])
+            if pid != skip and (pid in wanted or self._maybe_relevant(pid, prefix)):
+                found.append(pid)
+        return found, ()

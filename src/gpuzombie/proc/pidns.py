@@ -1,0 +1,117 @@
+"""PID namespaces: is the reader in the root one, is a procfs its own, and each namespace's own view
+of its processes, built from the node's procfs alone.
+
+A container controls what it mounts as its /proc, so a namespace's view is never read from
+``/proc/<pid>/root/proc``: it is derived from the host's files, where ``NSpid`` (status) gives each
+process's pid inside its namespace and ``ns/pid`` which namespace that is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from gpuzombie.proc.parse import parse_ns_link
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table
+
+ROOT_PIDNS_INODE = 0xEFFFFFFC
+"""The kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)."""
+PID_MAX_LIMIT = 4 * 1024 * 1024
+"""No pid reaches this (include/linux/threads.h): pids above it stand for leaders whose local pid
+cannot be known from the host (they exited; their group lives on)."""
+
+
+def reader_in_root_pidns(procfs_root: str = "/proc") -> bool:
+    """Is this process in the initial (host) PID namespace? The one check every package uses.
+
+    The NSpid chain cannot tell: inside a namespace with its own /proc mounted (``nsenter -p -m``,
+    a container), NSpid shows one pid just as on the host. The pid-namespace inode can; when its
+    link is unreadable, a one-level NSpid is the best remaining evidence.
+    """
+    procfs = Procfs(procfs_root)
+    try:
+        return parse_ns_link(os.readlink(procfs.path("self", "ns", "pid"))) == ROOT_PIDNS_INODE
+    except OSError:
+        status = procfs.status("self")
+        return status is None or len(status.nspid) <= 1
+
+
+def is_live_procfs(root: str) -> bool:
+    """A kernel procfs (not a test's or a recording's tree): there, reading others' fds needs root."""
+    return os.path.exists(os.path.join(root, "self", "status")) and os.path.exists(os.path.join(root, "1"))
+
+
+def procfs_is_own(root: str) -> bool | None:
+    """Is ``root`` the procfs of this process's own PID namespace? None when it is no live procfs.
+
+    In a procfs of another namespace ``self`` names this process by that namespace's pid (an
+    ancestor namespace: ``nsenter --pid`` without ``--mount`` keeps the host's /proc), or does
+    not exist (a namespace this process cannot see).
+    """
+    if not is_live_procfs(root):
+        return None
+    try:
+        return os.readlink(os.path.join(root, "self")) == str(os.getpid())
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class NamespaceView:
+    """One PID namespace's processes as its own /proc would show them, derived from the host's.
+
+    Pids, parent pids, group and session ids are the namespace's own (0 for one outside it, as the
+    kernel shows); ``host_pid`` maps each back. A process whose NSpid could not be read has no
+    local pid: it is listed in ``table.unread`` by its host pid.
+    """
+
+    inode: int
+    table: ProcessTable
+    host_pid: dict[int, int]
+    """Local pid -> host pid."""
+
+
+def _local_table(host: ProcessTable, inode: int, members: list[ProcessInfo]) -> NamespaceView:
+    known = [p for p in members if len(p.nspid) > 1]
+    local_of = {p.pid: p.nspid[-1] for p in known}
+
+    def local(host_id: int, *, leader: bool) -> int:
+        if host_id in local_of:
+            return local_of[host_id]
+        if host_id <= 0 or host_id in host.processes or not leader:
+            return 0  # outside the namespace (or not read): the kernel shows 0 there
+        return PID_MAX_LIMIT + host_id  # a group or session whose leader exited
+
+    processes = {
+        local_of[p.pid]: dataclasses.replace(
+            p,
+            pid=local_of[p.pid],
+            ppid=local(p.ppid, leader=False),
+            pgid=local(p.pgid, leader=True),
+            sid=local(p.sid, leader=True),
+            nspid=p.nspid[-1:],
+        )
+        for p in known
+    }
+    table = build_table(
+        processes,
+        boot_time=host.boot_time,
+        taken_at=host.taken_at,
+        procfs_root=host.procfs_root,
+        unread=tuple(p.pid for p in members if len(p.nspid) <= 1),
+    )
+    return NamespaceView(inode, table, {v: k for k, v in local_of.items()})
+
+
+def namespace_views(host: ProcessTable, node_pidns: int | None) -> dict[int, NamespaceView]:
+    """Every PID namespace of the host table other than ``node_pidns``, as its own view.
+
+    A namespace's view holds the processes whose own namespace it is; those of a namespace nested
+    in it appear in their own view only.
+    """
+    members: dict[int, list[ProcessInfo]] = {}
+    for proc in host:
+        if proc.pidns is not None and proc.pidns != node_pidns:
+            members.setdefault(proc.pidns, []).append(proc)
+    return {inode: _local_table(host, inode, procs) for inode, procs in sorted(members.items())}

@@ -1,0 +1,128 @@
+"""Issue 10's bad inputs against the hardened reader: real FIFOs, /dev/zero links, oversized and
+malformed files in fake procfs trees. Each spoils at most its own process, and nothing blocks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from fakeproc import make_fake_proc, make_fake_root
+from gpuzombie.proc.procfs import Procfs
+from gpuzombie.proc.read import CAPS, HostileFile, Reason, read_capped
+
+
+def _tree(tmp_path):
+    make_fake_root(tmp_path)
+    make_fake_proc(tmp_path, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
+    make_fake_proc(tmp_path, 7, ppid=1)
+    return tmp_path
+
+
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _zero_link(path):
+    path.unlink()
+    os.symlink("/dev/zero", path)
+
+
+@pytest.mark.parametrize("name", ["stat", "status", "cmdline", "cgroup"])
+@pytest.mark.parametrize("make_hostile", [_fifo, _zero_link], ids=["fifo", "dev_zero_link"])
+def test_a_hostile_process_file_spoils_only_that_process(tmp_path, name, make_hostile):
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, nspid=(8, 2))  # another namespace: its status is read
+    make_hostile(tree / "8" / name)
+    table = Procfs(str(tree)).snapshot(now=time.time())
+    assert sorted(table.processes) == [1, 7, 8]
+    assert [p.pid for p in table.incomplete] == [8]
+    assert [(u.file, u.reason) for u in table.get(8).incomplete] == [(name, Reason.NOT_REGULAR)]
+
+
+def test_a_stat_that_cannot_be_used_keeps_the_process_with_nothing_known(tmp_path):
+    tree = _tree(tmp_path)
+    _fifo(tree / "7" / "stat")
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(7)
+    assert (proc.state, proc.comm, proc.ppid) == ("?", "?", 0) and not proc.is_zombie
+    assert proc.unread("stat")
+
+
+@pytest.mark.parametrize("make_hostile", [_fifo, _zero_link], ids=["fifo", "dev_zero_link"])
+def test_a_hostile_proc_stat_is_a_one_line_error(tmp_path, make_hostile):
+    tree = _tree(tmp_path)
+    make_hostile(tree / "stat")
+    with pytest.raises(OSError, match=r"regular file|symbolic links"):
+        Procfs(str(tree)).snapshot(now=time.time())
+
+
+def test_dev_zero_bind_is_refused_as_a_device(tmp_path):
+    """A character device (what a bind mount of /dev/zero shows) is refused by fstat, unread."""
+    with pytest.raises(HostileFile) as caught:
+        read_capped("/dev/zero", "stat")
+    assert caught.value.reason is Reason.NOT_REGULAR
+
+
+@pytest.mark.parametrize("kind", ["stat", "status", "cgroup"])
+def test_a_file_over_its_cap_is_refused(tmp_path, kind):
+    path = tmp_path / kind
+    path.write_bytes(b"x" * (CAPS[kind] + 1))
+    with pytest.raises(HostileFile) as caught:
+        read_capped(str(path), kind)
+    assert caught.value.reason is Reason.TOO_LARGE
+
+
+def test_a_huge_cmdline_is_truncated_not_refused(tmp_path):
+    tree = _tree(tmp_path)
+    (tree / "7" / "cmdline").write_bytes(b"python3\0" + b"a" * (1 << 20))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(7)
+    assert proc.cmdline[0] == "python3" and not proc.incomplete
+    assert len(proc.command) <= CAPS["cmdline"]
+
+
+def test_btime_without_a_number_is_a_value_error(tmp_path):
+    tree = _tree(tmp_path)
+    (tree / "stat").write_text("cpu 0\nbtime \n")
+    with pytest.raises(ValueError, match="btime"):
+        Procfs(str(tree)).snapshot(now=time.time())
+
+
+def test_state_x_is_gone_not_a_live_process(tmp_path):
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 9, ppid=1, state="X")
+    assert sorted(Procfs(str(tree)).snapshot(now=time.time()).processes) == [1, 7]
+
+
+def test_one_bad_nspid_line_spoils_one_process(tmp_path):
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, nspid=(8, 2))
+    (tree / "8" / "status").write_text("Name:\tx\nUid:\t0\t0\t0\t0\nNSpid:\t8\tnot-a-pid\n")
+    table = Procfs(str(tree)).snapshot(now=time.time())
+    assert sorted(table.processes) == [1, 7, 8]
+    assert [(u.file, u.reason) for u in table.get(8).incomplete] == [("status", Reason.MALFORMED)]
+
+
+def test_malformed_stat_spoils_one_process(tmp_path):
+    tree = _tree(tmp_path)
+    (tree / "7" / "stat").write_text("7 (python3) S 1 7")
+    table = Procfs(str(tree)).snapshot(now=time.time())
+    assert table.get(7).incomplete[0].reason is Reason.MALFORMED and table.get(1).incomplete == ()
+
+
+def test_an_unlistable_fd_directory_is_incomplete_and_kept_by_the_cheap_scan(tmp_path):
+    """An fd/ that cannot be listed may hide a /dev/nvidia* holder: never silently dropped."""
+    tree = _tree(tmp_path)
+    fd = tree / "7" / "fd"
+    fd.rmdir()
+    os.mkfifo(fd)
+    procfs = Procfs(str(tree))
+    assert procfs.relevant_pids(())[0] == [7]
+    assert procfs.snapshot(now=time.time()).get(7).unread("fd")
+
+
+def test_the_deadline_leaves_the_rest_unread(tmp_path):
+    tree = _tree(tmp_path)
+    table = Procfs(str(tree), deadline_s=0).snapshot(now=time.time())
+    assert table.processes == {} and table.unread == (1, 7)
