@@ -28,11 +28,12 @@ from gpuzombie.exporter import (
     scan_node,
 )
 from gpuzombie.exporter.metrics import GAUGES
-from gpuzombie.exporter.namespaces import parse_sigterm, survey
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.cri import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.observe.namespaces import survey
+from gpuzombie.proc.parse import parse_sigterm
 from gpuzombie.proc.procfs import Procfs
 from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
@@ -364,6 +365,12 @@ def test_port_in_use_is_one_line_exit_2(node, capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err and err.count("\n") == 1
 
 
+def survey_live_proc():
+    """Every PID namespace of this machine, judged from one read of the host's /proc."""
+    procfs = Procfs("/proc")
+    return survey(procfs, procfs.snapshot(now=0), now=0).namespaces
+
+
 @needs_root
 def test_real_zombie_and_orphan_in_a_pid_namespace():
     # PID 1 becomes `sleep` (never waits): its shell's background job exits into a zombie, and a
@@ -372,7 +379,7 @@ def test_real_zombie_and_orphan_in_a_pid_namespace():
         inode = os.stat(f"/proc/{ns.pid1}/ns/pid").st_ino
 
         def judged():
-            found = [n for n in survey(Procfs("/proc"), now=0).namespaces if n.inode == inode]
+            found = [n for n in survey_live_proc() if n.inode == inode]
             return found if found and found[0].zombies and found[0].pid1.program == "sleep" else None
 
         (mine,) = wait_until(judged, timeout=10)
@@ -409,7 +416,7 @@ def test_real_tini_with_a_sigterm_ignoring_child():
         inode = os.stat(f"/proc/{ns.pid1}/ns/pid").st_ino
 
         def judged():
-            found = [n for n in survey(Procfs("/proc"), now=0).namespaces if n.inode == inode]
+            found = [n for n in survey_live_proc() if n.inode == inode]
             return found if found and found[0].main and found[0].main.comm == "sleep" else None
 
         (mine,) = wait_until(judged, timeout=10)
@@ -418,11 +425,13 @@ def test_real_tini_with_a_sigterm_ignoring_child():
 
 
 def test_readme_lists_every_metric(served):
-    """The README's metric table is the reference: every name the exporter serves is in it."""
+    """The README's metric table (and docs/) is the reference: every name the exporter serves is in it."""
     url, _ = served
     served_names = {re.sub(r"_total$", "", name) for name in scrape(url)} | set(GAUGES)
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
     section = readme[readme.index("## Prometheus exporter") : readme.index("## On a cluster")]
+    section += "".join(doc.read_text() for doc in sorted((root / "docs").glob("*.md")))
     documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", section))
     assert served_names <= documented, served_names - documented
 

@@ -218,7 +218,17 @@ def test_json_schema_top_level(proc):
         "orphaned_contexts",
         "summary",
     ]
-    assert set(data["summary"]) == {"zombies", "orphans", "orphaned_contexts", "ghost_gpus", "gpu_processes", "healthy"}
+    assert set(data["summary"]) == {
+        "zombies",
+        "orphans",
+        "orphaned_contexts",
+        "ghost_gpus",
+        "gpu_processes",
+        "incomplete",
+        "access_denied",
+        "unverified",
+        "healthy",
+    }
     assert data["gpu"]["available"] is True and data["gpu"]["devices"][0]["memory_reserved_mib"] == 615.0
 
 

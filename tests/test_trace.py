@@ -228,10 +228,10 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     report = run_trace(node, crictl)
     rows = by_pid(report)
     worker = rows[200][0]
-    assert (worker.nspid, worker.gpu_index, worker.gpu_memory_mib, worker.nsmi, worker.verdict) == (
+    assert (worker.nspid, worker.gpu_index, worker.gpu_memory, worker.nsmi, worker.verdict) == (
         7,
         0,
-        2658,
+        2658 * MIB,
         True,
         "live",
     )
@@ -263,9 +263,9 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     assert 500 not in rows and 202 not in rows and 1 not in rows  # not GPU-related, not zombies
 
     gpu0, gpu1 = report.gpus
-    assert (gpu0.baseline_mib, gpu0.unexplained_mib, gpu0.verdict) == (615, 291, "ghost")
+    assert (gpu0.baseline, gpu0.unexplained, gpu0.verdict) == (615 * MIB, 291 * MIB, "ghost")
     assert "pid 300 (pod training/nccl-rank1), listed on GPU 1, also holds /dev/nvidia0" in gpu0.likely_causes[0]
-    assert gpu1.unexplained_mib == 0 and gpu1.verdict == "ok"
+    assert gpu1.unexplained == 0 and gpu1.verdict == "ok"
     s = report.summary
     assert (s.zombies, s.gone, s.ghost_gpus, s.fd_only, s.gpu_processes, s.healthy) == (1, 1, 1, 2, 3, False)
     # Two calls for the node and one inspect for the id they did not name: never one per container.
@@ -486,8 +486,6 @@ def test_scan_of_the_real_proc_finds_a_zombie_and_a_device_holder(tmp_path):
     device node, and nothing of the many other processes of this machine."""
     import subprocess
 
-    from gpuzombie.trace.scan import relevant_pids
-
     device = tmp_path / "nvidia0"
     device.write_text("")
     holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(30)"])
@@ -496,7 +494,8 @@ def test_scan_of_the_real_proc_finds_a_zombie_and_a_device_holder(tmp_path):
         deadline = time.monotonic() + 10
         found: list[int] = []
         while time.monotonic() < deadline:
-            found = relevant_pids(Procfs("/proc", device_prefix=str(tmp_path / "nvidia")), [], skip=os.getpid())
+            procfs = Procfs("/proc", device_prefix=str(tmp_path / "nvidia"))
+            found, _ = procfs.relevant_pids([], skip=os.getpid())
             if holder.pid in found and zombie.pid in found:
                 break
             time.sleep(0.05)

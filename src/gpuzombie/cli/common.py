@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
 import os
 from collections.abc import Callable
@@ -31,7 +29,7 @@ def ghost_options(fn: CommandFn) -> CommandFn:
     """--ghost-threshold-mib, --baseline-mib and the hidden --nvml-replay: the GPU-memory options
     every command that judges ghost memory shares (observe, trace)."""
     from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
-    from gpuzombie.gpu.nvml import MIB
+    from gpuzombie.units import MIB
 
     for option in reversed(
         (
@@ -75,28 +73,18 @@ def nvml_backend(replay: str | None) -> NvmlBackend:
         raise GpuzombieError(f"cannot replay NVML snapshot {replay}: {exc}") from exc
 
 
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, enums, tuples and mappings to plain JSON types, recursively."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    return value
-
-
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(to_jsonable(value), indent=2, sort_keys=False))
+    """A report as JSON on stdout, through the library's one serializer."""
+    from gpuzombie.jsonout import dumps
+
+    click.echo(dumps(value))
 
 
 def check_node_inputs(procfs: str, crictl_path: str | None, *, who: str) -> None:
     """The checks every node command makes before its first scan: a readable procfs root, root on
     the live /proc (other processes' fds and cgroups), and an executable --crictl."""
     from gpuzombie.errors import GpuzombieError
-    from gpuzombie.trace.scan import is_live_procfs
+    from gpuzombie.proc.pidns import is_live_procfs
 
     if not os.path.isdir(procfs):
         raise GpuzombieError(f"procfs root {procfs} is not a directory")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from gpuzombie.cli.common import echo_json, ghost_options, json_option, nvml_backend, procfs_option
-from gpuzombie.gpu.nvml import MIB
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.units import MIB
 
 
 @click.command()
@@ -20,7 +20,9 @@ def command(
     """Inside a container (or on a node): PID 1, process tree, zombies, orphans, GPU memory, GPU
     processes, /dev/nvidia* holders, orphaned contexts and ghost memory.
 
-    Exit 0 healthy, 1 findings (zombies, orphans, orphaned contexts, ghost memory), 2 error.
+    Exit 0 healthy, 1 findings (zombies, orphans, orphaned contexts, ghost memory) or incomplete
+    (a process that could hide one could not be read: the summary says INCOMPLETE), 2 error
+    (also when /proc is not this PID namespace's own).
     """
     report = observe(
         Procfs(procfs),
@@ -29,7 +31,7 @@ def command(
         ghost_threshold=ghost_threshold_mib * MIB,
     )
     if as_json:
-        echo_json(report.to_dict())
+        echo_json(report)
     else:
         click.echo(render_text(report), nl=False)
     return int(report.exit_status)

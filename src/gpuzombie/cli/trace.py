@@ -17,12 +17,12 @@ from gpuzombie.cli.common import (
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
-from gpuzombie.gpu.nvml import MIB
 from gpuzombie.k8s import cri
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
+from gpuzombie.units import MIB
 
 
 @click.command()
@@ -64,8 +64,8 @@ def command(
     """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
     and pod, and each GPU's memory split into driver baseline, processes and ghost.
 
-    Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory),
-    2 error.
+    Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory) or
+    incomplete (a process that could hide one could not be read: the summary says so), 2 error.
     """
     check_node_inputs(procfs, crictl_path, who="trace")
     try:

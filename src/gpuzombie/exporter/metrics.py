@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpuzombie.escape import LABEL_LIMIT, escape
 from gpuzombie.exporter.scan import NodeScan, PodLabels
-from gpuzombie.gpu.nvml import MIB
 from gpuzombie.trace.report import GpuMemory
 
 POD = ("namespace", "pod", "container")
@@ -38,7 +38,7 @@ GAUGES = {
         Gauge(
             "gpuzombie_gpu_process_memory_bytes",
             (*POD, *GPU, "verdict"),
-            "GPU memory NVML attributes to processes, by pod, GPU and verdict (0.1 MiB precision).",
+            "GPU memory NVML attributes to processes, by pod, GPU and verdict.",
         ),
         Gauge(
             "gpuzombie_fd_only_holders",
@@ -103,6 +103,13 @@ GAUGES = {
             "no NVML); their text goes to stderr each time it changes.",
         ),
         Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
+        Gauge(
+            "gpuzombie_unreadable_processes",
+            ("reason",),
+            "Processes the last scan could not fully read, by reason: access_denied, or incomplete (a "
+            "file missing, not a regular file, over its size cap or malformed, or the scan's deadline "
+            "passed first). A GPU holder, zombie or orphan among them is missing from the other gauges.",
+        ),
     )
 }
 
@@ -111,16 +118,12 @@ def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamil
     spec = GAUGES[name]
     family = GaugeMetricFamily(name, spec.doc, labels=list(spec.labels))
     for key, value in sorted(values.items()):
-        family.add_metric(list(key), value)
+        family.add_metric([escape(v, LABEL_LIMIT) for v in key], value)
     return family
 
 
 def _pod(labels: PodLabels) -> tuple[str, str, str]:
     return (labels.namespace, labels.pod, labels.container)
-
-
-def _bytes(mib: float | None) -> float:
-    return 0.0 if mib is None else mib * MIB
 
 
 def process_metrics(scan: NodeScan) -> dict[str, Values]:
@@ -133,7 +136,7 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
         if row.nsmi:
             key = (*pod, str(row.gpu_index), row.gpu_uuid or "", row.verdict)
             out["gpuzombie_gpu_processes"][key] += 1
-            out["gpuzombie_gpu_process_memory_bytes"][key] += _bytes(row.gpu_memory_mib)
+            out["gpuzombie_gpu_process_memory_bytes"][key] += row.gpu_memory or 0
         elif row.verdict == "fd-only":
             out["gpuzombie_fd_only_holders"][(*pod, "" if row.gpu_index is None else str(row.gpu_index))] += 1
     return out
@@ -142,11 +145,11 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
 def namespace_metrics(scan: NodeScan) -> dict[str, Values]:
     """PID 1, zombies by parent, orphans and grace risk of each PID namespace below the node's."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
-    memory_by_ns: defaultdict[int, float] = defaultdict(float)
+    memory_by_ns: defaultdict[int, int] = defaultdict(int)
     for row in scan.trace.rows:
         inode = scan.namespaces.pidns_of.get(row.pid) if row.pid is not None else None
         if row.nsmi and inode is not None:
-            memory_by_ns[inode] += _bytes(row.gpu_memory_mib)
+            memory_by_ns[inode] += row.gpu_memory or 0
     for ns in scan.namespaces.namespaces:
         pod = _pod(scan.labels(ns))
         pid1 = (ns.pid1.program or "", ns.pid1.kind.value, str(ns.pid1.is_reaping_init).lower())
@@ -173,14 +176,24 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     out["gpuzombie_nvml_available"][()] = float(scan.trace.gpu.available)
     for g in scan.trace.gpus:
         key = (str(g.index), g.uuid)
-        out["gpuzombie_gpu_memory_total_bytes"][(*key, g.name)] = _bytes(g.total_mib)
-        out["gpuzombie_gpu_memory_used_bytes"][key] = _bytes(g.used_mib)
-        out["gpuzombie_gpu_baseline_bytes"][(*key, _baseline_source(g))] = _bytes(g.baseline_mib)
-        out["gpuzombie_gpu_listed_process_memory_bytes"][key] = _bytes(g.process_memory_mib)
-        out["gpuzombie_gpu_unexplained_memory_bytes"][key] = _bytes(g.unexplained_mib)
+        out["gpuzombie_gpu_memory_total_bytes"][(*key, g.name)] = g.total
+        out["gpuzombie_gpu_memory_used_bytes"][key] = g.used
+        out["gpuzombie_gpu_baseline_bytes"][(*key, _baseline_source(g))] = g.baseline
+        out["gpuzombie_gpu_listed_process_memory_bytes"][key] = g.process_memory
+        out["gpuzombie_gpu_unexplained_memory_bytes"][key] = g.unexplained
         for v in VERDICTS:
             out["gpuzombie_gpu_memory_verdict"][(*key, v)] = float(g.verdict == v)
     return out
+
+
+def unreadable_metrics(scan: NodeScan) -> Values:
+    """Processes of the node's table that could not be fully read, access-denied told apart."""
+    incomplete = scan.table.incomplete
+    denied = sum(p.access_denied for p in incomplete)
+    return {
+        ("access_denied",): float(denied),
+        ("incomplete",): float(len(incomplete) - denied + len(scan.table.unread)),
+    }
 
 
 def node_metrics(scan: NodeScan) -> Iterator[Metric]:
@@ -188,5 +201,6 @@ def node_metrics(scan: NodeScan) -> Iterator[Metric]:
     values = {**process_metrics(scan), **namespace_metrics(scan), **gpu_metrics(scan)}
     values["gpuzombie_scan_warnings"] = {(): float(len(scan.trace.warnings) + len(scan.namespaces.warnings))}
     values["gpuzombie_pid_namespaces"] = {(): float(len(scan.namespaces.namespaces))}
+    values["gpuzombie_unreadable_processes"] = unreadable_metrics(scan)
     for name in GAUGES:
         yield _family(name, values.get(name, {}))

@@ -1,6 +1,7 @@
-"""One node scan for the exporter: the trace report (GPU processes, fd holders, zombies, memory per
-GPU, mapped to pods) plus the per-namespace survey (orphans, zombies by parent, SIGTERM reach),
-with one CRI lookup naming the containers of both."""
+"""One node scan for the exporter: one walk of the node's own procfs, read into one table, from which
+come both the trace report (GPU processes, fd holders, zombies, memory per GPU in bytes, mapped to
+pods) and the per-namespace survey (orphans, zombies by parent, SIGTERM reach), with one CRI lookup
+naming the containers of both."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuzombie.exporter.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
-from gpuzombie.gpu.nvml import NvmlBackend
+from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.proc.procfs import Procfs
-from gpuzombie.trace.report import NamesLookup, TraceReport, TraceRow, trace_node
+from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
+from gpuzombie.proc.procfs import ProcessTable, Procfs
+from gpuzombie.trace.report import NamesLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class NodeScan:
     namespaces: NamespaceSurvey
     names: CriNames
     duration_s: float
+    table: ProcessTable
+    """The node's processes as read, once, for both."""
 
     def labels(self, ns: NamespaceScan) -> PodLabels:
         return PodLabels.of_namespace(ns, self.names)
@@ -71,11 +74,13 @@ def scan_node(
     threshold: int = DEFAULT_GHOST_THRESHOLD,
     clock: Callable[[], float] = time.perf_counter,
 ) -> NodeScan:
-    """Survey the namespaces, then trace the node asking the runtime once for both's containers.
-    Raises OSError when the procfs cannot be listed."""
+    """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
+    containers. Raises OSError or ValueError when the procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
-    namespaces = survey(procfs, now=now)
+    gpus = read_gpus(nvml)
+    table = procfs.snapshot(now=now)
+    namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []
 
@@ -83,9 +88,9 @@ def scan_node(
         asked.append(names(sorted(set(ids) | extra)))
         return asked[-1]
 
-    trace = trace_node(
-        procfs=procfs,
-        nvml=nvml,
+    trace = build_trace(
+        table,
+        gpus,
         view=view,
         names=lookup,
         resources=resources(),
@@ -98,4 +103,5 @@ def scan_node(
         namespaces=namespaces,
         names=asked[0] if asked else CriNames(source=None),
         duration_s=clock() - started,
+        table=table,
     )

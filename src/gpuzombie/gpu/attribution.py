@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot, mib
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_ns_link, parse_status
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot
+from gpuzombie.jsonout import IN_MIB
+from gpuzombie.proc.pidns import reader_in_root_pidns
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
+from gpuzombie.units import MIB
 
 DEFAULT_GHOST_THRESHOLD = 64 * MIB
 
@@ -44,25 +46,9 @@ class ReaderView:
     """The reader's pid in the procfs it reads; left out of fd holders (NVML itself opens them)."""
 
 
-# The kernel gives the initial PID namespace a fixed inode number (PROC_PID_INIT_INO, 0xEFFFFFFC).
-ROOT_PIDNS_INODE = 0xEFFFFFFC
-
-
 def current_view() -> ReaderView:
-    """The running process's own view, from the real /proc/self (not an injected procfs).
-
-    The NSpid chain cannot tell: inside a namespace with its own /proc mounted (``nsenter -p -m``,
-    a container), NSpid shows one pid just as on the host. The pid-namespace inode can.
-    """
-    try:
-        in_root = parse_ns_link(os.readlink("/proc/self/ns/pid")) == ROOT_PIDNS_INODE
-    except OSError:
-        try:
-            with open("/proc/self/status") as f:
-                in_root = len(parse_status(f.read()).nspid) <= 1
-        except OSError:
-            in_root = True
-    return ReaderView(in_root_pidns=in_root, own_pid=os.getpid())
+    """The running process's own view, from the real /proc/self (not an injected procfs)."""
+    return ReaderView(in_root_pidns=reader_in_root_pidns(), own_pid=os.getpid())
 
 
 @dataclass(frozen=True)
@@ -103,31 +89,16 @@ class GhostMemory:
 
     gpu_index: int
     gpu_uuid: str
-    used: int
-    baseline: int
+    used: int = field(metadata=IN_MIB)
+    baseline: int = field(metadata=IN_MIB)
     baseline_source: str
-    process_memory: int
-    unexplained: int
+    process_memory: int = field(metadata=IN_MIB)
+    unexplained: int = field(metadata=IN_MIB)
     flagged: bool
     likely_causes: tuple[str, ...]
     verdict: str = "ok"
     """"ok" (within the threshold), "ghost" (flagged), or "cannot_tell": over the threshold inside a
     PID namespace with no local evidence, where other namespaces' processes are invisible."""
-
-    def accounting_mib(self, threshold: int) -> dict[str, Any]:
-        """used = baseline + processes + unexplained, in MiB, with the verdict against ``threshold``:
-        one conversion for observe's JSON and trace's per-GPU accounting, which show the same fields
-        (trace's ``GpuMemory`` takes them as keywords, so a renamed key fails loudly there)."""
-        return {
-            "used_mib": mib(self.used),
-            "baseline_mib": mib(self.baseline),
-            "baseline_source": self.baseline_source,
-            "process_memory_mib": mib(self.process_memory),
-            "unexplained_mib": mib(self.unexplained),
-            "threshold_mib": mib(threshold),
-            "verdict": self.verdict,
-            "flagged": self.flagged,
-        }
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-MIB = 1024 * 1024
-
-
-def mib(n: int) -> float:
-    """Bytes to MiB, one decimal: the unit of every memory figure in the JSON reports."""
-    return round(n / MIB, 1)
+from gpuzombie.units import MIB, mib  # noqa: F401  re-exported: the lab imports them from here
 
 
 @dataclass(frozen=True)

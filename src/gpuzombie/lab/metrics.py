@@ -13,9 +13,9 @@ from itertools import pairwise
 
 from gpuzombie.lab.sampler import Sample
 from gpuzombie.lab.series import settled_from, value_at
+from gpuzombie.units import MIB
 
 GIB = 1024**3
-MIB = 1024**2
 
 
 def release_tolerance(worker_bytes: int) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from gpuzombie.lab.events import EventLog
+from gpuzombie.proc.procfs import Procfs
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 
@@ -88,37 +89,21 @@ def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+PROCFS = Procfs()
+
+
 def children_of(pid: int) -> list[int]:
     """Direct children from /proc/<pid>/task/*/children (empty when the process is gone)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    return found
+    return PROCFS.children_pids(pid)
 
 
 def pidns_of(pid: int) -> int | None:
-    try:
-        target = os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-    return int(target[target.index("[") + 1 : -1])
+    return PROCFS.pidns(pid)
 
 
 def pids_in_pidns(pidns: int) -> list[int]:
     """Every host pid whose PID namespace is ``pidns`` (zombies included)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and pidns_of(int(name)) == pidns:
-            found.append(int(name))
-    return sorted(found)
+    return PROCFS.pids_in_pidns(pidns)
 
 
 @dataclass(frozen=True)
@@ -204,11 +189,8 @@ class Pod:
         want = INIT_COMM.get(self.init)
         if want is None:
             return True
-        try:
-            with open(f"/proc/{self.pid1}/comm") as f:
-                return f.read().strip() == want
-        except OSError:
-            return False
+        stat = PROCFS.stat(self.pid1)
+        return stat is not None and stat.comm == want
 
     @property
     def running(self) -> bool:

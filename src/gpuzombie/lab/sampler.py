@@ -8,7 +8,6 @@ own CPU time with ``time.thread_time`` so the report can show that sampling did 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -17,10 +16,9 @@ from typing import Protocol, Self
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.observation import python_module
-from gpuzombie.lab.pod import Pod
+from gpuzombie.lab.pod import PROCFS, Pod
 
 WORKER_MODULE = "gpuzombie.workloads.worker"
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -40,11 +38,7 @@ class Probe(Protocol):
 
 def rss_bytes(pid: int) -> int | None:
     """Resident memory of ``pid`` (None once it is gone): the CPU stand-in's "memory held"."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE
-    except (OSError, IndexError, ValueError):
-        return None
+    return PROCFS.rss_bytes(pid)
 
 
 class RssProbe:
@@ -59,10 +53,8 @@ class RssProbe:
     def _worker(self, pid: int) -> bool:
         # Only a yes is cached: a forked child shows its parent's cmdline until it execs.
         if pid not in self._is_worker:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().decode(errors="replace").split("\0")
-            except OSError:
+            argv = PROCFS.cmdline(pid)
+            if argv is None:
                 return False
             if (python_module(argv) or "").startswith(WORKER_MODULE):  # worker and worker_fixed
                 self._is_worker[pid] = True

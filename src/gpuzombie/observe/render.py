@@ -6,10 +6,11 @@ results/ file.
 
 from __future__ import annotations
 
-from gpuzombie.gpu.nvml import MIB
+from gpuzombie.escape import escape
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.observe.report import ObserveReport
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
+from gpuzombie.units import MIB
 
 
 def _mib(n: int | None) -> str:
@@ -17,7 +18,7 @@ def _mib(n: int | None) -> str:
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]:
-    cells = [header] + [tuple("-" if c is None else str(c) for c in row) for row in rows]
+    cells = [header] + [tuple("-" if c is None else escape(str(c), 300) for c in row) for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header) - 1)]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in cells]
 
@@ -29,7 +30,9 @@ def _tree_rows(table: ProcessTable, now: float, marks: dict[int, str]) -> list[t
     def visit(proc: ProcessInfo, depth: int) -> None:
         children = table.children(proc.pid)
         kernel = proc.pid == 2 and proc.comm == "kthreadd" and not proc.cmdline
-        text = proc.command[:100] + (f" + {len(children)} kernel threads" if kernel else "")
+        text = escape(proc.command, 100) + (f" + {len(children)} kernel threads" if kernel else "")
+        if proc.incomplete:
+            text += "  [unread: " + ", ".join(f"{u.file} {u.reason.value}" for u in proc.incomplete) + "]"
         rows.append(
             (
                 proc.pid,
@@ -60,10 +63,10 @@ def render_text(report: ObserveReport) -> str:
         f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
         f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"
     ]
-    out += [f"warning: {w}" for w in r.view.warnings]
+    out += [f"warning: {escape(w, 1000)}" for w in r.view.warnings]
 
     out += _section(1, "PID 1")
-    out.append(f"  {(r.pid1.command or '?')[:120]}  ->  {r.pid1.kind.value}: {r.pid1.note}")
+    out.append(f"  {escape(r.pid1.command or '?', 120)}  ->  {r.pid1.kind.value}: {r.pid1.note}")
 
     marks = {z.pid: "  <- zombie" for z in r.zombies}
     marks.update({o.pid: f"  <- {'orphan' if o.verdict == ORPHAN else 'orphan? cannot tell'}" for o in r.orphans})
@@ -121,7 +124,7 @@ def render_text(report: ObserveReport) -> str:
     for g in r.orphaned_contexts:
         out.append(
             f"  ORPHANED CONTEXT: GPU {g.gpu_index} pid {g.nvml_pid} {_mib(g.used_memory)} "
-            f"({g.verdict.value}: {g.evidence})"
+            f"({g.verdict.value}: {escape(g.evidence, 1000)})"
         )
     if not r.orphaned_contexts:
         out.append("  orphaned contexts: none (no GPU memory attributed to a dead pid)")
@@ -132,11 +135,14 @@ def render_text(report: ObserveReport) -> str:
             f"{_mib(gh.unexplained)} unexplained -> {gh.verdict.upper()}"
         )
         out.append(line)
-        out += [f"      likely: {c}" for c in gh.likely_causes]
+        out += [f"      likely: {escape(c, 1000)}" for c in gh.likely_causes]
 
+    verdict = "HEALTHY" if s.healthy else "FINDINGS" if s.findings else "INCOMPLETE (not verified)"
     out += [
         "",
         f"summary: {s.zombies} zombies, {s.orphans} orphans, {s.orphaned_contexts} orphaned "
-        f"contexts, {s.ghost_gpus} GPUs with ghost memory -> {'HEALTHY' if s.healthy else 'FINDINGS'}",
+        f"contexts, {s.ghost_gpus} GPUs with ghost memory"
+        + (f", {s.unverified} unreadable processes" if s.unverified else "")
+        + f" -> {verdict}",
     ]
     return "\n".join(out) + "\n"

@@ -6,7 +6,6 @@ documented in the README; the lab and the pod scripts parse it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -16,23 +15,15 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
-    ROOT_PIDNS_INODE,
     Attribution,
-    GhostMemory,
     GpuProcessRef,
     ReaderView,
     Verdict,
     attribute,
     current_view,
 )
-from gpuzombie.gpu.nvml import (
-    GpuDevice,
-    GpuSnapshot,
-    NvmlBackend,
-    default_backend,
-    mib,
-    read_gpus,
-)
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, default_backend, read_gpus
+from gpuzombie.jsonout import to_jsonable
 from gpuzombie.observe.orphans import (
     ORPHAN,
     Orphan,
@@ -42,7 +33,9 @@ from gpuzombie.observe.orphans import (
     reader_chain,
 )
 from gpuzombie.observe.pid1 import Pid1, find_pid1
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
+from gpuzombie.proc.pidns import ROOT_PIDNS_INODE, procfs_is_own
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
+from gpuzombie.units import mib
 
 SCHEMA = "gpuzombie.observe/1"
 
@@ -69,10 +62,19 @@ class Summary:
     orphaned_contexts: int
     ghost_gpus: int
     gpu_processes: int
+    incomplete: int = 0
+    """Processes that could not be fully read (any file), plus pids the deadline left unread."""
+    access_denied: int = 0
+    unverified: int = 0
+    """Of the incomplete, those that could hide a finding: while any is left, never HEALTHY."""
+
+    @property
+    def findings(self) -> bool:
+        return bool(self.zombies or self.orphans or self.orphaned_contexts or self.ghost_gpus)
 
     @property
     def healthy(self) -> bool:
-        return not (self.zombies or self.orphans or self.orphaned_contexts or self.ghost_gpus)
+        return not (self.findings or self.unverified)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ class ObserveReport:
             orphaned_contexts=len(self.orphaned_contexts),
             ghost_gpus=sum(1 for g in self.attribution.ghosts if g.flagged),
             gpu_processes=len(self.attribution.processes),
+            incomplete=len(self.table.incomplete) + len(self.table.unread),
+            access_denied=sum(p.access_denied for p in self.table.incomplete),
+            unverified=len(self.table.unverified((1,))) + len(self.table.unread),
         )
 
     @property
@@ -112,11 +117,11 @@ class ObserveReport:
         return {
             "schema": SCHEMA,
             "taken_at": self.taken_at,
-            "view": dataclasses.asdict(self.view),
-            "pid1": dataclasses.asdict(self.pid1),
+            "view": to_jsonable(self.view),
+            "pid1": to_jsonable(self.pid1),
             "processes": [_process_dict(p, self.taken_at) for p in self.table],
-            "zombies": [dataclasses.asdict(z) for z in self.zombies],
-            "orphans": [dataclasses.asdict(o) for o in self.orphans],
+            "zombies": to_jsonable(self.zombies),
+            "orphans": to_jsonable(self.orphans),
             "gpu": {
                 "available": self.gpu.available,
                 "reason": self.gpu.reason,
@@ -124,10 +129,10 @@ class ObserveReport:
                 "devices": [_device_dict(d) for d in self.gpu.devices],
             },
             "gpu_processes": [_gpu_process_dict(r) for r in self.attribution.processes],
-            "fd_holders": [dataclasses.asdict(h) for h in self.attribution.fd_holders],
-            "ghosts": [_ghost_dict(g, self.ghost_threshold) for g in self.attribution.ghosts],
+            "fd_holders": to_jsonable(self.attribution.fd_holders),
+            "ghosts": [{**to_jsonable(g), "threshold_mib": mib(self.ghost_threshold)} for g in self.attribution.ghosts],
             "orphaned_contexts": [_gpu_process_dict(r) for r in self.orphaned_contexts],
-            "summary": {**dataclasses.asdict(summary), "healthy": summary.healthy},
+            "summary": {**to_jsonable(summary), "healthy": summary.healthy},
         }
 
 
@@ -148,6 +153,7 @@ def _process_dict(p: ProcessInfo, now: float) -> dict[str, Any]:
         "command": p.command,
         "age_s": round(max(0.0, now - p.start_time), 1),
         "nvidia_fds": list(p.nvidia_fds),
+        "incomplete": to_jsonable(p.incomplete),
     }
 
 
@@ -179,25 +185,17 @@ def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
     }
 
 
-def _ghost_dict(g: GhostMemory, threshold: int) -> dict[str, Any]:
-    return {
-        "gpu_index": g.gpu_index,
-        "gpu_uuid": g.gpu_uuid,
-        **g.accounting_mib(threshold),
-        "likely_causes": list(g.likely_causes),
-    }
-
-
 def _warnings(table: ProcessTable, is_root: bool) -> tuple[str, ...]:
-    denied = sum(1 for p in table if p.access_denied)
     found = []
     if not is_root:
+        denied = sum(1 for p in table if p.access_denied)
         found.append(
             f"not root: {denied} processes of other users could not be fully read (fds, "
             "cmdline); /dev/nvidia* holders among them are missing from this report"
         )
-    elif denied:
-        found.append(f"{denied} processes could not be fully read (access denied)")
+    unreadable = describe_unreadable(table, (1,))
+    if unreadable:
+        found.append(unreadable)
     return tuple(found)
 
 
@@ -211,7 +209,7 @@ def default_view(procfs: Procfs, table: ProcessTable) -> ReaderView:
     view = current_view()
     init = table.get(1)
     tree_is_root = init is None or init.pidns is None or init.pidns == ROOT_PIDNS_INODE
-    own = os.path.realpath(procfs.root) == "/proc"
+    own = procfs_is_own(procfs.root) is True
     return ReaderView(in_root_pidns=view.in_root_pidns and tree_is_root, own_pid=view.own_pid if own else None)
 
 
@@ -227,11 +225,18 @@ def observe(
 ) -> ObserveReport:
     """Snapshot the processes and GPUs and judge them: the seed's eight checks in one report.
 
-    Raises GpuzombieError (exit 2) when the procfs root itself cannot be read; everything else
-    (vanished processes, denied files, no NVML) is part of the report.
+    Raises GpuzombieError (exit 2) when the procfs root itself cannot be read, or when /proc is
+    not the caller's own namespace's; everything else (vanished processes, denied or hostile
+    files, no NVML) is part of the report.
     """
     procfs = procfs or Procfs()
     now = time.time() if now is None else now
+    if os.path.realpath(procfs.root) == "/proc" and procfs_is_own(procfs.root) is False:
+        raise GpuzombieError(
+            "/proc is not this PID namespace's procfs (entered with nsenter --pid but not --mount?): "
+            "it shows another namespace's processes; enter the mount namespace too (nsenter --mount)",
+            ExitStatus.ERROR,
+        )
     try:
         table = procfs.snapshot(now=now, with_cgroup=False)
     except (OSError, ValueError) as exc:

@@ -100,6 +100,7 @@ def _local_table(host: ProcessTable, inode: int, members: list[ProcessInfo]) -> 
         taken_at=host.taken_at,
         procfs_root=host.procfs_root,
         unread=tuple(p.pid for p in members if len(p.nspid) <= 1),
+        tree_pidns=inode,
     )
     return NamespaceView(inode, table, {v: k for k, v in local_of.items()})
 

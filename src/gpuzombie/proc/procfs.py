@@ -52,8 +52,12 @@ __all__ = [  # the parsers are imported from here by older callers (prestop, gra
 ]
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
-DEFAULT_SCAN_DEADLINE_S = 20.0
-"""A scan that has not read every process by then stops and reports the rest as unread."""
+DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
+"""Files whose loss can hide a finding: the state and parent (stat), a /dev/nvidia* fd (fd), the
+namespace and the pid inside it (ns/pid, status). cmdline and cgroup only name what was found."""
+DEFAULT_SCAN_DEADLINE_S = 8.0
+"""A scan that has not read every process by then stops and reports the rest as unread (inside
+Prometheus's default 10 s scrape timeout)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,11 @@ class ProcessInfo:
     def access_denied(self) -> bool:
         return any(u.reason is Reason.ACCESS_DENIED for u in self.incomplete)
 
+    @property
+    def could_hide_finding(self) -> bool:
+        """A file whose loss can hide a holder, a zombie or an orphan could not be used."""
+        return any(u.file in DECISIVE_FILES for u in self.incomplete)
+
     def unread(self, file: str) -> bool:
         """``file`` (stat, fd, cgroup, ...) could not be used: its fields are empty, not known empty."""
         return any(u.file == file for u in self.incomplete)
@@ -125,6 +134,8 @@ class ProcessTable:
     children_of: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     unread: tuple[int, ...] = ()
     """Pids listed but not read: the scan's deadline passed first."""
+    tree_pidns: int | None = None
+    """The PID namespace the tree shows (its processes' NSpid has one level); None when unknown."""
 
     def __iter__(self) -> Iterator[ProcessInfo]:
         return iter(self.processes.values())
@@ -143,6 +154,28 @@ class ProcessTable:
         """Processes with at least one file that could not be used."""
         return tuple(p for p in self.processes.values() if p.incomplete)
 
+    def unverified(self, shown: Iterable[int] = ()) -> tuple[ProcessInfo, ...]:
+        """Incomplete processes whose missing file could hide a finding (``could_hide_finding``),
+        or any incomplete process a report shows (``shown``: PID 1's kind, a row's pod)."""
+        rows = set(shown)
+        return tuple(p for p in self.processes.values() if p.incomplete and (p.pid in rows or p.could_hide_finding))
+
+
+def describe_unreadable(table: ProcessTable, shown: Iterable[int] = ()) -> str | None:
+    """One warning naming what could not be read (the first processes, file and reason), or None."""
+    missing = table.unverified(shown)
+    if not missing and not table.unread:
+        return None
+    described = "; ".join(
+        f"{p.pid} ({', '.join(f'{u.file}: {u.reason.value}' for u in p.incomplete)})" for p in missing[:5]
+    )
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    unread = f"; {len(table.unread)} pids not read before the scan's deadline" if table.unread else ""
+    return (
+        f"{len(missing)} processes could not be fully read: {described}{more}{unread}; a GPU holder, zombie "
+        "or orphan among them would be missing from this report, so it does not say healthy"
+    )
+
 
 def build_table(
     processes: Mapping[int, ProcessInfo],
@@ -151,6 +184,7 @@ def build_table(
     taken_at: float,
     procfs_root: str,
     unread: tuple[int, ...] = (),
+    tree_pidns: int | None = None,
 ) -> ProcessTable:
     """A ProcessTable with its parent -> children index."""
     children: dict[int, list[int]] = {}
@@ -164,6 +198,7 @@ def build_table(
         procfs_root=procfs_root,
         children_of={k: tuple(sorted(v)) for k, v in children.items()},
         unread=unread,
+        tree_pidns=tree_pidns,
     )
 
 
@@ -474,7 +509,9 @@ class Procfs:
             proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns)
             if proc is not None:
                 processes[pid] = proc
-        return build_table(processes, boot_time=boot, taken_at=now, procfs_root=self.root, unread=unread)
+        return build_table(
+            processes, boot_time=boot, taken_at=now, procfs_root=self.root, unread=unread, tree_pidns=tree_pidns
+        )
 
     def _maybe_relevant(self, pid: int, prefix: str) -> bool:
         """Holds a /dev/nvidia* fd, is a zombie, or cannot be ruled out (its fd/ or stat unreadable

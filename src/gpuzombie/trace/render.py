@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from gpuzombie.escape import escape
 from gpuzombie.trace.report import TraceReport, TraceRow
+from gpuzombie.units import MIB
 
 COLUMNS = ("PID", "NSPID", "STATE", "GPU", "GPU_MEM", "NSMI", "QOS", "POD", "NAMESPACE", "CONTAINER")
 
 
-def _mib(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} MiB"
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / MIB:.0f} MiB"
 
 
 def _gpu(row: TraceRow) -> str:
@@ -22,14 +24,16 @@ def _cells(row: TraceRow) -> tuple[str, ...]:
     # Without names, ids: a pod UID and a short container id still let a person find them.
     pod = row.pod or row.pod_uid or "-"
     container = row.container or (row.container_id[:13] if row.container_id else None)
-    if container is None:
+    if container is None and "cgroup" in row.unread:
+        container = "? (cgroup unreadable)"  # a pod's process, for all we know: never "(host)"
+    elif container is None:
         container = "(host)" if row.pod_uid is None and row.state != "-" else "-"
     return (
         "-" if row.pid is None else str(row.pid),
         "-" if row.nspid is None else str(row.nspid),
         row.state,
         _gpu(row),
-        _mib(row.gpu_memory_mib),
+        _mib(row.gpu_memory),
         "Y" if row.nsmi else "N",
         row.qos or "-",
         pod,
@@ -39,6 +43,7 @@ def _cells(row: TraceRow) -> tuple[str, ...]:
 
 
 def table(rows: list[tuple[str, ...]]) -> str:
+    rows = [tuple(escape(c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -54,22 +59,25 @@ def render_text(report: TraceReport) -> str:
         for g in report.gpus:
             mark = {"ok": "ok", "ghost": "GHOST", "cannot_tell": "cannot tell"}.get(g.verdict, g.verdict)
             out.append(
-                f"GPU {g.index} {g.name} ({g.uuid}): used {_mib(g.used_mib)} = baseline "
-                f"{_mib(g.baseline_mib)} + processes {_mib(g.process_memory_mib)} + unexplained "
-                f"{_mib(g.unexplained_mib)}  [{mark}]"
+                f"GPU {g.index} {escape(g.name)} ({escape(g.uuid)}): used {_mib(g.used)} = baseline "
+                f"{_mib(g.baseline)} + processes {_mib(g.process_memory)} + unexplained "
+                f"{_mib(g.unexplained)}  [{mark}]"
             )
             for cause in g.likely_causes:
-                out.append(f"  likely cause: {cause}")
+                out.append(f"  likely cause: {escape(cause, 1000)}")
             if g.allocated_to and not g.likely_causes:
-                out.append(
-                    "  allocated to: " + ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in g.allocated_to)
-                )
+                allocated = ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in g.allocated_to)
+                out.append("  allocated to: " + escape(allocated, 1000))
         out.append(f"note: {report.baseline_note}")
     for w in report.warnings:
-        out.append(f"warning: {w}")
+        out.append(f"warning: {escape(w, 1000)}")
     s = report.summary
+    findings = s.zombies or s.gone or s.ghost_gpus
+    verdict = "healthy" if s.healthy else "findings" if findings else "incomplete (not verified)"
     out.append(
         f"summary: {s.gpu_processes} GPU processes, {s.fd_only} fd-only holders, {s.zombies} "
-        f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs -> " + ("healthy" if s.healthy else "findings")
+        f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs"
+        + (f", {s.unverified} unreadable" if s.unverified else "")
+        + f" -> {verdict}"
     )
     return "\n".join(out)

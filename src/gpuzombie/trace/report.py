@@ -11,9 +11,11 @@ for its likely cause.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
@@ -24,12 +26,12 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, mib, read_gpus
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
+from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.cri import CriNames
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.scan import scan
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 
 SCHEMA = "gpuzombie.trace/1"
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)$")
@@ -49,8 +51,8 @@ class TraceRow:
     gpu_index: int | None
     """The GPU NVML lists it on; for fd-only holders None (see ``devices``)."""
     gpu_uuid: str | None
-    gpu_memory_mib: float | None
-    """MiB NVML attributes to it on that GPU; None when not listed or not reported."""
+    gpu_memory: int | None = field(metadata=IN_MIB)
+    """Bytes NVML attributes to it on that GPU; None when not listed or not reported."""
     nsmi: bool
     """Listed by NVML (the seed's NSMI column: nvidia-smi sees it)."""
     verdict: str
@@ -66,6 +68,8 @@ class TraceRow:
     cgroup_driver: str | None
     devices: tuple[str, ...]
     evidence: str
+    unread: tuple[str, ...] = ()
+    """Files of the process that could not be used (``cgroup``: the pod is unknown, not absent)."""
 
 
 @dataclass(frozen=True)
@@ -79,18 +83,18 @@ class Allocation:
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU's memory in MiB, accounted for: used = baseline + processes + unexplained."""
+    """One GPU's memory in bytes, accounted for: used = baseline + processes + unexplained."""
 
     index: int
     uuid: str
     name: str
-    total_mib: float
-    used_mib: float
-    baseline_mib: float
+    total: int = field(metadata=IN_MIB)
+    used: int = field(metadata=IN_MIB)
+    baseline: int = field(metadata=IN_MIB)
     baseline_source: str
-    process_memory_mib: float
-    unexplained_mib: float
-    threshold_mib: float
+    process_memory: int = field(metadata=IN_MIB)
+    unexplained: int = field(metadata=IN_MIB)
+    threshold: int = field(metadata=IN_MIB)
     verdict: str
     """ok, ghost (flagged above the threshold) or cannot_tell."""
     flagged: bool
@@ -122,6 +126,13 @@ class TraceSummary:
     ghost_gpus: int
     unmapped: int
     """Rows whose process sits in no container and no pod (host processes)."""
+    incomplete: int
+    """Processes read that could not be fully read (any file), plus pids the deadline left unread."""
+    access_denied: int
+    """Of those, the ones a file of which denied access."""
+    unverified: int
+    """Of those, the ones that could hide a finding (a holder, a zombie, a row's pod): while any
+    is left the node is not called healthy."""
     healthy: bool
 
 
@@ -136,6 +147,10 @@ class TraceReport:
     baseline_note: str
     warnings: tuple[str, ...]
     summary: TraceSummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, schema ``gpuzombie.trace/1`` (memory in MiB)."""
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 NamesLookup = Callable[[Iterable[str]], CriNames]
@@ -166,7 +181,7 @@ def _row(
         comm=proc.comm if proc else None,
         gpu_index=gpu[0],
         gpu_uuid=gpu[1],
-        gpu_memory_mib=None if memory is None else mib(memory),
+        gpu_memory=memory,
         nsmi=nsmi,
         verdict=verdict,
         qos=ref.qos if ref else None,
@@ -180,6 +195,7 @@ def _row(
         cgroup_driver=ref.driver if ref else None,
         devices=proc.nvidia_fds if proc else (),
         evidence=evidence,
+        unread=tuple(dict.fromkeys(u.file for u in proc.incomplete)) if proc else (),
     )
 
 
@@ -282,8 +298,15 @@ def account_memory(
         index=device.index,
         uuid=device.uuid,
         name=device.name,
-        total_mib=mib(device.memory_total),
-        **ghost.accounting_mib(threshold),
+        total=device.memory_total,
+        used=ghost.used,
+        baseline=ghost.baseline,
+        baseline_source=ghost.baseline_source,
+        process_memory=ghost.process_memory,
+        unexplained=ghost.unexplained,
+        threshold=threshold,
+        verdict=ghost.verdict,
+        flagged=ghost.flagged,
         likely_causes=tuple(causes),
         allocated_to=allocated,
     )
@@ -303,6 +326,75 @@ def baseline_note(gpus: GpuSnapshot) -> str:
     )
 
 
+def read_trace_table(procfs: Procfs, gpus: GpuSnapshot, view: ReaderView, *, now: float) -> ProcessTable:
+    """The processes a trace is about, read cheaply: one stat or fd listing per pid finds the
+    zombies, /dev/nvidia* holders and pids NVML lists (and those that cannot be ruled out); only
+    they are read in full. Raises OSError or ValueError when the tree itself is unreadable."""
+    deadline = procfs.deadline()
+    nvml_pids = {p.pid for d in gpus.devices for p in d.processes} if view.in_root_pidns else set()
+    pids, unread = procfs.relevant_pids(nvml_pids, skip=view.own_pid, deadline=deadline)
+    table = procfs.snapshot(pids, now=now, deadline=deadline)
+    return dataclasses.replace(table, unread=unread + table.unread) if unread else table
+
+
+def build_trace(
+    table: ProcessTable,
+    gpus: GpuSnapshot,
+    *,
+    view: ReaderView,
+    names: NamesLookup,
+    resources: PodResources,
+    now: float,
+    baseline: int | None = None,
+    threshold: int = DEFAULT_GHOST_THRESHOLD,
+) -> TraceReport:
+    """Map every process of ``table`` that matters (a full node table or ``read_trace_table``'s)."""
+    att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
+    shown_pids = {r.reader_pid for r in att.processes if r.reader_pid is not None}
+    shown_pids |= {h.pid for h in att.fd_holders} | {p.pid for p in table if p.is_zombie}
+    containers = {pid: parse_cgroup_lines(table.processes[pid].cgroup) for pid in shown_pids}
+    cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
+    rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
+    memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
+    warnings = list(cri.warnings)
+    if resources.warning:
+        warnings.append(resources.warning)
+    if not gpus.available:
+        warnings.append(f"GPU: {gpus.reason}; showing /dev/nvidia* holders and zombies only")
+    unreadable = describe_unreadable(table, shown_pids)
+    if unreadable:
+        warnings.append(unreadable)
+    incomplete = table.incomplete
+    zombies = sum(r.state == "Z" for r in rows)
+    gone = sum(r.verdict == Verdict.GONE.value for r in rows)
+    ghost_gpus = sum(m.flagged for m in memory)
+    not_verified = len(table.unverified(shown_pids)) + len(table.unread)
+    summary = TraceSummary(
+        rows=len(rows),
+        gpu_processes=sum(r.nsmi for r in rows),
+        fd_only=sum(r.verdict == "fd-only" for r in rows),
+        zombies=zombies,
+        gone=gone,
+        ghost_gpus=ghost_gpus,
+        unmapped=sum(r.pid is not None and r.container_id is None and r.pod_uid is None for r in rows),
+        incomplete=len(incomplete) + len(table.unread),
+        access_denied=sum(p.access_denied for p in incomplete),
+        unverified=not_verified,
+        healthy=not (zombies or gone or ghost_gpus or not_verified),
+    )
+    return TraceReport(
+        schema=SCHEMA,
+        taken_at=now,
+        gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
+        sources=Sources(procfs=table.procfs_root, crictl=cri.source, pod_resources=resources.source),
+        rows=tuple(rows),
+        gpus=memory,
+        baseline_note=baseline_note(gpus),
+        warnings=tuple(warnings),
+        summary=summary,
+    )
+
+
 def trace_node(
     *,
     procfs: Procfs,
@@ -317,39 +409,7 @@ def trace_node(
     """Read the node once and map everything; raises OSError when the procfs cannot be listed and
     ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
-    nvml_pids = {p.pid for d in gpus.devices for p in d.processes}
-    table = scan(procfs, nvml_pids if view.in_root_pidns else (), now=now, skip=view.own_pid)
-    att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
-    containers = {p.pid: parse_cgroup_lines(p.cgroup) for p in table}
-    cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
-    rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
-    memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
-    warnings = list(cri.warnings)
-    if resources.warning:
-        warnings.append(resources.warning)
-    if not gpus.available:
-        warnings.append(f"GPU: {gpus.reason}; showing /dev/nvidia* holders and zombies only")
-    zombies = sum(r.state == "Z" for r in rows)
-    gone = sum(r.verdict == Verdict.GONE.value for r in rows)
-    ghost_gpus = sum(m.flagged for m in memory)
-    summary = TraceSummary(
-        rows=len(rows),
-        gpu_processes=sum(r.nsmi for r in rows),
-        fd_only=sum(r.verdict == "fd-only" for r in rows),
-        zombies=zombies,
-        gone=gone,
-        ghost_gpus=ghost_gpus,
-        unmapped=sum(r.pid is not None and r.container_id is None and r.pod_uid is None for r in rows),
-        healthy=not (zombies or gone or ghost_gpus),
-    )
-    return TraceReport(
-        schema=SCHEMA,
-        taken_at=now,
-        gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
-        sources=Sources(procfs=procfs.root, crictl=cri.source, pod_resources=resources.source),
-        rows=tuple(rows),
-        gpus=memory,
-        baseline_note=baseline_note(gpus),
-        warnings=tuple(warnings),
-        summary=summary,
+    table = read_trace_table(procfs, gpus, view, now=now)
+    return build_trace(
+        table, gpus, view=view, names=names, resources=resources, now=now, baseline=baseline, threshold=threshold
     )

@@ -17,7 +17,8 @@ import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
+from gpuzombie.units import MIB
+
 DEVICES = ("auto", "cuda", "cpu")
 BACKENDS = ("auto", "torch", "ctypes")
 CPU_STANDIN = "cpu-standin"
