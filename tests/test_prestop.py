@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,6 +223,27 @@ def test_host_pid_namespace_real_cgroups(tmp_path):
         assert report["pid1_log"].startswith("off (not inside a pod")
         assert not runs[run]["alive"][inside]
     assert runs["container"]["alive"] == {"a": False, "b": True, "container": False, "outside": True}
+
+
+def _runs_as_uid_1000() -> bool:
+    """Can uid 1000 import this checkout with this interpreter (a venv under /root cannot)?"""
+    if shutil.which("setpriv") is None:
+        return False
+    probe = ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c", "import gpuzombie"]
+    return subprocess.run(probe, env={**os.environ, "PYTHONPATH": SRC}, capture_output=True).returncode == 0
+
+
+@needs_root
+def test_processes_it_cannot_read_are_reported_and_fail_the_run(tmp_path):
+    if not _runs_as_uid_1000():
+        pytest.skip("uid 1000 cannot run this interpreter or checkout")
+    res = run_pod("unread", tmp_path)
+    report, orphan = res["report"], res["pids"]["sleep"]
+    assert res["rc"] == 1, res["stderr"]
+    assert report["results"] == [] and res["alive"] == {"sleep": True}
+    assert orphan in {u["pid"] for u in report["unread"]} and report["incomplete"] == len(report["unread"])
+    assert f"could not read pid {orphan}" in res["stderr"]
+    assert "1 process(es) could not be read" in res["stderr"]
 
 
 def test_cli_refuses_a_foreign_procfs(tmp_path):

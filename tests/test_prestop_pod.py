@@ -89,10 +89,11 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
     return None
 
 
-def run_cli(*args: str, json_report: bool = True) -> dict:
+def run_cli(*args: str, json_report: bool = True, user: int | None = None) -> dict:
     t0 = time.monotonic()
+    as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
     done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
+        [*as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
         capture_output=True,
         text=True,
     )
@@ -206,6 +207,16 @@ def scenario_pid1_program() -> dict:
     return result
 
 
+def scenario_unread() -> dict:
+    """The hook as uid 1000 (a training image's user) beside a root-owned orphan whose fds and namespace
+    it may not read: it must neither signal it nor claim it saw everything."""
+    pids = spawn_orphans("sleep")
+    result = run_cli("--no-nvml", "--timeout", "1", "--kill-wait", "1", user=1000)
+    result["pids"] = pids
+    result["alive"] = {role: alive(pid) for role, pid in pids.items()}
+    return result
+
+
 CID = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d"
 
 
@@ -265,6 +276,8 @@ def main() -> None:
         result = scenario_cascade()
     elif scenario == "reuse":
         result = scenario_reuse()
+    elif scenario == "unread":
+        result = scenario_unread()
     elif scenario == "host-scope":
         result = scenario_host_scope()
     elif scenario == "pid1-program":
