@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,28 +15,31 @@ from pathlib import Path
 import pytest
 
 from fakeproc import make_fake_proc, make_fake_root
+from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
-from gpuzombie.prestop import plan_targets
+from gpuzombie.observe.orphans import find_orphans
+from gpuzombie.observe.pid1 import find_pid1
+from gpuzombie.prestop import Scope, plan_targets
 from gpuzombie.proc import Procfs
+from gpuzombie.proc.pidns import ROOT_PIDNS_INODE
 from markers import needs_root
-from test_prestop_pod import POD_DEV_SETUP
+from test_prestop_pod import CID, POD_DEV_SETUP
 
 POD = Path(__file__).with_name("test_prestop_pod.py")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def run_pod(scenario: str, tmp_path: Path) -> dict:
-    """Run ``scenario`` in a fresh pod (PID + mount namespace, own /dev) and return its findings."""
+def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True) -> dict:
+    """Run ``scenario`` in a fresh pod (PID + mount namespace, own /dev) and return its findings;
+    without ``pid_namespace``, in a mount namespace only (the host's PID namespace, own /dev)."""
     out = tmp_path / f"{scenario}.json"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    pid_ns = ("--pid", "--fork", "--mount-proc", "--kill-child") if pid_namespace else ()
     subprocess.run(
         [
             "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
+            *pid_ns,
             "--mount",
-            "--kill-child",
             "sh",
             "-c",
             f'{POD_DEV_SETUP} && exec "$0" "$1" "$2" "$3"',
@@ -105,24 +111,34 @@ def test_dry_run_signals_nothing(tmp_path):
     assert outcomes == {pids[r]: "would_signal (dry run)" for r in ("ignore", "handle", "sleep")}
     assert all(res["alive"].values())
     assert res["wall_s"] < 3
+    # Nothing reached PID 1's stdout (the pod log), and the text report says its summary once.
+    assert res["pid1_log"] == ""
+    assert res["report"]["pid1_log"] == "off (dry run: nothing is written to PID 1)"
+    assert sum(line.startswith("DRY RUN:") or "DRY RUN:" in line for line in res["text"].splitlines()) == 1
 
 
 @needs_root
-@pytest.mark.parametrize("scenario", ["reuse", "reuse-nopidfd"])
-def test_recycled_pid_is_never_signalled(tmp_path, scenario):
-    res = run_pod(scenario, tmp_path)
-    assert res["victim"] in res["planned"]
-    assert res["replacement"] == res["victim"], "could not recycle the pid"
-    assert res["outcomes"][str(res["victim"])] == "pid_reused_not_signalled"
-    assert res["replacement_alive"]
+def test_recycled_pid_is_never_signalled(tmp_path):
+    """A planned target exits and is reaped; ``ns_last_pid`` makes the next process take its pid, often
+    in the same clock tick (then a (pid, start time) check would pass it); the plan is then executed."""
+    res = run_pod("reuse", tmp_path)
+    trials = res["trials"]
+    assert len(trials) == 20 and all(t["planned"] for t in trials)
+    recycled = [t for t in trials if t["recycled"]]
+    assert len(recycled) >= 15, "could not recycle the pid"
+    for t in recycled:
+        assert t["outcome"] == "gone_before_signal", t
+        assert t["replacement_exit"] == -signal.SIGKILL, t  # only our SIGKILL: it never got SIGTERM
+    print(f"pid recycled in {len(recycled)} of 20 trials, {sum(t['same_tick'] for t in recycled)} in the same tick")
 
 
 def _orphan_tree(root: Path) -> None:
+    """PID 1 is a program (python3 train.py): neither an init nor a non-forking one."""
     make_fake_root(root)
-    make_fake_proc(root, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0", fds=("/dev/nvidia0",))
+    make_fake_proc(root, 1, ppid=0, comm="python3", cmdline=b"python3\0train.py\0", fds=("/dev/nvidia0",))
     make_fake_proc(root, 7, ppid=1, comm="python3", fds=("/dev/nvidia0", "/dev/nvidiactl"))
     make_fake_proc(root, 8, ppid=1, pgid=5)  # a re-parented orphan: keeps its dead parent's group
-    make_fake_proc(root, 9, ppid=1, comm="sleep")  # PID 1's own child leading its group: left alone
+    make_fake_proc(root, 9, ppid=1, comm="sleep")  # leads its own group: PID 1 may have started it
     make_fake_proc(root, 10, ppid=1, state="Z", pgid=5)
     make_fake_proc(root, 20, ppid=1, pgid=5)  # this process
 
@@ -149,11 +165,23 @@ def test_plan_on_a_fake_tree_uses_nvml_fds_and_orphans(tmp_path):
     targets = {t.pid: t.reasons for t in plan.targets}
     assert set(targets) == {7, 8}
     assert "listed by NVML (2658 MiB)" in targets[7]
-    assert targets[8] == ("orphan (re-parented to PID 1)",)
+    assert targets[8] == ("orphan: its process-group leader (pid 5) has exited",)
     excluded = {e.pid: e.reason for e in plan.excluded}
-    assert excluded[1].startswith("PID 1") and excluded[20] == "this process"
-    assert excluded[10].startswith("zombie")
-    assert 9 not in excluded
+    assert excluded[1].startswith("PID 1")
+    assert excluded[9] == "child of PID 1 that PID 1 may have started (cannot tell)"
+    assert 10 not in excluded and 20 not in excluded  # a zombie, this process: no reason to stop them
+    assert plan.unread == ()
+
+
+def test_orphans_are_observes_orphans_when_pid1_is_a_program(tmp_path):
+    """One rule: prestop stops exactly what observe calls an orphan and leaves its "cannot tell" alone."""
+    _orphan_tree(tmp_path)
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    verdicts = {o.pid: o.verdict for o in find_orphans(table, find_pid1(table), exclude=frozenset({20}), now=0)}
+    assert verdicts == {7: "cannot_tell", 8: "orphan", 9: "cannot_tell"}
+    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
+    orphan_targets = {t.pid for t in plan.targets if any(r.startswith("orphan") for r in t.reasons)}
+    assert orphan_targets == {pid for pid, v in verdicts.items() if v == "orphan"}
 
 
 def test_plan_without_orphans_and_from_another_namespace(tmp_path):
@@ -163,6 +191,59 @@ def test_plan_without_orphans_and_from_another_namespace(tmp_path):
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20, include_orphans=False)
     assert [t.pid for t in plan.targets] == [7]  # the GPU holder; orphan 8 is left alone
     assert {e.pid: e.reason for e in plan.excluded}[11] == "in another PID namespace"
+
+
+@needs_root
+def test_pid1_program_in_a_real_pod_agrees_with_observe(tmp_path):
+    res = run_pod("pid1-program", tmp_path)
+    pids = res["pids"]
+    observed = {o["pid"]: o["verdict"] for o in res["observe"]["orphans"]}
+    assert observed[pids["orphan"]] == "orphan" and observed[pids["own_child"]] == "cannot_tell"
+    report = res["report"]
+    assert {r["target"]["pid"] for r in report["results"]} == {p for p, v in observed.items() if v == "orphan"}
+    excluded = {e["pid"]: e["reason"] for e in report["excluded"]}
+    assert excluded[pids["own_child"]] == "child of PID 1 that PID 1 may have started (cannot tell)"
+
+
+@needs_root
+def test_host_pid_namespace_real_cgroups(tmp_path):
+    """Real processes holding /dev/nvidia0 in the host's PID namespace, in real cgroups."""
+    res = run_pod("host-scope", tmp_path, pid_namespace=False)
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    pids, runs = res["pids"], res["runs"]
+    refused = runs["none"]
+    assert refused["rc"] == 2 and "--cgroup PATH or --container ID" in refused["stderr"], refused
+    assert refused["stderr"].count("\n") == 1 and all(refused["alive"].values())
+    for run, inside in (("cgroup", "a"), ("container", "container")):
+        report = runs[run]["report"]
+        assert runs[run]["rc"] == 0, runs[run]
+        assert report["in_root_pidns"] and report["scope"]
+        assert {r["target"]["pid"]: r["outcome"] for r in report["results"]} == {pids[inside]: "exited_after_sigterm"}
+        assert report["pid1_log"].startswith("off (not inside a pod")
+        assert not runs[run]["alive"][inside]
+    assert runs["container"]["alive"] == {"a": False, "b": True, "container": False, "outside": True}
+
+
+def _runs_as_uid_1000() -> bool:
+    """Can uid 1000 import this checkout with this interpreter (a venv under /root cannot)?"""
+    if shutil.which("setpriv") is None:
+        return False
+    probe = ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c", "import gpuzombie"]
+    return subprocess.run(probe, env={**os.environ, "PYTHONPATH": SRC}, capture_output=True).returncode == 0
+
+
+@needs_root
+def test_processes_it_cannot_read_are_reported_and_fail_the_run(tmp_path):
+    if not _runs_as_uid_1000():
+        pytest.skip("uid 1000 cannot run this interpreter or checkout")
+    res = run_pod("unread", tmp_path)
+    report, orphan = res["report"], res["pids"]["sleep"]
+    assert res["rc"] == 1, res["stderr"]
+    assert report["results"] == [] and res["alive"] == {"sleep": True}
+    assert orphan in {u["pid"] for u in report["unread"]} and report["incomplete"] == len(report["unread"])
+    assert f"could not read pid {orphan}" in res["stderr"]
+    assert "1 process(es) could not be read" in res["stderr"]
 
 
 def test_cli_refuses_a_foreign_procfs(tmp_path):
@@ -231,24 +312,89 @@ def test_stdlib_entry_point_usage_errors_are_one_line_exit_2(args, env):
     assert done.stdout == ""
 
 
-def test_host_pid_namespace_keeps_to_its_own_cgroup(tmp_path):
-    """A hostPID pod's hook (or a node shell) shares the namespace with nvidia-persistenced and
-    every other hostPID pod: only its own cgroup's GPU holders are targets, and no orphans."""
-    from gpuzombie.prestop.targets import ROOT_PIDNS_INODE
-
-    make_fake_root(tmp_path)
+def _host_tree(root: Path) -> Procfs:
+    """The host's PID namespace: the node's GPU daemon, two pods' containers, and a session that
+    shares this process's cgroup (what the old own-cgroup rule SIGTERMed)."""
+    make_fake_root(root)
     host = {"pidns": ROOT_PIDNS_INODE}
-    make_fake_proc(tmp_path, 1, ppid=0, comm="systemd", **host)
-    make_fake_proc(tmp_path, 300, ppid=1, comm="nvidia-persiste", fds=("/dev/nvidiactl",), pgid=300, **host)
-    make_fake_proc(tmp_path, 400, ppid=1, comm="python3", fds=("/dev/nvidia0",), pgid=5, **host)
-    make_fake_proc(tmp_path, 500, ppid=1, comm="python3", fds=("/dev/nvidia0",), pgid=5, **host)
-    make_fake_proc(tmp_path, 20, ppid=1, pgid=5, **host)  # this process
-    for pid, cgroup in ((300, "/system.slice/nvidia-persistenced.service"), (400, "/kubepods.slice/other")):
-        (tmp_path / str(pid) / "cgroup").write_text(f"0::{cgroup}\n")
-    table = Procfs(str(tmp_path)).snapshot(now=time.time())
-    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
-    assert plan.in_root_pidns and not plan.orphans_included
-    assert [t.pid for t in plan.targets] == [500]  # same cgroup as this process
+    make_fake_proc(root, 1, ppid=0, comm="systemd", **host)
+    make_fake_proc(root, 300, ppid=1, comm="nvidia-persiste", fds=("/dev/nvidiactl",), pgid=300, **host)
+    make_fake_proc(root, 400, ppid=1, comm="python3", fds=("/dev/nvidia0",), nspid=(400, 7))
+    make_fake_proc(root, 401, ppid=1, comm="tini", fds=("/dev/nvidia0",), nspid=(401, 1))
+    make_fake_proc(root, 500, ppid=1, comm="python3", fds=("/dev/nvidia0",), nspid=(500, 9))
+    make_fake_proc(root, 600, ppid=1, comm="python3", fds=("/dev/nvidia0",), pgid=5, **host)  # another session
+    make_fake_proc(root, 20, ppid=1, pgid=5, **host)  # this process
+    pod = "/kubepods.slice/kubepods-podaaaa.slice"
+    cgroups = {
+        300: "/system.slice/nvidia-persistenced.service",
+        400: f"{pod}/cri-containerd-{CID}.scope",
+        401: f"{pod}/cri-containerd-{CID}.scope",
+        500: "/kubepods.slice/kubepods-podbbbb.slice/cri-containerd-" + "1" * 64 + ".scope",
+        600: "/user.slice/session-1.scope",
+        20: "/user.slice/session-1.scope",
+    }
+    for pid, cgroup in cgroups.items():
+        (root / str(pid) / "cgroup").write_text(f"0::{cgroup}\n")
+    return Procfs(str(root))
+
+
+def test_host_pid_namespace_without_a_scope_is_refused(tmp_path):
+    table = _host_tree(tmp_path).snapshot(now=time.time())
+    for same_cgroup in (False, True):
+        with pytest.raises(GpuzombieError, match="--cgroup PATH or --container ID") as refused:
+            plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20, same_cgroup=same_cgroup)
+        assert refused.value.status == 2
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [
+        Scope(cgroup="/kubepods.slice/kubepods-podaaaa.slice"),
+        Scope(container=CID[:13]),
+        Scope.from_options(None, f"containerd://{CID}"),
+    ],
+    ids=["cgroup", "container-prefix", "container-uri"],
+)
+def test_host_pid_namespace_acts_only_inside_the_scope(tmp_path, scope):
+    table = _host_tree(tmp_path).snapshot(now=time.time())
+    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20, scope=scope)
+    assert plan.in_root_pidns and not plan.orphans_included and plan.scope == scope.describe()
+    assert [t.pid for t in plan.targets] == [400]
     excluded = {e.pid: e.reason for e in plan.excluded}
-    assert excluded[300].startswith("in another cgroup (host PID namespace")
-    assert excluded[400].startswith("in another cgroup (host PID namespace")
+    assert excluded[401] == "PID 1 of its container's PID namespace (its runtime stops it)"
+    assert all(excluded[pid].startswith("outside the scope") for pid in (300, 500, 600))
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "container"),
+    [
+        ("/", None),
+        ("kubepods.slice", None),
+        ("/sys/fs/cgroup/kubepods.slice", None),
+        ("/a/../b", None),
+        (None, "abc"),
+        (None, "XYZ" * 20),
+        (None, "9ec39b91f3d"),
+    ],
+)
+def test_scope_options_are_checked(cgroup, container):
+    with pytest.raises(GpuzombieError) as bad:
+        Scope.from_options(cgroup, container)
+    assert bad.value.status == 2 and "\n" not in str(bad.value)
+
+
+def test_unreadable_processes_are_counted_not_signalled(tmp_path):
+    """A process whose namespace or files cannot be read may be ours: never a target, always reported."""
+    _orphan_tree(tmp_path)
+    make_fake_proc(tmp_path, 30, ppid=1, pgid=5, fds=("/dev/nvidia0",))
+    os.remove(tmp_path / "30" / "ns" / "pid")
+    os.symlink("garbage", tmp_path / "30" / "ns" / "pid")
+    table = Procfs(str(tmp_path)).snapshot(now=time.time())
+    denied = dataclasses.replace(table.processes[9], access_denied=True, nvidia_fds=())
+    table = dataclasses.replace(table, processes={**table.processes, 9: denied})
+    plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
+    assert {t.pid for t in plan.targets} == {7, 8}
+    assert {u.pid: u.reason for u in plan.unread} == {
+        30: "PID namespace unreadable",
+        9: "access denied to some of its files (/dev/nvidia* fds could be among them)",
+    }

@@ -1,6 +1,7 @@
 """A throw-away "pod" for the prestop tests: run as PID 1 of a fresh PID + mount namespace.
 
-No tests here: ``test_prestop.py`` starts this file with ``unshare`` (see ``run_pod``). The pod gets
+No tests here: ``test_prestop.py`` starts this file with ``unshare`` (see ``run_pod``; the
+``host-scope`` scenario gets a mount namespace only, so it runs in the host's PID namespace). The pod gets
 its own /dev (a tmpfs with null, zero, urandom and fake ``nvidia0``/``nvidiactl`` files), so its
 workers hold ``/dev/nvidia*`` fds exactly as CUDA processes do, on a machine without a GPU. This
 process is PID 1; it writes its findings as JSON to the path in argv[2].
@@ -88,10 +89,13 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
     return None
 
 
-def run_cli(*args: str) -> dict:
+def run_cli(*args: str, json_report: bool = True, user: int | None = None) -> dict:
     t0 = time.monotonic()
+    as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
     done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "prestop", "--json", *args], capture_output=True, text=True
+        [*as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
+        capture_output=True,
+        text=True,
     )
     return {
         "rc": done.returncode,
@@ -111,6 +115,8 @@ def scenario_e2e(dry_run: bool) -> dict:
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     pids.update(nested_unshare=nested.pid, nested=first_child(nested.pid), bystander=bystander.pid)
     result = run_cli("--timeout", "1.5", "--kill-wait", "1", *(["--dry-run"] if dry_run else []))
+    if dry_run:  # the table a person reads, once more: its summary must come once
+        result["text"] = run_cli("--dry-run", json_report=False)["report"]
     result["pids"] = pids
     result["alive"] = {role: alive(pid) for role, pid in pids.items()}
     return result
@@ -126,35 +132,137 @@ def scenario_cascade() -> dict:
     return result
 
 
-def scenario_reuse(use_pidfd: bool) -> dict:
+def wait_for_fd(pid: int, fd: int, limit: float = 5.0) -> None:
+    """Until ``pid`` has ``fd`` open (a shell's ``3</dev/nvidia0`` happens after the fork)."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(f"/proc/{pid}/fd/{fd}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {pid} never opened fd {fd}")
+        time.sleep(0.005)
+
+
+def start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def recycle(pid: int, tries: int = 20) -> subprocess.Popen | None:
+    """A new process with ``pid``, through this namespace's ns_last_pid (next pid = it + 1)."""
+    for _ in range(tries):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        candidate = subprocess.Popen(["sleep", "120"])
+        if candidate.pid == pid:
+            return candidate
+        candidate.kill()
+        candidate.wait()
+    return None
+
+
+def reuse_trial() -> dict:
+    """Plan (pidfds pinned), let the GPU holder exit and be reaped, give its pid to a new process,
+    then execute the plan: the new process must receive nothing."""
     from gpuzombie.prestop import execute_plan, plan_prestop
     from gpuzombie.proc import Procfs
 
-    victim = subprocess.Popen([sys.executable, "-c", WORKER, "ignore"], stdout=subprocess.PIPE)
-    victim.stdout.readline()
-    plan = plan_prestop(procfs=Procfs("/proc"))
-    planned = [t.pid for t in plan.targets]
+    victim = subprocess.Popen(["sh", "-c", "exec sleep 120 3</dev/nvidia0"])
+    wait_for_fd(victim.pid, 3)
+    plan, pins = plan_prestop(procfs=Procfs("/proc"), include_orphans=False)
+    target = next((t for t in plan.targets if t.pid == victim.pid), None)
     victim.kill()
     victim.wait()
-    replacement = None
-    for _ in range(20):  # ask the kernel for the same pid: next pid = ns_last_pid + 1
-        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-            f.write(str(victim.pid - 1))
-        candidate = subprocess.Popen(["sleep", "120"])
-        if candidate.pid == victim.pid:
-            replacement = candidate
-            break
-        candidate.kill()
-        candidate.wait()
-    results = execute_plan(plan, procfs_root="/proc", timeout=0.3, kill_wait=0.3, use_pidfd=use_pidfd)
-    time.sleep(0.1)
-    return {
-        "victim": victim.pid,
-        "planned": planned,
-        "replacement": replacement.pid if replacement else None,
-        "replacement_alive": replacement is not None and alive(replacement.pid),
-        "outcomes": {r.target.pid: r.outcome.value for r in results},
+    replacement = recycle(victim.pid)
+    results = execute_plan(plan, pins, procfs_root="/proc", timeout=0.2, kill_wait=0.2)
+    trial = {
+        "planned": target is not None,
+        "recycled": replacement is not None,
+        "outcome": next((r.outcome.value for r in results if r.target.pid == victim.pid), None),
     }
+    if replacement is not None:
+        trial["same_tick"] = target is not None and start_ticks(replacement.pid) == target.start_ticks
+        replacement.kill()  # a SIGTERM sent before this one would have decided its exit status
+        trial["replacement_exit"] = replacement.wait()
+    return trial
+
+
+def scenario_reuse() -> dict:
+    return {"trials": [reuse_trial() for _ in range(20)]}
+
+
+def run_observe() -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", "observe", "--json"], capture_output=True, text=True, check=False
+    )
+    return json.loads(done.stdout)
+
+
+def scenario_pid1_program() -> dict:
+    """PID 1 is this python program: its own child (in PID 1's group) is "cannot tell", an orphan
+    whose group leader exited is an orphan, for observe and prestop alike."""
+    pids = spawn_orphans("sleep")
+    own_child = subprocess.Popen(["sleep", "120"])
+    result = run_cli("--dry-run", "--no-nvml")
+    result["observe"] = run_observe()
+    result["pids"] = {"orphan": pids["sleep"], "own_child": own_child.pid}
+    return result
+
+
+def scenario_unread() -> dict:
+    """The hook as uid 1000 (a training image's user) beside a root-owned orphan whose fds and namespace
+    it may not read: it must neither signal it nor claim it saw everything."""
+    pids = spawn_orphans("sleep")
+    result = run_cli("--no-nvml", "--timeout", "1", "--kill-wait", "1", user=1000)
+    result["pids"] = pids
+    result["alive"] = {role: alive(pid) for role, pid in pids.items()}
+    return result
+
+
+CID = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d"
+
+
+def cgroup2_root() -> str | None:
+    """Where the unified (v2) hierarchy is mounted: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host."""
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.exists(f"{root}/cgroup.procs") and os.path.exists(f"{root}/cgroup.controllers"):
+            return root
+    return None
+
+
+def scenario_host_scope() -> dict:
+    """In the host's PID namespace: GPU holders in two plain cgroups, one container-named cgroup and
+    this process's own cgroup. Without a scope prestop refuses; with one it stops only what is inside."""
+    root = cgroup2_root()
+    if root is None:
+        return {"skip": "no cgroup v2 hierarchy mounted"}
+    base = f"{root}/gpuzombie-prestop-test-{os.getpid()}"
+    groups = {"a": f"{base}/a", "b": f"{base}/b", "container": f"{base}/cri-containerd-{CID}.scope"}
+    holders: dict[str, subprocess.Popen] = {}
+    try:
+        for path in groups.values():
+            os.makedirs(path)
+        for name in (*groups, "outside"):
+            holders[name] = subprocess.Popen(["sh", "-c", "exec sleep 120 3</dev/nvidia0"])
+            wait_for_fd(holders[name].pid, 3)
+            if name in groups:
+                with open(f"{groups[name]}/cgroup.procs", "w") as f:
+                    f.write(str(holders[name].pid))
+        common = ("--no-nvml", "--timeout", "2", "--kill-wait", "1")
+        result = {"pids": {name: p.pid for name, p in holders.items()}, "runs": {}}
+        for run, scope in (
+            ("none", ()),
+            ("cgroup", ("--cgroup", base[len(root) :] + "/a")),
+            ("container", ("--container", CID[:12])),
+        ):
+            result["runs"][run] = run_cli(*common, *scope)
+            result["runs"][run]["alive"] = {name: alive(p.pid) for name, p in holders.items()}
+        return result
+    finally:
+        for p in holders.values():
+            p.kill()
+            p.wait()
+        for path in (*groups.values(), base):
+            if os.path.isdir(path):
+                os.rmdir(path)
 
 
 def main() -> None:
@@ -166,8 +274,14 @@ def main() -> None:
         result = scenario_e2e(dry_run=scenario == "dry-run")
     elif scenario == "cascade":
         result = scenario_cascade()
-    elif scenario in ("reuse", "reuse-nopidfd"):
-        result = scenario_reuse(use_pidfd=scenario == "reuse")
+    elif scenario == "reuse":
+        result = scenario_reuse()
+    elif scenario == "unread":
+        result = scenario_unread()
+    elif scenario == "host-scope":
+        result = scenario_host_scope()
+    elif scenario == "pid1-program":
+        result = scenario_pid1_program()
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     with open(out, "w") as f:

@@ -28,11 +28,22 @@ from gpuzombie.prestop.hook import run_hook
     show_default=True,
     help="Seconds to wait for processes to vanish after SIGKILL before calling them survivors.",
 )
-@click.option("--dry-run", is_flag=True, help="List the targets and signal nothing.")
+@click.option("--dry-run", is_flag=True, help="List the targets; signal nothing, write nothing to PID 1's stdout.")
 @click.option("--no-orphans", is_flag=True, help="Stop only GPU holders, not other orphans.")
 @click.option("--no-nvml", is_flag=True, help="Do not ask NVML (the /dev/nvidia* fd scan still runs).")
 @click.option(
     "--same-cgroup", is_flag=True, help="Only processes in this process's own cgroup (pods with shareProcessNamespace)."
+)
+@click.option(
+    "--cgroup",
+    metavar="PATH",
+    help="Only processes in this cgroup or below it, as /proc/<pid>/cgroup shows it. "
+    "In the host PID namespace this or --container is required.",
+)
+@click.option(
+    "--container",
+    metavar="ID",
+    help="Only this container's processes: its id, a prefix of 12+ hex digits, or runtime://<id>.",
 )
 @click.option(
     "--pid1-log/--no-pid1-log",
@@ -50,15 +61,19 @@ def command(
     no_orphans: bool,
     no_nvml: bool,
     same_cgroup: bool,
+    cgroup: str | None,
+    container: str | None,
     pid1_log: bool,
     as_json: bool,
     procfs: str,
 ) -> int:
     """Stop every GPU-holding process and orphan of this container, before the kubelet's SIGKILL.
 
-    Run it inside the pod's PID namespace (as a preStop exec hook). Exit 0: every target is gone
-    (or there was none); 1: something survived SIGKILL; 2: usage or environment error;
-    130: interrupted.
+    Run it inside the pod's PID namespace (as a preStop exec hook); in the host's PID namespace
+    it acts only on --cgroup or --container and refuses otherwise. Signals go through pidfds only.
+    Exit 0: every target is gone (or there was none); 1: something survived SIGKILL, or some
+    process could not be read; 2: usage or environment error, or the host namespace without a
+    scope; 130: interrupted.
     """
     return run_hook(
         procfs=procfs,
@@ -67,6 +82,8 @@ def command(
         dry_run=dry_run,
         include_orphans=not no_orphans,
         same_cgroup=same_cgroup,
+        cgroup=cgroup,
+        container=container,
         use_nvml=not no_nvml,
         pid1_log=pid1_log,
         as_json=as_json,

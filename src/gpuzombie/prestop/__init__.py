@@ -3,7 +3,6 @@
 Standard library (+ NVML through gpuzombie.gpu.nvml) only: it runs inside the user's training image.
 """
 
-from gpuzombie.prestop.handle import ProcessHandle, ProcessIdentity
 from gpuzombie.prestop.run import (
     DEFAULT_KILL_WAIT,
     DEFAULT_TIMEOUT,
@@ -13,7 +12,8 @@ from gpuzombie.prestop.run import (
     run_prestop,
     summary_line,
 )
-from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, plan_targets
+from gpuzombie.prestop.scope import Scope
+from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
 
 __all__ = [
@@ -24,10 +24,10 @@ __all__ = [
     "PrestopEvent",
     "PrestopPlan",
     "PrestopReport",
-    "ProcessHandle",
-    "ProcessIdentity",
+    "Scope",
     "Target",
     "TargetResult",
+    "Unread",
     "execute_plan",
     "plan_prestop",
     "plan_targets",

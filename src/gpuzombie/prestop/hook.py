@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import resource
 import sys
 import traceback
 from typing import NoReturn, TextIO
@@ -20,9 +21,13 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.prestop.pid1log import Pid1Log
 from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
-from gpuzombie.prestop.targets import in_host_pid_namespace
+from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
+from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
+
+MAX_OPEN_FILES = 1 << 20
+"""The kernel's default fs.nr_open: a scan holds one pidfd per process, a node has thousands."""
 
 
 def report_json(report: PrestopReport, pid1_log: str) -> str:
@@ -30,11 +35,34 @@ def report_json(report: PrestopReport, pid1_log: str) -> str:
     return json.dumps({**dataclasses.asdict(report), "pid1_log": pid1_log}, indent=2)
 
 
-def pid1_log_status(sink: Pid1Log | None) -> str:
+def open_pid1_log(procfs: str, wanted: bool, dry_run: bool) -> tuple[Pid1Log | None, str]:
+    """The copy of the live log for ``kubectl logs``, or None and why there is none."""
+    if not wanted:
+        return None, "off"
+    if dry_run:
+        return None, "off (dry run: nothing is written to PID 1)"
+    pidns = reader_pidns(procfs)
+    if pidns is None or is_root_pidns(pidns):
+        return None, "off (not inside a pod: PID 1's stdout is no container log)"
+    return Pid1Log(), ""
+
+
+def pid1_log_status(sink: Pid1Log | None, off: str) -> str:
     """Where the live log's copy went, for the JSON report's ``pid1_log``."""
     if sink is None:
-        return "off"
+        return off
     return sink.why_not or f"written to {sink.path}"
+
+
+def raise_open_file_limit() -> None:
+    """Let a scan pin every process of a busy node (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass  # the pins that fail are reported (not signalled), never a crash
 
 
 def run_hook(
@@ -45,25 +73,31 @@ def run_hook(
     dry_run: bool = False,
     include_orphans: bool = True,
     same_cgroup: bool = False,
+    cgroup: str | None = None,
+    container: str | None = None,
     use_nvml: bool = True,
     pid1_log: bool = True,
     as_json: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result."""
+    """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result.
+
+    The summary is printed once: in text mode it ends the table, so the live log leaves it out."""
     out = out or sys.stdout
     err = err or sys.stderr
     # NaN would pass a plain ``< 0`` check and make the deadline comparisons always false.
     if not all(math.isfinite(v) and v >= 0 for v in (timeout, kill_wait)):
         raise GpuzombieError("--timeout and --kill-wait must be finite numbers >= 0", ExitStatus.ERROR)
-    # In the host's PID namespace PID 1 is the node's init: its stdout is no container log.
-    sink = Pid1Log() if pid1_log and not in_host_pid_namespace(procfs) else None
+    scope = Scope.from_options(cgroup, container)
+    raise_open_file_limit()
+    sink, sink_off = open_pid1_log(procfs, pid1_log, dry_run)
     live = err if as_json else out
 
     def on_event(event: PrestopEvent) -> None:
         line = f"gpuzombie prestop: [{event.at_s:7.3f}s] {event.message}"
-        print(line, file=live, flush=True)
+        if as_json or event.kind != "done":
+            print(line, file=live, flush=True)
         if sink is not None:
             sink.write_line(line)
 
@@ -81,13 +115,14 @@ def run_hook(
             dry_run=dry_run,
             include_orphans=include_orphans,
             same_cgroup=same_cgroup,
+            scope=scope,
             on_event=on_event,
         )
     finally:
         if sink is not None:
             sink.close()
     if as_json:
-        print(report_json(report, pid1_log_status(sink)), file=out, flush=True)
+        print(report_json(report, pid1_log_status(sink, sink_off)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
     return report.exit_status
@@ -108,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click)."""
     ap = _Parser(
         prog="python3 -m gpuzombie.prestop",
-        description="SIGTERM this container's GPU holders and orphans, wait, "
-        "SIGKILL the rest. Exit 0 all gone, 1 survivors, 2 error, 130 interrupted.",
+        description="SIGTERM this container's GPU holders and orphans, wait, SIGKILL the rest. Exit 0 all "
+        "gone, 1 survivors or unreadable processes, 2 error (or host PID namespace without a scope), 130 interrupted.",
     )
     # String defaults go through ``type`` too, so a bad environment value is a usage error.
     ap.add_argument(
@@ -127,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only processes in this process's cgroup (shareProcessNamespace pods)",
     )
+    ap.add_argument("--cgroup", help="only processes in this cgroup or below (required in the host PID namespace)")
+    ap.add_argument("--container", help="only this container's processes (id or 12+ digit prefix; or --cgroup)")
     ap.add_argument(
         "--no-pid1-log",
         action="store_true",
@@ -149,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             dry_run=args.dry_run,
             include_orphans=not args.no_orphans,
             same_cgroup=args.same_cgroup,
+            cgroup=args.cgroup,
+            container=args.container,
             use_nvml=not args.no_nvml,
             pid1_log=not args.no_pid1_log,
             as_json=args.json,

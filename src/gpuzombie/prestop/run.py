@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -10,8 +11,11 @@ from dataclasses import dataclass
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend
-from gpuzombie.prestop.targets import Excluded, PrestopPlan, own_pid_in, plan_targets
+from gpuzombie.prestop.scope import Scope
+from gpuzombie.prestop.targets import Excluded, PrestopPlan, Unread, plan_targets, require_scope
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
+from gpuzombie.proc.pidfd import PinnedPids
+from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
 SCHEMA = "gpuzombie.prestop/1"
@@ -33,11 +37,17 @@ class PrestopReport:
     in_root_pidns: bool
     pid1_command: str | None
     orphans_included: bool
+    scope: str | None
     gpu_available: bool
     gpu_reason: str | None
     results: tuple[TargetResult, ...]
     excluded: tuple[Excluded, ...]
+    unread: tuple[Unread, ...]
+    """Processes that could have been targets but could not be read: never signalled."""
+    incomplete: int
+    """How many there were (len(unread)): nonzero means exit 1, not "all gone"."""
     survivors: int
+    """Targets left alive: survived SIGKILL, signal refused, or no pidfd to signal through."""
     exit_status: int
 
 
@@ -47,13 +57,26 @@ def plan_prestop(
     nvml: NvmlBackend | None = None,
     include_orphans: bool = True,
     same_cgroup: bool = False,
+    scope: Scope | None = None,
     own_pid: int | None = None,
-) -> PrestopPlan:
-    """One snapshot of the namespace and NVML, turned into targets and exclusions."""
+) -> tuple[PrestopPlan, PinnedPids]:
+    """One snapshot of the namespace and NVML, turned into targets, exclusions and unread processes.
+
+    Every pid is pinned by a pidfd *before* it is read, so each target's pidfd is the process the
+    plan was made from; pass the pins to ``execute_plan`` (which closes them) or close them."""
     me = own_pid if own_pid is not None else own_pid_in(procfs.root)
-    table = procfs.snapshot(now=time.time())
-    gpus = nvml.read() if nvml is not None else NO_GPU
-    return plan_targets(table, gpus, own_pid=me, include_orphans=include_orphans, same_cgroup=same_cgroup)
+    pids = procfs.pids()
+    pins = PinnedPids(pids)
+    try:
+        table = procfs.snapshot(pids, now=time.time())
+        gpus = nvml.read() if nvml is not None else NO_GPU
+        plan = plan_targets(
+            table, gpus, own_pid=me, include_orphans=include_orphans, same_cgroup=same_cgroup, scope=scope
+        )
+    except BaseException:
+        pins.close()
+        raise
+    return plan, pins
 
 
 def run_prestop(
@@ -65,13 +88,15 @@ def run_prestop(
     dry_run: bool = False,
     include_orphans: bool = True,
     same_cgroup: bool = False,
+    scope: Scope | None = None,
     on_event: Callable[[PrestopEvent], None] = lambda e: None,
     clock: Callable[[], float] = time.monotonic,
 ) -> PrestopReport:
     """SIGTERM every GPU holder and orphan of this PID namespace, wait ``timeout``, SIGKILL the rest.
 
-    Must run inside the pod's PID namespace with that namespace's procfs (a preStop exec hook
-    does). NVML is read once for the plan; the re-scans while waiting use /proc only.
+    Must run with its own namespace's procfs: inside the pod (a preStop exec hook does), or in the
+    host's namespace with a ``scope`` (else GpuzombieError, exit 2). NVML is read once for the
+    plan; the re-scans while waiting use /proc only.
     """
     procfs = procfs or Procfs()
     me = own_pid_in(procfs.root)
@@ -81,20 +106,28 @@ def run_prestop(
             f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)",
             ExitStatus.ERROR,
         )
+    require_scope(reader_pidns(procfs.root), scope)  # before a single process is read
     started = time.time()
     t0 = clock()
-    plan = plan_prestop(procfs=procfs, nvml=nvml, include_orphans=include_orphans, same_cgroup=same_cgroup, own_pid=me)
+    scan = functools.partial(
+        plan_prestop, procfs=procfs, include_orphans=include_orphans, same_cgroup=same_cgroup, scope=scope, own_pid=me
+    )
+    plan, pins = scan(nvml=nvml)
     on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
     for ex in plan.excluded:
         on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
+    unread = {u.pid: u for u in plan.unread}
+    for u in plan.unread:
+        on_event(PrestopEvent(0.0, "unread", u.pid, f"could not read pid {u.pid} ({u.comm}): {u.reason}"))
 
-    def rescan() -> PrestopPlan:
-        return plan_prestop(
-            procfs=procfs, nvml=None, include_orphans=include_orphans, same_cgroup=same_cgroup, own_pid=plan.own_pid
-        )
+    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+        new_plan, new_pins = scan(nvml=None)
+        unread.update((u.pid, u) for u in new_plan.unread if u.pid not in unread)
+        return new_plan, new_pins
 
     results = execute_plan(
         plan,
+        pins,
         procfs_root=procfs.root,
         timeout=timeout,
         kill_wait=kill_wait,
@@ -103,8 +136,8 @@ def run_prestop(
         on_event=on_event,
         clock=clock,
     )
-    survivors = sum(r.outcome in (Outcome.SURVIVED, Outcome.DENIED) for r in results)
-    status = ExitStatus.FINDINGS if survivors else ExitStatus.OK
+    survivors = sum(r.outcome in (Outcome.SURVIVED, Outcome.DENIED, Outcome.UNPINNED) for r in results)
+    status = ExitStatus.FINDINGS if survivors or unread else ExitStatus.OK
     report = PrestopReport(
         schema=SCHEMA,
         started_at=started,
@@ -117,10 +150,13 @@ def run_prestop(
         in_root_pidns=plan.in_root_pidns,
         pid1_command=plan.pid1_command,
         orphans_included=plan.orphans_included,
+        scope=plan.scope,
         gpu_available=plan.gpu_available,
         gpu_reason=plan.gpu_reason,
         results=results,
         excluded=plan.excluded,
+        unread=tuple(unread.values()),
+        incomplete=len(unread),
         survivors=survivors,
         exit_status=int(status),
     )
@@ -130,15 +166,11 @@ def run_prestop(
 
 def _plan_line(plan: PrestopPlan) -> str:
     gpu = "NVML available" if plan.gpu_available else f"NVML not used ({plan.gpu_reason})"
-    orphans = (
-        "orphans included"
-        if plan.orphans_included
-        else ("orphans not swept, own cgroup only (host PID namespace)" if plan.in_root_pidns else "orphans not swept")
-    )
-    return (
-        f"{len(plan.targets)} target(s) in pid namespace {plan.own_pidns} "
-        f"(PID 1: {plan.pid1_command}); {orphans}; {gpu}"
-    )
+    where = "the host's PID namespace" if plan.in_root_pidns else f"pid namespace {plan.own_pidns}"
+    scope = f", scope {plan.scope}" if plan.scope else ""
+    orphans = "orphans included" if plan.orphans_included else "orphans not swept"
+    unread = f"; {len(plan.unread)} unread" if plan.unread else ""
+    return f"{len(plan.targets)} target(s) in {where}{scope} (PID 1: {plan.pid1_command}); {orphans}; {gpu}{unread}"
 
 
 def summary_line(report: PrestopReport) -> str:
@@ -146,8 +178,14 @@ def summary_line(report: PrestopReport) -> str:
     for r in report.results:
         counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no targets"
-    verdict = "DRY RUN" if report.dry_run else ("OK" if not report.survivors else f"{report.survivors} SURVIVED")
-    return f"{verdict}: {parts} in {report.duration_s:.2f} s"
+    if report.dry_run:
+        verdict = "DRY RUN"
+    elif report.survivors:
+        verdict = f"{report.survivors} SURVIVED"
+    else:
+        verdict = "INCOMPLETE" if report.incomplete else "OK"
+    unread = f"; {report.incomplete} process(es) could not be read (not signalled)" if report.incomplete else ""
+    return f"{verdict}: {parts}{unread} in {report.duration_s:.2f} s"
 
 
 def render_text(report: PrestopReport) -> str:
@@ -161,5 +199,7 @@ def render_text(report: PrestopReport) -> str:
         )
     for ex in report.excluded:
         lines.append(f"{ex.pid:>7}  {ex.comm[:16]:<16} {'untouched':<28} {'-':<26} {'-':>10}  {ex.reason}")
+    for u in report.unread:
+        lines.append(f"{u.pid:>7}  {u.comm[:16]:<16} {'unread (untouched)':<28} {'-':<26} {'-':>10}  {u.reason}")
     lines.append(summary_line(report))
     return "\n".join(lines)

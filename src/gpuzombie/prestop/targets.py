@@ -1,27 +1,29 @@
 """Which processes a preStop hook should stop, and which it must never touch.
 
-Targets: every process of this PID namespace that holds ``/dev/nvidia*`` (every CUDA process does),
-every process NVML lists that maps without ambiguity to one of ours, and every orphan (re-parented
-to the namespace's PID 1 after its parent exited). Never: PID 1 of this namespace, this process and
-its ancestors, zombies (nothing to signal), and anything whose PID namespace is not ours (compared
-by the ``/proc/<pid>/ns/pid`` inode): a nested container's processes and, read from a node, other
-containers' processes.
+Targets: every process in scope that holds ``/dev/nvidia*`` (every CUDA process does), every process
+NVML lists that maps without ambiguity to one in scope, and every orphan by observe's rule (the
+evidence that a child of PID 1 was re-parented to it; "cannot tell" is left alone). In scope means:
+inside a pod, this PID namespace (compared by the ``/proc/<pid>/ns/pid`` inode); in the host's PID
+namespace, only the cgroup or container named on the command line, else nothing at all (refused).
+Never: PID 1 of this namespace (or, from the host, of any namespace), this process and its
+ancestors, zombies (nothing to signal). A process that could be in scope but could not be read is
+no target: it is counted as unread, so the report cannot claim it saw everything.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import GpuProcessRef, ReaderView, Verdict, attribute_processes
-from gpuzombie.gpu.nvml import GpuSnapshot
-from gpuzombie.prestop.handle import ProcessIdentity
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, parse_ns_link
-
-ROOT_PIDNS_INODE = 0xEFFFFFFC
-"""The kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)."""
+from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.observe.orphans import CANNOT_TELL, Orphan, find_orphans
+from gpuzombie.observe.pid1 import find_pid1
+from gpuzombie.prestop.scope import Scope
+from gpuzombie.proc.pidfd import ProcessIdentity
+from gpuzombie.proc.pidns import is_root_pidns
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
 
 
 @dataclass(frozen=True)
@@ -49,33 +51,27 @@ class Excluded:
 
 
 @dataclass(frozen=True)
+class Unread:
+    """A process that could be in scope and was not (fully) read: never signalled, always reported."""
+
+    pid: int
+    comm: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class PrestopPlan:
     own_pid: int
     own_pidns: int | None
     in_root_pidns: bool
     pid1_command: str | None
     orphans_included: bool
+    scope: str | None
     gpu_available: bool
     gpu_reason: str | None
     targets: tuple[Target, ...]
     excluded: tuple[Excluded, ...]
-
-
-def own_pid_in(procfs_root: str) -> int:
-    """This process's pid as the procfs sees it; the procfs must be our own namespace's."""
-    try:
-        pid = int(os.readlink(os.path.join(procfs_root, "self")))
-    except (OSError, ValueError) as exc:
-        raise GpuzombieError(f"cannot read {procfs_root}/self: {exc}", ExitStatus.ERROR) from exc
-    return pid
-
-
-def in_host_pid_namespace(procfs_root: str = "/proc") -> bool:
-    """True when this process is in the initial (host) PID namespace."""
-    try:
-        return parse_ns_link(os.readlink(os.path.join(procfs_root, "self", "ns", "pid"))) == ROOT_PIDNS_INODE
-    except OSError:
-        return False
+    unread: tuple[Unread, ...]
 
 
 def _ancestors(table: ProcessTable, pid: int) -> set[int]:
@@ -87,83 +83,153 @@ def _ancestors(table: ProcessTable, pid: int) -> set[int]:
     return seen
 
 
-def is_orphan(proc: ProcessInfo) -> bool:
-    """Re-parented to PID 1: its parent is PID 1 but it does not lead its own process group.
+def require_scope(own_pidns: int | None, scope: Scope | None) -> None:
+    """In the host's PID namespace (or one that cannot be read) act only on an explicit scope."""
+    if scope is None and (own_pidns is None or is_root_pidns(own_pidns)):
+        where = "a PID namespace that cannot be read" if own_pidns is None else "the host's PID namespace"
+        raise GpuzombieError(
+            f"refusing to run in {where} without a scope: name the workload with --cgroup PATH or "
+            "--container ID (or run it inside the pod, as a preStop hook does)",
+            ExitStatus.ERROR,
+        )
 
-    A process PID 1 started itself (tini's child, a shell's job under job control) leads its own
-    group; one whose parent died keeps the dead parent's group. A shell without job control as
-    PID 1 (the seed's ``sleep infinity`` pod) leaves its jobs in its own group, so they count as
-    orphans too: in a pod being stopped, that is what we want.
-    """
-    return proc.ppid == 1 and proc.pid != 1 and proc.pgid != proc.pid
 
+def _nvml_matches(
+    refs: tuple[GpuProcessRef, ...], table: ProcessTable, own_pidns: int | None, in_root: bool
+) -> dict[int, int]:
+    """pid -> bytes, for NVML entries that resolve to exactly one process we may stop.
 
-def _nvml_matches(refs: tuple[GpuProcessRef, ...], table: ProcessTable, own_pidns: int | None) -> dict[int, int]:
-    """pid -> bytes, for NVML entries that resolve to exactly one process of this namespace."""
+    From the host NVML's pid is the procfs pid; inside a pod it is matched by local pid and name
+    and kept only when unambiguous and in this namespace (the fd scan still finds our holders)."""
     memory: dict[int, int] = {}
     for ref in refs:
-        if ref.verdict is not Verdict.LIVE or ref.local_pid is None:
+        if ref.verdict is not Verdict.LIVE:
             continue
-        candidates = [p for p in table if p.innermost_pid == ref.local_pid and (ref.comm is None or p.comm == ref.comm)]
-        if len(candidates) != 1 or candidates[0].pidns != own_pidns:
-            continue  # ambiguous, or not ours: the fd scan still finds our own holders
-        pid = candidates[0].pid
-        memory[pid] = memory.get(pid, 0) + (ref.used_memory or 0)
+        if in_root:
+            pid = ref.reader_pid
+        else:
+            candidates = [
+                p for p in table if p.innermost_pid == ref.local_pid and (ref.comm is None or p.comm == ref.comm)
+            ]
+            ours = len(candidates) == 1 and candidates[0].pidns == own_pidns
+            pid = candidates[0].pid if ours else None
+        if pid is not None:
+            memory[pid] = memory.get(pid, 0) + (ref.used_memory or 0)
     return memory
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """Where this hook stands, and what it may touch from there."""
+
+    own_pid: int
+    me: ProcessInfo | None
+    in_root: bool
+    protected: frozenset[int]
+    scope: Scope | None
+    same_cgroup: bool
+
+    def outside(self, proc: ProcessInfo) -> str | None:
+        """Why ``proc`` is certainly not ours to stop; None when it may be."""
+        if proc.pid == 1:
+            return "PID 1 of this namespace (the kubelet stops it)"
+        if proc.pid == self.own_pid:
+            return "this process"
+        if proc.pid in self.protected:
+            return "an ancestor of this process"
+        if proc.is_zombie:
+            return "zombie: already exited, nothing to signal (its parent must reap it)"
+        if self.in_root and len(proc.nspid) > 1 and proc.innermost_pid == 1:
+            return "PID 1 of its container's PID namespace (its runtime stops it)"
+        own_pidns = self.me.pidns if self.me else None
+        if not self.in_root and proc.pidns is not None and proc.pidns != own_pidns:
+            return "in another PID namespace"
+        if self.scope is not None and self.scope.contains(proc) is False:
+            return f"outside the scope ({self.scope.describe()})"
+        if self.same_cgroup and proc.cgroup and self.me is not None and proc.cgroup != self.me.cgroup:
+            return "in another cgroup (another container of the pod)"
+        return None
+
+    def unknown(self, proc: ProcessInfo) -> str | None:
+        """Why it cannot be told whether ``proc`` is in scope (then it is reported, never signalled)."""
+        if not self.in_root and proc.pidns is None:
+            return "PID namespace unreadable"
+        if self.scope is not None and self.scope.contains(proc) is None:
+            return "cgroup unreadable: cannot tell whether it is in the scope"
+        if self.same_cgroup and not proc.cgroup:
+            return "cgroup unreadable: cannot tell whether it is in this container"
+        return None
+
+
+def _orphan_reason(orphan: Orphan) -> str:
+    return "orphan: " + "; ".join(orphan.evidence)
+
+
 def plan_targets(
-    table: ProcessTable, gpus: GpuSnapshot, *, own_pid: int, include_orphans: bool = True, same_cgroup: bool = False
+    table: ProcessTable,
+    gpus: GpuSnapshot,
+    *,
+    own_pid: int,
+    include_orphans: bool = True,
+    same_cgroup: bool = False,
+    scope: Scope | None = None,
 ) -> PrestopPlan:
-    """Decide targets and exclusions from one snapshot. Pure: reads nothing, signals nothing.
+    """Decide targets, exclusions and unread processes from one snapshot. Pure: reads, signals nothing.
 
     ``same_cgroup`` keeps to processes in this process's own cgroup: with
     ``shareProcessNamespace: true`` the pod's containers share one PID namespace, and the hook
     should stop only its own container's processes. In the host's PID namespace (a ``hostPID``
-    pod, a node shell) it is always on: there the namespace also holds the node's own GPU users
-    (nvidia-persistenced, DCGM) and every other hostPID pod, none of which the hook may stop."""
+    pod, a node shell) ``scope`` is required, else GpuzombieError (exit 2): there the namespace
+    holds the node's own GPU users (nvidia-persistenced, DCGM), every hostPID pod and every
+    session, and a cgroup may be shared by unrelated sessions."""
     me = table.get(own_pid)
     own_pidns = me.pidns if me else None
-    in_root = own_pidns == ROOT_PIDNS_INODE
+    require_scope(own_pidns, scope)
+    in_root = is_root_pidns(own_pidns)
+    rules = _Rules(
+        own_pid=own_pid,
+        me=me,
+        in_root=in_root,
+        protected=frozenset({own_pid} | _ancestors(table, own_pid)),
+        scope=scope,
+        same_cgroup=same_cgroup,
+    )
     # In the host's namespace PID 1 is the node's init with legitimate children: no orphan sweep.
     orphans_on = include_orphans and not in_root
-    own_cgroup_only = same_cgroup or in_root
-    view = ReaderView(in_root_pidns=in_root, own_pid=own_pid)
-    refs = attribute_processes(table, gpus, view) if gpus.available else ()
-    nvml_memory = _nvml_matches(refs, table, own_pidns)
-    protected = {1, own_pid} | _ancestors(table, own_pid)
+    orphans = {o.pid: o for o in find_orphans(table, find_pid1(table), exclude=rules.protected, now=table.taken_at)}
+    refs = (
+        attribute_processes(table, gpus, ReaderView(in_root_pidns=in_root, own_pid=own_pid)) if gpus.available else ()
+    )
+    nvml_memory = _nvml_matches(refs, table, own_pidns, in_root)
 
     targets: list[Target] = []
     excluded: list[Excluded] = []
+    unread: list[Unread] = []
     for proc in table:
+        orphan = orphans.get(proc.pid) if orphans_on else None
         reasons: list[str] = []
         if proc.nvidia_fds:
             reasons.append("holds " + ", ".join(proc.nvidia_fds))
         if proc.pid in nvml_memory:
-            reasons.append(f"listed by NVML ({nvml_memory[proc.pid] // (1024 * 1024)} MiB)")
-        if orphans_on and is_orphan(proc):
-            reasons.append("orphan (re-parented to PID 1)")
-        if not reasons:
+            reasons.append(f"listed by NVML ({nvml_memory[proc.pid] // MIB} MiB)")
+        if orphan is not None and orphan.verdict != CANNOT_TELL:
+            reasons.append(_orphan_reason(orphan))
+        why_not = rules.outside(proc)
+        if why_not is not None:
+            if reasons:
+                excluded.append(Excluded(proc.pid, proc.comm, why_not))
             continue
-        why_not = None
-        if proc.pid == 1:
-            why_not = "PID 1 of this namespace (the kubelet stops it)"
-        elif proc.pid == own_pid:
-            why_not = "this process"
-        elif proc.pid in protected:
-            why_not = "an ancestor of this process"
-        elif own_pidns is None or proc.pidns != own_pidns:
-            why_not = "in another PID namespace" if proc.pidns else "PID namespace unreadable"
-        elif own_cgroup_only and (me is None or not me.cgroup or proc.cgroup != me.cgroup):
-            why_not = (
-                "in another cgroup (host PID namespace: only this process's own cgroup)"
-                if in_root
-                else "in another cgroup (another container of the pod)"
-            )
-        elif proc.is_zombie:
-            why_not = "zombie: already exited, nothing to signal (its parent must reap it)"
-        if why_not:
-            excluded.append(Excluded(proc.pid, proc.comm, why_not))
+        unknown = rules.unknown(proc)
+        if unknown is None and proc.access_denied and not reasons:
+            unknown = "access denied to some of its files (/dev/nvidia* fds could be among them)"
+        if unknown is not None:
+            unread.append(Unread(proc.pid, proc.comm, unknown))
+            continue
+        if not reasons:
+            if orphan is not None:  # observe's "cannot tell": PID 1 may have started it
+                excluded.append(
+                    Excluded(proc.pid, proc.comm, "child of PID 1 that PID 1 may have started (cannot tell)")
+                )
             continue
         targets.append(
             Target(
@@ -184,8 +250,10 @@ def plan_targets(
         in_root_pidns=in_root,
         pid1_command=pid1.command if pid1 else None,
         orphans_included=orphans_on,
+        scope=scope.describe() if scope else None,
         gpu_available=gpus.available,
         gpu_reason=gpus.reason,
         targets=tuple(targets),
         excluded=tuple(excluded),
+        unread=tuple(unread),
     )

@@ -1,7 +1,10 @@
 """The kubelet's sequence, done early by the preStop hook: SIGTERM, wait, SIGKILL, confirm.
 
 While it waits it re-scans the namespace, so a child re-parented when its parent died (a new
-orphan) is stopped too. Time is injected (``clock``) so reports are exact and tests are fast.
+orphan) is stopped too. Every scan comes with its pidfds (``PinnedPids``, opened before the
+processes were read): a target is signalled only through the pidfd of the very process the scan
+read, so a pid recycled at any moment is never signalled. Time is injected (``clock``) so reports
+are exact and tests are fast.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuzombie.prestop.handle import Liveness, ProcessHandle, wait_any_exit
 from gpuzombie.prestop.targets import PrestopPlan, Target
+from gpuzombie.proc.pidfd import Liveness, PinnedPids, ProcessHandle, wait_any_exit
 
 RESCAN_INTERVAL = 0.25
 
@@ -23,6 +26,8 @@ class Outcome(str, Enum):
     EXITED_AFTER_SIGKILL = "exited_after_sigkill"
     GONE_BEFORE_SIGNAL = "gone_before_signal"
     PID_REUSED = "pid_reused_not_signalled"
+    UNPINNED = "not_signalled_no_pidfd"
+    """No pidfd could be opened for it (e.g. too many open files): never signalled by pid."""
     SURVIVED = "survived"
     WOULD_SIGNAL = "would_signal (dry run)"
     DENIED = "permission_denied"
@@ -60,17 +65,18 @@ class _Tracked:
 
 def execute_plan(
     plan: PrestopPlan,
+    pins: PinnedPids,
     *,
     procfs_root: str,
     timeout: float,
     kill_wait: float,
     dry_run: bool = False,
-    rescan: Callable[[], PrestopPlan] | None = None,
+    rescan: Callable[[], tuple[PrestopPlan, PinnedPids]] | None = None,
     on_event: Callable[[PrestopEvent], None] = lambda e: None,
     clock: Callable[[], float] = time.monotonic,
-    use_pidfd: bool = True,
 ) -> tuple[TargetResult, ...]:
-    """Stop every target of ``plan``; returns one result a target, in the order they were found."""
+    """Stop every target of ``plan`` through ``pins`` (closed here, as is every re-scan's);
+    returns one result a target, in the order they were found."""
     start = clock()
 
     def now() -> float:
@@ -81,7 +87,7 @@ def execute_plan(
 
     tracked: dict[tuple[int, int], _Tracked] = {}
 
-    def adopt(target: Target, found_by_rescan: bool, sig: int) -> None:
+    def adopt(target: Target, scan_pins: PinnedPids, found_by_rescan: bool, sig: int) -> None:
         key = (target.pid, target.start_ticks)
         if key in tracked:
             return
@@ -92,7 +98,12 @@ def execute_plan(
             item.outcome = Outcome.WOULD_SIGNAL
             emit("plan", target.pid, f"would send {signal.Signals(sig).name} to {what}")
             return
-        handle, state = ProcessHandle.open(target.identity, procfs_root, use_pidfd=use_pidfd)
+        unpinned = scan_pins.unpinned.get(target.pid)
+        if unpinned is not None:
+            item.outcome = Outcome.UNPINNED
+            emit("skip", target.pid, f"not signalled: {unpinned} ({what})")
+            return
+        handle, state = scan_pins.take(target.identity, procfs_root)
         if handle is None:
             item.outcome = Outcome.PID_REUSED if state is Liveness.REUSED else Outcome.GONE_BEFORE_SIGNAL
             emit("skip", target.pid, f"not signalled: {item.outcome.value} ({what})")
@@ -118,7 +129,7 @@ def execute_plan(
                 f"{name} -> pid {item.target.pid} ({item.target.comm}): " + "; ".join(item.target.reasons),
             )
         else:
-            finish(item, Outcome.PID_REUSED if state is Liveness.REUSED else _exit_outcome(item))
+            finish(item, _exit_outcome(item))
 
     def finish(item: _Tracked, outcome: Outcome) -> None:
         item.outcome = outcome
@@ -147,11 +158,14 @@ def execute_plan(
     def sweep(sig: int) -> None:
         if rescan is None:
             return
-        for target in rescan().targets:
-            adopt(target, True, sig)
+        new_plan, new_pins = rescan()
+        with new_pins:
+            for target in new_plan.targets:
+                adopt(target, new_pins, True, sig)
 
-    for target in plan.targets:
-        adopt(target, False, signal.SIGTERM)
+    with pins:
+        for target in plan.targets:
+            adopt(target, pins, False, signal.SIGTERM)
     if dry_run:
         return _results(tracked)
 

@@ -1,5 +1,11 @@
-"""PID namespaces: is the reader in the root one, is a procfs its own, and each namespace's own view
-of its processes, built from the node's procfs alone.
+"""PID namespaces: which one the reader is in and whether it is the host's (the one check every
+caller uses), whether a procfs is its own, and each namespace's own view of its processes, built from
+the node's procfs alone.
+
+The kernel gives the initial (host) PID namespace a fixed inode number (``PROC_PID_INIT_INO``,
+0xEFFFFFFC, since Linux 3.8); ``/proc/<pid>/ns/pid`` names it as ``pid:[<inode>]``. The NSpid chain
+cannot tell the two apart: inside a namespace with its own /proc mounted (a container, ``nsenter -p
+-m``), NSpid shows one pid just as on the host.
 
 A container controls what it mounts as its /proc, so a namespace's view is never read from
 ``/proc/<pid>/root/proc``: it is derived from the host's files, where ``NSpid`` (status) gives each
@@ -12,6 +18,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.proc.parse import parse_ns_link
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table
 
@@ -22,19 +30,37 @@ PID_MAX_LIMIT = 4 * 1024 * 1024
 cannot be known from the host (they exited; their group lives on)."""
 
 
-def reader_in_root_pidns(procfs_root: str = "/proc") -> bool:
-    """Is this process in the initial (host) PID namespace? The one check every package uses.
+def is_root_pidns(inode: int | None) -> bool:
+    """Is this PID-namespace inode the host's? None (unreadable) is not."""
+    return inode == ROOT_PIDNS_INODE
 
-    The NSpid chain cannot tell: inside a namespace with its own /proc mounted (``nsenter -p -m``,
-    a container), NSpid shows one pid just as on the host. The pid-namespace inode can; when its
-    link is unreadable, a one-level NSpid is the best remaining evidence.
-    """
-    procfs = Procfs(procfs_root)
+
+def reader_pidns(procfs_root: str = "/proc") -> int | None:
+    """The inode of this process's PID namespace, through ``<procfs_root>/self``; None when unreadable."""
     try:
-        return parse_ns_link(os.readlink(procfs.path("self", "ns", "pid"))) == ROOT_PIDNS_INODE
+        return parse_ns_link(os.readlink(os.path.join(procfs_root, "self", "ns", "pid")))
     except OSError:
-        status = procfs.status("self")
-        return status is None or len(status.nspid) <= 1
+        return None
+
+
+def reader_in_root_pidns(procfs_root: str = "/proc") -> bool:
+    """Is this process in the initial (host) PID namespace?
+
+    When the ns/pid link is unreadable, a one-level NSpid is the best remaining evidence.
+    """
+    inode = reader_pidns(procfs_root)
+    if inode is not None:
+        return is_root_pidns(inode)
+    status = Procfs(procfs_root).status("self")
+    return status is None or len(status.nspid) <= 1
+
+
+def own_pid_in(procfs_root: str = "/proc") -> int:
+    """This process's pid as ``procfs_root`` sees it (os.getpid() only when it is our namespace's)."""
+    try:
+        return int(os.readlink(os.path.join(procfs_root, "self")))
+    except (OSError, ValueError) as exc:
+        raise GpuzombieError(f"cannot read {procfs_root}/self: {exc}", ExitStatus.ERROR) from exc
 
 
 def is_live_procfs(root: str) -> bool:

@@ -1,0 +1,206 @@
+"""Process handles that can never signal a recycled pid: every signal goes through a pidfd.
+
+A pid is only a number: once its process is reaped the kernel may hand it to a new one, even within
+the same clock tick, so (pid, start time) cannot tell them apart (forced reuse hit that 44 times in
+100). A pidfd refers to one process for as long as it is open. Opened *before* the process's files
+are read (``PinnedPids``), it makes the read and the later signal refer to the same process: if the
+pidfd's process is still alive after the read, the read was of it. ``ProcessHandle.open`` pins a
+process known from an earlier read instead; its start time is checked once after opening, which
+misses only a reuse within that read's clock tick.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import select
+import signal
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.proc.procfs import parse_stat
+
+_STAT_MAX_BYTES = 4096
+"""A /proc/<pid>/stat line is ~300 bytes (comm is at most 64): more is not a stat file."""
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What a read process was: its pid alone could name a later process after a reap."""
+
+    pid: int
+    start_ticks: int
+
+
+class Liveness(str, Enum):
+    ALIVE = "alive"
+    EXITED = "exited"
+    """Exited: gone, or a zombie (a zombie holds no memory, GPU memory included)."""
+    REUSED = "reused"
+    """The pid now belongs to a different, later process."""
+
+
+def read_start_and_state(procfs_root: str, pid: int) -> tuple[int, str] | None:
+    """(start ticks, state) of whatever process has ``pid`` now; None when there is none.
+
+    A bounded, non-blocking read of a regular file: a procfs tree that is not the kernel's (a test's,
+    or one a container mounted) cannot hang or flood the reader."""
+    try:
+        fd = os.open(os.path.join(procfs_root, str(pid), "stat"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, _STAT_MAX_BYTES + 1)
+        if len(raw) > _STAT_MAX_BYTES:
+            return None
+        fields = parse_stat(raw.decode(errors="replace"))
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+    return fields.start_ticks, fields.state
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` in this process's PID namespace; None when there is no such process.
+
+    Raises GpuzombieError (exit 2) when the kernel has no pidfds (before Linux 5.3): there is no
+    safe way to signal then, so nothing is signalled."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            raise GpuzombieError(
+                "this kernel has no pidfd_open (Linux 5.3 or later is needed): refusing to signal by pid",
+                ExitStatus.ERROR,
+            ) from exc
+        raise
+
+
+def _has_exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited (a zombie included)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _verify(pidfd: int, identity: ProcessIdentity, procfs_root: str) -> Liveness:
+    """Is the process behind ``pidfd`` the one ``identity`` names? Read /proc first, poll second:
+    a process still alive after the read is the one that was read."""
+    now = read_start_and_state(procfs_root, identity.pid)
+    if now is None or now[1] in ("Z", "X") or _has_exited(pidfd):
+        return Liveness.EXITED
+    return Liveness.ALIVE if now[0] == identity.start_ticks else Liveness.REUSED
+
+
+class ProcessHandle:
+    """A process held through its pidfd: the one way gpuzombie signals a process."""
+
+    def __init__(self, identity: ProcessIdentity, pidfd: int) -> None:
+        self.identity = identity
+        self.pidfd: int | None = pidfd
+
+    @classmethod
+    def open(cls, identity: ProcessIdentity, procfs_root: str = "/proc") -> tuple[ProcessHandle | None, Liveness]:
+        """Pin a process known from an earlier read; (None, why) when it is gone or its pid was reused.
+
+        ``procfs_root`` must be this process's own PID namespace's procfs (pidfd_open takes our pids)."""
+        pidfd = open_pidfd(identity.pid)
+        if pidfd is None:
+            return None, Liveness.EXITED
+        state = _verify(pidfd, identity, procfs_root)
+        if state is not Liveness.ALIVE:
+            os.close(pidfd)
+            return None, state
+        return cls(identity, pidfd), state
+
+    def liveness(self) -> Liveness:
+        """ALIVE until the process exits (becoming a zombie counts); a closed handle is EXITED."""
+        if self.pidfd is None or _has_exited(self.pidfd):
+            return Liveness.EXITED
+        return Liveness.ALIVE
+
+    def send(self, sig: int) -> Liveness:
+        """Signal the process through its pidfd; returns EXITED (nothing sent) when it has exited.
+
+        Raises PermissionError when the kernel refuses the signal."""
+        if self.liveness() is not Liveness.ALIVE:
+            return Liveness.EXITED
+        assert self.pidfd is not None
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            return Liveness.EXITED
+        return Liveness.ALIVE
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class PinnedPids:
+    """pidfds opened before a snapshot reads the processes, so what was read is what gets signalled.
+
+    ``take`` hands one over once the snapshot has read its process; ``close`` releases the rest.
+    ``unpinned`` says why a pid has none (e.g. too many open files): such a process is never signalled.
+    """
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self._pidfds: dict[int, int] = {}
+        self.unpinned: dict[int, str] = {}
+        try:
+            for pid in pids:
+                try:
+                    pidfd = open_pidfd(pid)
+                except OSError as exc:
+                    self.unpinned[pid] = f"no pidfd: {exc.strerror}"
+                    continue
+                if pidfd is not None:
+                    self._pidfds[pid] = pidfd
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> PinnedPids:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def take(self, identity: ProcessIdentity, procfs_root: str) -> tuple[ProcessHandle | None, Liveness]:
+        """The handle of the process read as ``identity``; (None, why) when it exited since.
+
+        Its start time is checked once, after the pidfd was opened: equal and still alive means the
+        pidfd is the process the snapshot read (pinned first, read second)."""
+        pidfd = self._pidfds.pop(identity.pid, None)
+        if pidfd is None:
+            return None, Liveness.EXITED
+        state = _verify(pidfd, identity, procfs_root)
+        if state is not Liveness.ALIVE:
+            os.close(pidfd)
+            return None, state
+        return ProcessHandle(identity, pidfd), state
+
+    def close(self) -> None:
+        for pidfd in self._pidfds.values():
+            os.close(pidfd)
+        self._pidfds.clear()
+
+
+def wait_any_exit(handles: Iterable[ProcessHandle], timeout: float) -> None:
+    """Sleep up to ``timeout`` s, waking early when a held process exits."""
+    poller = select.poll()
+    for h in handles:
+        if h.pidfd is not None:
+            poller.register(h.pidfd, select.POLLIN)
+    poller.poll(math.ceil(max(0.0, timeout) * 1000))  # rounded up: a sub-millisecond rest must not spin
