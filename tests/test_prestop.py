@@ -22,6 +22,7 @@ from gpuzombie.observe.pid1 import find_pid1
 from gpuzombie.prestop import Scope, plan_targets
 from gpuzombie.proc import Procfs
 from gpuzombie.proc.pidns import ROOT_PIDNS_INODE
+from gpuzombie.proc.read import Reason, Unreadable
 from markers import needs_root
 from test_prestop_pod import CID, POD_DEV_SETUP
 
@@ -390,7 +391,9 @@ def test_unreadable_processes_are_counted_not_signalled(tmp_path):
     os.remove(tmp_path / "30" / "ns" / "pid")
     os.symlink("garbage", tmp_path / "30" / "ns" / "pid")
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
-    denied = dataclasses.replace(table.processes[9], access_denied=True, nvidia_fds=())
+    denied = dataclasses.replace(
+        table.processes[9], incomplete=(Unreadable("fd", Reason.ACCESS_DENIED),), nvidia_fds=()
+    )
     table = dataclasses.replace(table, processes={**table.processes, 9: denied})
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
     assert {t.pid for t in plan.targets} == {7, 8}

@@ -62,7 +62,7 @@ class Scope:
     def contains(self, proc: ProcessInfo) -> bool | None:
         """In the scope? None when its cgroup could not be read (then nobody can tell)."""
         if not proc.cgroup:
-            return None if proc.access_denied else False
+            return None if proc.unread("cgroup") else False
         if self.cgroup is not None:
             paths = (line.split(":", 2)[-1] for line in proc.cgroup)
             if not any(p == self.cgroup or p.startswith(self.cgroup + "/") for p in paths):
