@@ -380,7 +380,9 @@ def test_real_zombie_and_orphan_in_a_pid_namespace():
 
         def judged():
             found = [n for n in survey_live_proc() if n.inode == inode]
-            return found if found and found[0].zombies and found[0].pid1.program == "sleep" else None
+            # The subshell's exit re-parents its job a moment after the zombie appears: wait for both.
+            ready = found and found[0].zombies and found[0].orphans and found[0].pid1.program == "sleep"
+            return found if ready else None
 
         (mine,) = wait_until(judged, timeout=10)
         assert [(z.parent_comm, z.ppid) for z in mine.zombies] == [("sleep", 1)]
