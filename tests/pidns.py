@@ -3,6 +3,10 @@
 The namespace's PID 1 is found by its host pid (the child of ``unshare``); commands run inside it
 through ``nsenter --target <pid1> --pid --mount``, as ``kubectl exec`` would. Leaving the context
 SIGKILLs ``unshare``, which ``--kill-child`` turns into the end of the namespace.
+
+``cgroup`` puts the pod in that cgroup (v2) before ``unshare`` starts, so every process of it is
+there from the start, as a container's are; ``log`` receives PID 1's stdout and stderr (what
+``kubectl logs`` shows).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import psutil
@@ -31,17 +36,21 @@ def wait_until(probe: Callable[[], T], *, timeout: float = 10.0, interval: float
 
 
 class PidNamespace:
-    def __init__(self, *argv: str) -> None:
+    def __init__(self, *argv: str, cgroup: Path | None = None, log: Path | None = None) -> None:
         self.argv = argv
+        self.cgroup = cgroup
+        self.log = log
         self.unshare: subprocess.Popen[bytes] | None = None
         self.pid1 = 0
 
     def __enter__(self) -> PidNamespace:
-        self.unshare = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *self.argv],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        join = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup)] if self.cgroup else []
+        with open(self.log or "/dev/null", "ab") as out:
+            self.unshare = subprocess.Popen(
+                [*join, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *self.argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         unshare = psutil.Process(self.unshare.pid)
         self.pid1 = wait_until(lambda: next((c.pid for c in unshare.children()), 0))
         return self

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from docs import doc
 from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.exporter import (
@@ -426,22 +427,16 @@ def test_real_tini_with_a_sigterm_ignoring_child():
         assert mine.main.sigterm.ignored and mine.grace_risk == "main_ignores_sigterm"
 
 
-def test_readme_lists_every_metric(served):
-    """The README's metric table (and docs/) is the reference: every name the exporter serves is in it."""
+def test_docs_list_every_metric(served):
+    """docs/exporter.md's metric table is the reference: every name the exporter serves is in it."""
     url, _ = served
     served_names = {re.sub(r"_total$", "", name) for name in scrape(url)} | set(GAUGES)
-    root = Path(__file__).parents[1]
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("## Prometheus exporter") : readme.index("## On a cluster")]
-    section += "".join(doc.read_text() for doc in sorted((root / "docs").glob("*.md")))
-    documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", section))
+    documented = set(re.findall(r"`(gpuzombie_[a-z0-9_]+?)(?:_total)?`", doc("exporter")))
     assert served_names <= documented, served_names - documented
 
 
-def test_readme_commands_use_real_flags(capsys):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Prometheus exporter") : readme.index("## On a cluster")]
-    commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", section, re.MULTILINE)
+def test_documented_commands_use_real_flags(capsys):
+    commands = re.findall(r"^(?:sudo )?gpuzombie exporter([^#\n]*)", doc("exporter"), re.MULTILINE)
     assert len(commands) >= 3
     assert main(["exporter", "--help"]) == 0
     help_text = capsys.readouterr().out

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from docs import doc
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 PRELUDE = """
@@ -215,10 +217,9 @@ def test_an_error_escaping_the_loop_exits_through_the_cleanup():
     assert "RuntimeError: NCCL error" in err and "cleaned up" in err
 
 
-def test_the_readme_example_runs_as_written():
-    """The README's two-line adoption, with stand-ins for the model, the data and the step."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Graceful shutdown for training scripts") :]
+def test_the_documented_example_runs_as_written():
+    """docs/graceful.md's two-line adoption, with stand-ins for the model, the data and the step."""
+    section = doc("graceful")
     example = section[section.index("```python") + len("```python") :]
     example = example[: example.index("```")]
     stand_ins = (

@@ -10,7 +10,7 @@ import pytest
 
 from gpuzombie.cli.main import main
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.pod import Pod, children_of, init_argv, pids_in_pidns
+from gpuzombie.lab.pod import Pod, absolute_pythonpath, children_of, init_argv, pids_in_pidns
 from markers import needs_root, needs_tini
 from pidns import wait_until
 
@@ -72,20 +72,18 @@ def test_unknown_init_is_refused():
 
 
 def uid_1000_can_run_python() -> bool:
+    """Probe exactly as parent.py starts a worker (``Popen(user=1000)``, the pod's environment).
+
+    Not ``setpriv --reuid``: setpriv keeps its capabilities until the exec, so it runs a venv python
+    whose symlink points into /root, which the lab's worker then cannot (the flake this replaces)."""
     import subprocess
 
-    probe = [
-        "setpriv",
-        "--reuid",
-        "1000",
-        "--regid",
-        "1000",
-        "--clear-groups",
-        sys.executable,
-        "-c",
-        "import gpuzombie.workloads.worker",
-    ]
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    probe = [sys.executable, "-c", "import gpuzombie.workloads.worker"]
+    try:
+        done = subprocess.run(probe, user=1000, env=absolute_pythonpath(os.environ), capture_output=True, check=False)
+    except OSError:  # PermissionError: uid 1000 cannot execute this Python
+        return False
+    return done.returncode == 0
 
 
 def test_variant_dumb_init_and_uid_1000(tmp_path):

@@ -116,7 +116,10 @@ def test_module_entry_point_prints_the_table(tmp_path):
         env={**os.environ, "PYTHONPATH": src},
     )
     assert done.returncode == 0, done.stderr
-    assert "| e gpuzombie.graceful |" in done.stdout
+    assert (
+        "e gpuzombie.graceful" in done.stdout and "| e gpuzombie.graceful |" not in done.stdout
+    )  # a table, not markdown
+    assert "| e gpuzombie.graceful |" in (tmp_path / "nccl" / "comparison.md").read_text()
     assert (tmp_path / "nccl" / "comparison.md").exists()
 
 

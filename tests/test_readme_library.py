@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from docs import doc, section
 
 
 def test_library_example_runs():
-    section = README.read_text().split("## Library", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", section(doc("README"), "## Library"), re.S).group(1)
     code += "\nprint(type(report).__name__, len(table) > 0)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr

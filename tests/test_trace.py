@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from docs import doc
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
@@ -474,9 +475,8 @@ def test_cli_procfs_without_boot_time(tmp_path, capsys):
 
 
 def test_readme_example_is_this_nodes_table(node, crictl):
-    """The README's example output is what trace prints for this test's node (tested documentation)."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Node trace") :]
+    """docs/trace.md's example output is what trace prints for this test's node (tested documentation)."""
+    section = doc("trace")
     example = section[section.index("```\nPID") + 4 : section.index("\n```", section.index("```\nPID") + 4)]
     assert example == render_text(run_trace(node, crictl))
 

@@ -291,8 +291,15 @@ class _Run:
         parent = by_pod_pid.get(parent_pod_pid)
         if parent is not None:
             self.roles[parent] = "parent"
-            _wait(lambda: _state(parent) in (None, "Z"), 10.0)
+            self.wait_settled(parent, 10.0)
         self.events.add("parent-exit", "the parent exited without wait()")
+
+    def wait_settled(self, pid: int, timeout: float) -> None:
+        """Until an exited ``pid`` stays as it is: gone, or a zombie of a PID 1 that never reaps
+        (``sleep``). A zombie an init or a shell is about to reap would be counted by the host and
+        missed by observe a moment later (the lab's 1-in-3 flake)."""
+        never_reaped = self.init == "sleep"
+        _wait(lambda: (state := _state(pid)) is None or (never_reaped and state == "Z"), timeout)
 
     def kill_victim(self) -> bool:
         workers = sorted(pid for pid, role in self.roles.items() if role == "worker")
@@ -303,7 +310,7 @@ class _Run:
         self.roles[victim] = "victim"
         self.events.add("kill-9", f"worker host pid {victim}")
         os.kill(victim, signal.SIGKILL)
-        _wait(lambda: _state(victim) in (None, "Z"), 5.0)
+        self.wait_settled(victim, 5.0)
         # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
         # observe.sh ran some seconds after the kill.
         threshold = kill_drop(self.config.size_mib * MIB)

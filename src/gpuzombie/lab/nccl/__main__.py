@@ -1,6 +1,6 @@
 """``python3 -m gpuzombie.lab.nccl``: the NCCL comparison without the rest of the lab (device scripts).
 
-Prints progress and the comparison table; writes OUT/nccl/. Exit 0 when every case ran (whatever
+Prints progress and the comparison as a table; writes OUT/nccl/ (comparison.md in markdown). Exit 0 when every case ran (whatever
 it measured), 1 when a case failed to start, 2 when the scenario could not run here, 130 on Ctrl-C.
 """
 
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from gpuzombie.lab.nccl.cases import CASE_KEYS, DEFAULT_COLLECTIVE_TIMEOUT_S
+from gpuzombie.lab.nccl.report import print_comparison
 from gpuzombie.lab.nccl.run import NcclScenarioError, run_nccl_comparison
 
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the ranks are already stopped (run_nccl_comparison's finally)
         print("gpuzombie.lab.nccl: interrupted", file=sys.stderr)
         return 130
+    print_comparison(summary)
     return 1 if any(c["error"] for c in summary["cases"]) else 0
 
 

@@ -17,39 +17,84 @@ def _seconds_cell(value: float | None, still: float | None = None) -> str:
     return f"still running at {still:.0f} s" if still is not None else "-"
 
 
-def comparison_table(summary: dict[str, Any]) -> str:
-    """One row per case: what each survivor did after rank 0 was SIGKILLed."""
+def comparison_rows(summary: dict[str, Any]) -> tuple[list[tuple[str, str]], list[list[str]]]:
+    """The columns (markdown header, short terminal header) and one row of cells per case: what
+    each survivor did after rank 0 was SIGKILLed."""
     mem = "GPU memory free" if not summary["stand_in"] else "memory (RSS) free"
-    lines = [
-        f"NCCL scenario: {summary['ranks']} ranks, {summary['backend']}, rank 0 SIGKILLed mid-collective"
-        + (f" — {summary['label']}" if summary["stand_in"] else ""),
-        "",
-        f"| case | setting | survivor exit (s after kill) | {mem} (s) | exit code | ghost on dead rank's GPU (MiB) | ≤ {summary['goal_s']:g} s |",
-        "|---|---|---|---|---|---|---|",
+    columns = [
+        ("case", "case"),
+        ("setting", "setting"),
+        ("survivor exit (s after kill)", "exit (s)"),
+        (f"{mem} (s)", "free (s)"),
+        ("exit code", "code"),
+        ("ghost on dead rank's GPU (MiB)", "ghost MiB"),
+        (f"≤ {summary['goal_s']:g} s", f"≤ {summary['goal_s']:g} s"),
     ]
+    rows = []
     for c in summary["cases"]:
+        name = f"{c['case']} {c['name']}"
         if c["error"]:
-            lines.append(f"| {c['case']} {c['name']} | {c['description']} | failed: {c['error']} | | | | |")
+            rows.append([name, c["description"], f"failed: {c['error']}", "", "", "", ""])
             continue
         sv = c["survivors"]
-        exits = ", ".join(_seconds_cell(s["exit_s"], s["still_running_at_s"]) for s in sv)
-        frees = ", ".join(_seconds_cell(s["memory_free_s"], s["still_running_at_s"]) for s in sv)
-        codes = ", ".join("-" if s["exit_code"] is None else str(s["exit_code"]) for s in sv)
-        ghost = "-" if c["ghost_mib"] is None else f"{c['ghost_mib']:.0f}"
-        lines.append(
-            f"| {c['case']} {c['name']} | {c['description']} | {exits} | {frees} | {codes} | "
-            f"{ghost} | {'yes' if c['goal_met'] else 'no'} |"
+        rows.append(
+            [
+                name,
+                c["description"],
+                ", ".join(_seconds_cell(s["exit_s"], s["still_running_at_s"]) for s in sv),
+                ", ".join(_seconds_cell(s["memory_free_s"], s["still_running_at_s"]) for s in sv),
+                ", ".join("-" if s["exit_code"] is None else str(s["exit_code"]) for s in sv),
+                "-" if c["ghost_mib"] is None else f"{c['ghost_mib']:.0f}",
+                "yes" if c["goal_met"] else "no",
+            ]
         )
-    if summary.get("gpu_end"):
-        lines.append("")
-        lines.append(
-            "GPU memory at the end of the window: "
-            + "; ".join(
-                f"GPU{g['index']} used {g['used_mib']:.0f} MiB, unexplained {g['unexplained_mib']:.0f} MiB"
-                for g in summary["gpu_end"]
-            )
-        )
+    return columns, rows
+
+
+def comparison_heading(summary: dict[str, Any]) -> str:
+    return f"NCCL scenario: {summary['ranks']} ranks, {summary['backend']}, rank 0 SIGKILLed mid-collective" + (
+        f" — {summary['label']}" if summary["stand_in"] else ""
+    )
+
+
+def gpu_end_line(summary: dict[str, Any]) -> str | None:
+    """Each GPU's used and unexplained memory when the window closed (None without GPUs)."""
+    if not summary.get("gpu_end"):
+        return None
+    return "GPU memory at the end of the window: " + "; ".join(
+        f"GPU{g['index']} used {g['used_mib']:.0f} MiB, unexplained {g['unexplained_mib']:.0f} MiB"
+        for g in summary["gpu_end"]
+    )
+
+
+def comparison_table(summary: dict[str, Any]) -> str:
+    """The comparison as markdown, for comparison.md."""
+    columns, rows = comparison_rows(summary)
+    headers = [markdown for markdown, _ in columns]
+    lines = [comparison_heading(summary), "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if (end := gpu_end_line(summary)) is not None:
+        lines += ["", end]
     return "\n".join(lines) + "\n"
+
+
+def print_comparison(summary: dict[str, Any]) -> None:
+    """The comparison as a table on the terminal (stdout); rich is imported only here."""
+    from rich.console import Console
+    from rich.table import Table
+
+    columns, rows = comparison_rows(summary)
+    mem = "GPU memory" if not summary["stand_in"] else "memory (RSS)"
+    caption = f"exit, free: s after rank 0's SIGKILL; free: the survivor's {mem} released; ghost: unlisted memory on the dead rank's GPU"
+    end = gpu_end_line(summary)
+    table = Table(title=comparison_heading(summary), caption=caption + (f"\n{end}" if end else ""))
+    for _, short in columns:
+        table.add_column(short, no_wrap=short != "setting", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.width = max(console.width, 150)  # a file or a pipe gets 80 columns by default: too narrow
+    console.print(table)
 
 
 def write_results(nccl_dir: Path, summary: dict[str, Any], samples: list[MemorySample]) -> None:

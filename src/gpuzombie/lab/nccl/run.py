@@ -160,8 +160,7 @@ def run_nccl_comparison(
             nvml=nvml if gpu else None,
         )
     write_results(nccl_dir, summary, sampler.samples)
-    for line in summary["table_md"].splitlines():
-        progress(line)
+    progress(f"nccl: wrote {nccl_dir}/ (comparison.md, results.json, memory.png, logs/)")
     return summary
 
 
