@@ -3,7 +3,7 @@
 #
 # Two "pods", each a PID namespace whose PID 1 is `sleep` (the seed's scenario 1), placed in cgroup v2
 # paths shaped exactly as kubelet + containerd (systemd driver) make them, and named by a stand-in
-# crictl:
+# CRI runtime (tests/cri_standin.py: a grpcio server on a unix socket; needs gpuzombie[node]):
 #   pod A gpu-zombie-test/gpu-zombie-nofix (BestEffort): parent.py starts a 2 GiB worker and exits
 #         without wait() -> a zombie parent and an orphaned worker;
 #   pod B gpu-zombie-test/gpu-zombie-guaranteed (Guaranteed): one 2 GiB worker.
@@ -47,17 +47,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# --- a stand-in crictl that names the two containers (no cluster here) -------------------------
-cat >"$TMP/crictl" <<EOF
-#!/bin/sh
-c() { printf '{"id":"%s","metadata":{"name":"%s"},"state":"CONTAINER_RUNNING","labels":{"io.kubernetes.pod.name":"%s","io.kubernetes.pod.namespace":"gpu-zombie-test","io.kubernetes.pod.uid":"%s","io.kubernetes.container.name":"%s"}}' "\$1" "\$2" "\$3" "\$4" "\$2"; }
-case "\$1" in
-  ps) echo "{\"containers\":[\$(c $CID_A worker gpu-zombie-nofix $UID_A),\$(c $CID_B worker gpu-zombie-guaranteed $UID_B)]}" ;;
-  pods) echo '{"items":[]}' ;;
-  *) exit 1 ;;
-esac
+# --- a stand-in CRI runtime that names the two containers (no cluster here) -------------------
+cat >"$TMP/recorded.json" <<EOF
+{"listed": {"$CID_A": ["worker", "gpu-zombie-nofix", "gpu-zombie-test", "$UID_A"],
+            "$CID_B": ["worker", "gpu-zombie-guaranteed", "gpu-zombie-test", "$UID_B"]}}
 EOF
-chmod +x "$TMP/crictl"
+python3 tests/cri_standin.py "$TMP/cri.sock" "$TMP/recorded.json" >>"$LOG" 2>&1 &
+PIDS+=($!)
+disown $!
 
 # Without nvidia-smi (a CPU dev box) the same steps run with CPU stand-in workers: a dry run.
 if command -v nvidia-smi >/dev/null; then DEVICE=cuda; else DEVICE=cpu; fi
@@ -94,9 +91,9 @@ wait_for() {  # wait_for N SECONDS: until NVML lists N processes
 run_trace() {  # run_trace NAME: table and JSON, timed
   local name=$1 t
   t=$(date +%s.%N)
-  python3 -m gpuzombie trace --crictl "$TMP/crictl" >"$OUT/$name.txt" 2>&1
+  python3 -m gpuzombie trace --cri-socket "$TMP/cri.sock" >"$OUT/$name.txt" 2>&1
   echo "exit=$? seconds=$(python3 -c "import time; print(f'{time.time() - $t:.3f}')")" >>"$OUT/$name.txt"
-  python3 -m gpuzombie trace --json --crictl "$TMP/crictl" >"$OUT/$name.json" 2>>"$LOG"
+  python3 -m gpuzombie trace --json --cri-socket "$TMP/cri.sock" >"$OUT/$name.json" 2>>"$LOG"
 }
 
 say "GPU: $(nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader 2>&1 | tr '\n' ';')"

@@ -10,13 +10,8 @@ fails as one ``CriError`` with a one-line message.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +19,20 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1.api_pb2_grpc import RuntimeServiceStub
 
-POD_NAME = "io.kubernetes.pod.name"
-POD_NAMESPACE = "io.kubernetes.pod.namespace"
-POD_UID = "io.kubernetes.pod.uid"
-CONTAINER_NAME = "io.kubernetes.container.name"
+from gpuzombie.k8s.names import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
+from gpuzombie.k8s.rpc import describe
+
 KUBELET_LOG_ROOT = "/var/log/pods"
 DEFAULT_CALL_TIMEOUT = 10.0
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
-DEFAULT_TIMEOUT = 5.0
-MAX_SINGLE_INSPECTS = 16
 
 
 class CriError(Exception):
-    """A CRI call failed or ran out of time; the message is one line."""
+    """A CRI call failed or ran out of time; the message is one line, ``code`` the gRPC status name."""
+
+    def __init__(self, message: str, code: str = "ERROR"):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -89,13 +85,6 @@ class ExecResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
-
-
-def _one_line(method: str, exc: grpc.RpcError) -> CriError:
-    code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
-    name = code.name if code is not None else "ERROR"
-    return CriError(f"{method}: {name}: {' '.join(details.split())[:300]}")
 
 
 def _namespaces(host_network: bool) -> pb.NamespaceOption:
@@ -169,7 +158,8 @@ class RuntimeClient:
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
-            raise _one_line(method, exc) from None
+            code, details = describe(exc)
+            raise CriError(f"{method}: {details}", code) from None
 
     def version(self, *, timeout: float | None = None) -> pb.VersionResponse:
         return self._call("Version", pb.VersionRequest(), timeout)
@@ -251,184 +241,3 @@ class RunningPod:
         container_id = self.client.create_container(self.sandbox_id, self.spec, container)
         self.client.start_container(container_id)
         return container_id
-
-
-# --- names (through crictl until the gRPC lookup replaces it) ---
-
-
-@dataclass(frozen=True)
-class ContainerNames:
-    """What the runtime says about one container (or pod sandbox, named "POD")."""
-
-    container_id: str
-    container: str | None
-    pod: str | None
-    namespace: str | None
-    pod_uid: str | None
-    state: str | None
-
-
-@dataclass(frozen=True)
-class PodNames:
-    pod_uid: str
-    pod: str
-    namespace: str | None
-
-
-@dataclass(frozen=True)
-class CriNames:
-    """Every name the runtime gave, keyed by full container id and by pod UID."""
-
-    source: str | None
-    containers: Mapping[str, ContainerNames] = field(default_factory=dict)
-    pods: Mapping[str, PodNames] = field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
-
-    def container(self, container_id: str | None) -> ContainerNames | None:
-        return self.containers.get(container_id) if container_id else None
-
-    def pod(self, pod_uid: str | None) -> PodNames | None:
-        return self.pods.get(pod_uid) if pod_uid else None
-
-
-class CrictlFailed(Exception):
-    """One crictl call failed or ran out of time; the message is one line."""
-
-
-def _run(argv: list[str], deadline: float) -> str:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise CrictlFailed(f"no time left for {' '.join(argv[1:3])}")
-    try:
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-    except OSError as exc:
-        raise CrictlFailed(f"cannot run {argv[0]}: {exc.strerror}") from exc
-    try:
-        out, err = proc.communicate(timeout=remaining)
-    except subprocess.TimeoutExpired:
-        # Its own session: kill what it started too, or a child holding the pipe keeps us waiting.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        raise CrictlFailed(f"'{' '.join(argv[1:3])}' timed out") from None
-    if proc.returncode != 0:
-        first = (err.decode(errors="replace").strip().splitlines() or [""])[0][:200]
-        raise CrictlFailed(f"'{' '.join(argv[1:3])}' exited {proc.returncode}: {first}")
-    return out.decode(errors="replace")
-
-
-def _json_documents(text: str) -> list[Any]:
-    """crictl prints one JSON document per inspected id (newer versions: one list)."""
-    decoder = json.JSONDecoder()
-    docs: list[Any] = []
-    i = 0
-    while True:
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i >= len(text):
-            return docs
-        doc, i = decoder.raw_decode(text, i)
-        docs.extend(doc if isinstance(doc, list) else [doc])
-
-
-def _container(item: Mapping[str, Any]) -> ContainerNames:
-    labels = item.get("labels") or {}
-    meta = item.get("metadata") or {}
-    return ContainerNames(
-        container_id=item.get("id", ""),
-        container=labels.get(CONTAINER_NAME) or meta.get("name"),
-        pod=labels.get(POD_NAME),
-        namespace=labels.get(POD_NAMESPACE),
-        pod_uid=labels.get(POD_UID),
-        state=item.get("state"),
-    )
-
-
-def parse_ps(text: str) -> list[ContainerNames]:
-    """``crictl ps -a -o json``."""
-    return [_container(c) for c in json.loads(text).get("containers") or ()]
-
-
-def parse_pods(text: str) -> tuple[list[PodNames], list[ContainerNames]]:
-    """``crictl pods -o json``: the pods, and their sandboxes as containers named "POD"."""
-    pods, sandboxes = [], []
-    for item in json.loads(text).get("items") or ():
-        meta = item.get("metadata") or {}
-        uid, name, ns = meta.get("uid"), meta.get("name"), meta.get("namespace")
-        if uid and name:
-            pods.append(PodNames(pod_uid=uid, pod=name, namespace=ns))
-        sandboxes.append(
-            ContainerNames(
-                container_id=item.get("id", ""),
-                container="POD",
-                pod=name,
-                namespace=ns,
-                pod_uid=uid,
-                state=item.get("state"),
-            )
-        )
-    return pods, sandboxes
-
-
-def parse_inspect(text: str) -> list[ContainerNames]:
-    """``crictl inspect -o json ID...``: the ``status`` part of each document."""
-    return [_container(d.get("status") or {}) for d in _json_documents(text) if isinstance(d, dict)]
-
-
-def _inspect(exe: str, ids: list[str], deadline: float, warnings: list[str]) -> list[ContainerNames]:
-    """Ids ``ps -a`` did not list (created since, or not the CRI's): one call for all; if one id
-    is unknown crictl fails them all, so then one call each, at most MAX_SINGLE_INSPECTS."""
-    try:
-        return parse_inspect(_run([exe, "inspect", "-o", "json", *ids], deadline))
-    except CrictlFailed as exc:
-        if len(ids) == 1:
-            warnings.append(f"crictl: {exc}")
-            return []
-    found: list[ContainerNames] = []
-    unknown = []
-    for cid in ids[:MAX_SINGLE_INSPECTS]:
-        try:
-            found.extend(parse_inspect(_run([exe, "inspect", "-o", "json", cid], deadline)))
-        except CrictlFailed:
-            unknown.append(cid[:13])
-    if unknown or len(ids) > MAX_SINGLE_INSPECTS:
-        warnings.append(
-            f"crictl: {len(ids) - len(found)} container(s) unknown to the CRI runtime "
-            f"(e.g. {', '.join(unknown[:3])}): shown by id"
-        )
-    return found
-
-
-def find_crictl(path: str | None) -> str | None:
-    return path if path else shutil.which("crictl")
-
-
-def lookup(crictl: str | None, container_ids: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT) -> CriNames:
-    """Names for ``container_ids`` (and every pod) from ``crictl``; ids only plus a warning on failure."""
-    exe = find_crictl(crictl)
-    if exe is None:
-        return CriNames(source=None, warnings=("crictl not found: pods and containers shown by id",))
-    deadline = time.monotonic() + timeout
-    containers: dict[str, ContainerNames] = {}
-    pods: dict[str, PodNames] = {}
-    warnings: list[str] = []
-    wanted = sorted(set(container_ids))
-    try:
-        for c in parse_ps(_run([exe, "ps", "-a", "-o", "json"], deadline)):
-            containers[c.container_id] = c
-        pod_list, sandboxes = parse_pods(_run([exe, "pods", "-o", "json"], deadline))
-        pods.update((p.pod_uid, p) for p in pod_list)
-        for s in sandboxes:
-            containers.setdefault(s.container_id, s)
-        missing = [cid for cid in wanted if cid not in containers]
-        if missing:
-            containers.update((c.container_id, c) for c in _inspect(exe, missing, deadline, warnings))
-    except CrictlFailed as exc:
-        warnings.append(f"crictl: {exc}; showing ids for what it did not name (limit {timeout:g} s)")
-    except (ValueError, AttributeError) as exc:
-        warnings.append(f"crictl: unreadable output ({exc}); showing ids")
-    return CriNames(source=exe, containers=containers, pods=pods, warnings=tuple(warnings))
