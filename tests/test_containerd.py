@@ -144,3 +144,15 @@ def test_teardown_leaves_nothing(fault):
         raise RuntimeError("test failed")
     assert _leftovers(workdir, socket, spec.cgroup_parent) == []
     wait_until(lambda: _gone_or_zombie(pid))
+
+
+@needs_containerd
+def test_pods_of_the_raw_client_leave_no_cgroup():
+    """A pod made and removed through ``ctd.client`` directly: its cgroup is still removed at the end."""
+    spec = PodSpec(name="raw", qos="burstable")
+    with private_containerd() as ctd:
+        sandbox = ctd.client.run_pod_sandbox(spec)
+        assert any(os.path.isdir(root + spec.cgroup_parent) for root in ctd_lib._cgroup_roots())
+        ctd.client.stop_pod_sandbox(sandbox)
+        ctd.client.remove_pod_sandbox(sandbox)
+    assert not any(os.path.isdir(root + spec.cgroup_parent) for root in ctd_lib._cgroup_roots())

@@ -166,7 +166,7 @@ class Containerd:
         self.workdir = workdir
         self.socket = str(workdir / "containerd.sock")
         self.process = process
-        self.client = RuntimeClient(self.socket, log_root=str(workdir / "pods"))
+        self.client = RuntimeClient(self.socket, log_root=str(workdir / "pods"), before_sandbox=self._claim_cgroups)
         self._cgroups: list[str] = []
         """Cgroup paths (relative to each hierarchy) this instance's pods made: removed at the end."""
 
@@ -192,9 +192,10 @@ class Containerd:
         write_image_archive(spec, archive)
         self.ctr("images", "import", "--no-unpack=false", str(archive))
 
-    def _claim_cgroups(self, parent: str) -> None:
+    def _claim_cgroups(self, pod: PodSpec) -> None:
         """The pod's cgroup, and those of its parents (``/kubepods``, its QoS level) that no one had
         made yet: a kubelet keeps those, a private runtime removes what it added."""
+        parent = pod.cgroup_parent
         roots = _cgroup_roots()
         path = ""
         for part in parent.strip("/").split("/"):
@@ -206,7 +207,6 @@ class Containerd:
 
     def start_pod(self, spec: PodSpec) -> RunningPod:
         """A pod sandbox as the kubelet makes it, left running until ``stop_pod`` or the end."""
-        self._claim_cgroups(spec.cgroup_parent)
         return RunningPod(self.client, spec, self.client.run_pod_sandbox(spec))
 
     def stop_pod(self, pod: RunningPod) -> None:

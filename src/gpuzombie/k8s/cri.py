@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,10 +135,19 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
 class RuntimeClient:
     """One gRPC channel to a CRI socket; each method one RuntimeService call with a deadline."""
 
-    def __init__(self, socket_path: str, *, timeout: float = DEFAULT_CALL_TIMEOUT, log_root: str = KUBELET_LOG_ROOT):
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        log_root: str = KUBELET_LOG_ROOT,
+        before_sandbox: Callable[[PodSpec], None] | None = None,
+    ):
         self.socket_path = socket_path
         self.timeout = timeout
         self.log_root = log_root
+        self.before_sandbox = before_sandbox
+        """Called with each pod before its RunPodSandbox (a private runtime notes the cgroups it adds)."""
         # No retries on a dead socket and no proxy: fail fast and let the deadline speak.
         self._channel = grpc.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0)]
@@ -190,6 +199,8 @@ class RuntimeClient:
 
     def run_pod_sandbox(self, pod: PodSpec, *, timeout: float | None = None) -> str:
         config = sandbox_config(pod, log_root=self.log_root)
+        if self.before_sandbox is not None:
+            self.before_sandbox(pod)
         return str(self._call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), timeout).pod_sandbox_id)
 
     def create_container(
