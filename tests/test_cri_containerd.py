@@ -5,7 +5,10 @@ makes them, and in them a zombie under a ``sleep`` PID 1, an orphan, and a holde
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -98,3 +101,23 @@ def test_exporter_names_each_finding(containerd, node, capsys):
         (pid1,) = _samples(text, "gpuzombie_pid1_info", pod=pod, program="sleep")
         assert 'container=""' not in pid1
     _no_runtime_trouble(out.err, node)
+
+
+def test_names_through_a_read_only_mount_of_the_socket(containerd, node, tmp_path):
+    """What the DaemonSet does: the socket bind-mounted read-only (connect() is no write)."""
+    target = tmp_path / "ro" / "containerd.sock"
+    target.parent.mkdir()
+    target.write_text("")
+    trace = f"{sys.executable} -m gpuzombie trace --json --cri-socket {target} --pod-resources-socket /nonexistent"
+    script = f"mount --bind {containerd.socket} {target} && mount -o remount,bind,ro {target} && exec {trace}"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr  # the zombie
+    rows = [r for r in json.loads(done.stdout)["rows"] if r["container_id"] == node["zombie"]]
+    assert [(r["pod"], r["namespace"], r["container"]) for r in rows] == [("trainer-0", "ml", "worker")]
