@@ -11,7 +11,7 @@ DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static containerd promethe
 LAB_ARGS ?= --out lab-out
 LINTED := src tests benchmarks scripts
 
-.PHONY: help debian venv lab test lint fix
+.PHONY: help debian venv lab test lint fix proto
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -43,6 +43,10 @@ lint: venv  ## ruff and mypy only
 	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m ruff format --check $(LINTED)
 	$(PYTHON) -m mypy
+
+PROTO := src/gpuzombie/k8s/podresources_v1/api.proto
+proto: venv  ## regenerate the kubelet PodResources stubs from $(PROTO) (grpcio-tools of the test extra)
+	$(PYTHON) -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
 fix: venv  ## let ruff fix and format what it can
 	$(PYTHON) -m ruff check --fix $(LINTED)

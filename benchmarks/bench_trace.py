@@ -12,10 +12,11 @@ cores of the dev machine). Two shapes, each run side by side in the same process
 The seed's approach (gpu-pod-trace.sh): find the /dev/nvidia* holders (one `find -lname` over the
 fd links, the fake-tree stand-in for `fuser -v /dev/nvidia*`), then per pid a `grep` of its cgroup
 for the container id, and one `crictl inspect` per new container (cached per id in a bash array:
-the kindest reading). Both sides ask the same stand-in crictl, a /bin/sh script printing canned
-JSON with no delay (a real crictl's ~30 ms start per call would only widen the gap).
+the kindest reading), here a stand-in crictl: a /bin/sh script printing canned JSON with no delay
+(a real crictl's ~30 ms start per call would only widen the gap). gpuzombie asks a stand-in CRI
+runtime (tests/cri_standin.py, a grpcio server) that knows the same containers.
 
-gpuzombie: `trace_node` (scan, attribution, cgroup parse, one `crictl ps` + `crictl pods`) plus the
+gpuzombie: `trace_node` (scan, attribution, cgroup parse, ListPodSandbox + ListContainers) plus the
 rendered table, in-process (median of --repeat); and the whole CLI as a fresh process
 (`python3 -m gpuzombie trace --json`, interpreter start included).
 
@@ -40,10 +41,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
+from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
-from gpuzombie.k8s import cri
+from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
@@ -80,6 +82,14 @@ def container_id(i: int) -> str:
 
 def pod_uid(i: int) -> str:
     return f"{i:08x}-0000-4000-8000-{i:012x}"
+
+
+def recorded(containers: int) -> Recorded:
+    """The same pods and containers the stand-in crictl knows, for the stand-in CRI runtime."""
+    return Recorded(
+        sandboxes=tuple(("f" * 56 + f"{c:08x}", f"pod-{c}", "bench", pod_uid(c)) for c in range(containers)),
+        listed={container_id(c): ("worker", f"pod-{c}", "bench", pod_uid(c)) for c in range(containers)},
+    )
 
 
 def build(root: Path, processes: int, gpu_holders: int, containers: int) -> tuple[Path, Path, GpuSnapshot]:
@@ -164,13 +174,13 @@ class Clock:
         return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-def time_ours(proc: Path, crictl: Path, gpus: GpuSnapshot) -> tuple[Clock, int]:
+def time_ours(proc: Path, cri_socket: Path, gpus: GpuSnapshot) -> tuple[Clock, int]:
     with Clock() as clock:
         report = trace_node(
             procfs=Procfs(str(proc)),
             nvml=FakeNvml(gpus),
             view=ReaderView(in_root_pidns=True),
-            names=lambda ids: cri.lookup(str(crictl), ids),
+            names=RuntimeNames(str(cri_socket)),
             resources=PodResources(source=None),
             now=time.time(),
         )
@@ -178,7 +188,7 @@ def time_ours(proc: Path, crictl: Path, gpus: GpuSnapshot) -> tuple[Clock, int]:
     return clock, sum(r.pod is not None for r in report.rows)
 
 
-def time_cli(proc: Path, crictl: Path, gpus: GpuSnapshot, root: Path) -> Clock:
+def time_cli(proc: Path, cri_socket: Path, gpus: GpuSnapshot, root: Path) -> Clock:
     replay = root / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(gpus)))
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
@@ -192,8 +202,8 @@ def time_cli(proc: Path, crictl: Path, gpus: GpuSnapshot, root: Path) -> Clock:
                 "--json",
                 "--procfs",
                 str(proc),
-                "--crictl",
-                str(crictl),
+                "--cri-socket",
+                str(cri_socket),
                 "--nvml-replay",
                 str(replay),
                 "--pod-resources-socket",
@@ -228,10 +238,12 @@ def measure(shape: str, processes: int, gpu_holders: int, containers: int, repea
             f"containers (built in {time.perf_counter() - t0:.1f} s)",
             flush=True,
         )
-        ours = [time_ours(proc, crictl, gpus) for _ in range(repeat)]
-        named = ours[0][1]
-        lib = _median([c for c, _ in ours])
-        cli = _median([time_cli(proc, crictl, gpus, root) for _ in range(repeat)])
+        sock = root / "cri.sock"
+        with standin_runtime(str(sock), recorded(containers)):
+            ours = [time_ours(proc, sock, gpus) for _ in range(repeat)]
+            named = ours[0][1]
+            lib = _median([c for c, _ in ours])
+            cli = _median([time_cli(proc, sock, gpus, root) for _ in range(repeat)])
         seed_clock, seed_named = time_seed(proc, crictl)
     seed = (seed_clock.wall, seed_clock.cpu)
 

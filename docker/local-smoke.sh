@@ -28,7 +28,7 @@ build() {  # build TARGET TAG [extra args...]
   local target=$1 tag=$2; shift 2
   local start=$SECONDS
   "${PODMAN[@]}" build --network host "${LIMITS[@]}" -f docker/Dockerfile --target "$target" \
-    --build-arg TORCH_BASE="$BASE" --build-arg NODE_BASE="$BASE" --build-arg CRICTL_VERSION= \
+    --build-arg TORCH_BASE="$BASE" --build-arg NODE_BASE="$BASE" \
     "$@" -t "localhost/gpu-zombie-test:$tag" . >"$WORK/build-$tag.log" 2>&1
   echo "built :$tag in $((SECONDS - start)) s"
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
+from containerd_fixture import containerd, kube_pods  # noqa: F401  (a private containerd for any test)
 from markers import needs_root, needs_tini  # noqa: F401  (defined once; kept importable from here)
 
 

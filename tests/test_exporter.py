@@ -31,7 +31,7 @@ from gpuzombie.exporter import (
 from gpuzombie.exporter.metrics import GAUGES
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
-from gpuzombie.k8s.cri import ContainerNames, CriNames
+from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import survey
 from gpuzombie.proc.parse import parse_sigterm
@@ -325,11 +325,15 @@ def test_failed_scan_is_a_metric_not_a_500():
 def test_once_prints_the_exposition(node, tmp_path, capsys):
     replay = tmp_path / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(gpus())))
-    assert main(["exporter", "--once", "--procfs", str(node), "--nvml-replay", str(replay)]) == 0
+    absent = tmp_path / "absent.sock"
+    assert (
+        main(["exporter", "--once", "--procfs", str(node), "--nvml-replay", str(replay), "--cri-socket", str(absent)])
+        == 0
+    )
     out = capsys.readouterr()
     assert re.search(r'^gpuzombie_zombies_by_parent\{.*parent="sleep".*\} 1\.0$', out.out, re.MULTILINE)
     assert 'gpuzombie_gpu_memory_verdict{gpu="0",uuid="GPU-0000",verdict="ghost"} 1.0' in out.out
-    assert "crictl" in out.err  # warnings go to stderr, once
+    assert out.err.count(f"CRI socket {absent}: No such file or directory") == 1  # warnings go to stderr, once
 
 
 def test_sigterm_disposition():

@@ -1,24 +1,26 @@
-"""The whole node mapping end to end: a fake /proc tree, a fake NVML, a real stand-in crictl
-executable, and a real gRPC server on the kubelet's PodResources socket."""
+"""The whole node mapping end to end: a fake /proc tree, a fake NVML, a stand-in CRI runtime (a real
+gRPC server: no containerd made these container ids; tests/test_cri_containerd.py runs a real one),
+and a real gRPC server on the kubelet's PodResources socket."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import stat
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from cri_standin import Recorded, standin_kubelet, standin_runtime
 from docs import doc
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
-from gpuzombie.k8s import cri
+from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
@@ -115,85 +117,27 @@ def gpus() -> GpuSnapshot:
     )
 
 
-def crictl_data() -> dict:
-    def labels(pod, ns, uid, container):
-        return {
-            "io.kubernetes.pod.name": pod,
-            "io.kubernetes.pod.namespace": ns,
-            "io.kubernetes.pod.uid": uid,
-            "io.kubernetes.container.name": container,
-        }
-
-    return {
-        "ps": {
-            "containers": [
-                {
-                    "id": CID_A,
-                    "metadata": {"name": "worker"},
-                    "state": "CONTAINER_RUNNING",
-                    "labels": labels("gpu-zombie-nofix", "gpu-zombie-test", UID_A, "worker"),
-                },
-            ]
-        },
-        "pods": {
-            "items": [
-                {
-                    "id": SANDBOX_A,
-                    "state": "SANDBOX_READY",
-                    "metadata": {"name": "gpu-zombie-nofix", "uid": UID_A, "namespace": "gpu-zombie-test"},
-                },
-                {
-                    "id": "9" * 64,
-                    "state": "SANDBOX_READY",
-                    "metadata": {"name": "nccl-rank1", "uid": UID_B, "namespace": "training"},
-                },
-            ]
-        },
-        # Only found by "inspect" (say, listed by neither call in time): the fallback path.
-        "inspect": {
-            CID_B: {
-                "status": {
-                    "id": CID_B,
-                    "metadata": {"name": "rank"},
-                    "state": "CONTAINER_RUNNING",
-                    "labels": labels("nccl-rank1", "training", UID_B, "rank"),
-                }
-            }
-        },
-    }
-
-
-CRICTL = """#!{python}
-import json, os, sys, time
-data = json.load(open({data!r}))
-args = sys.argv[1:]
-with open({log!r}, "a") as log:
-    log.write(" ".join(args) + "\\n")
-mode = os.environ.get("FAKE_CRICTL_MODE", "")
-if mode == "hang":
-    os.system("sleep 30")
-if mode == "fail":
-    sys.stderr.write("connect: connect endpoint 'unix:///run/containerd/containerd.sock': no such file\\n")
-    sys.exit(1)
-if args[0] == "inspect":
-    for cid in args[3:]:
-        if cid not in data["inspect"]:
-            sys.stderr.write("no such container " + cid + "\\n")
-            sys.exit(1)
-        print(json.dumps(data["inspect"][cid], indent=2))
-else:
-    print(json.dumps(data[args[0]]))
-"""
+RECORDED = Recorded(
+    listed={CID_A: ("worker", "gpu-zombie-nofix", "gpu-zombie-test", UID_A)},
+    sandboxes=(
+        (SANDBOX_A, "gpu-zombie-nofix", "gpu-zombie-test", UID_A),
+        ("9" * 64, "nccl-rank1", "training", UID_B),
+    ),
+    # Only found by ContainerStatus (say, listed by neither call in time): the fallback path.
+    status_only={CID_B: ("rank", "nccl-rank1", "training", UID_B)},
+)
 
 
 @pytest.fixture
-def crictl(tmp_path):
-    data = tmp_path / "crictl.json"
-    data.write_text(json.dumps(crictl_data()))
-    exe = tmp_path / "crictl"
-    exe.write_text(CRICTL.format(python=sys.executable, data=str(data), log=str(tmp_path / "crictl.log")))
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return exe
+def cri_calls(tmp_path):
+    """The stand-in runtime on tmp/cri.sock; the test gets its call log."""
+    with standin_runtime(str(tmp_path / "cri.sock"), RECORDED) as calls:
+        yield calls
+
+
+@pytest.fixture
+def crisock(tmp_path, cri_calls):
+    return tmp_path / "cri.sock"
 
 
 @pytest.fixture
@@ -207,12 +151,12 @@ def node(tmp_path):
 NO_RESOURCES = PodResources(source=None)
 
 
-def run_trace(node, crictl, resources=NO_RESOURCES, timeout=5.0):
+def run_trace(node, crisock, resources=NO_RESOURCES, timeout=5.0):
     return trace_node(
         procfs=Procfs(str(node)),
         nvml=FakeNvml(gpus()),
         view=ReaderView(in_root_pidns=True),
-        names=lambda ids: cri.lookup(str(crictl), ids, timeout=timeout),
+        names=RuntimeNames(str(crisock), timeout=timeout),
         resources=resources,
         now=time.time(),
     )
@@ -225,8 +169,8 @@ def by_pid(report):
     return out
 
 
-def test_node_mapping_end_to_end(node, crictl, tmp_path):
-    report = run_trace(node, crictl)
+def test_node_mapping_end_to_end(node, crisock, cri_calls):
+    report = run_trace(node, crisock)
     rows = by_pid(report)
     worker = rows[200][0]
     assert (worker.nspid, worker.gpu_index, worker.gpu_memory, worker.nsmi, worker.verdict) == (
@@ -269,15 +213,8 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     assert gpu1.unexplained == 0 and gpu1.verdict == "ok"
     s = report.summary
     assert (s.zombies, s.gone, s.ghost_gpus, s.fd_only, s.gpu_processes, s.healthy) == (1, 1, 1, 2, 3, False)
-    # Two calls for the node and one inspect for the id they did not name: never one per container.
-    calls = (tmp_path / "crictl.log").read_text().splitlines()
-    assert calls == [
-        "ps -a -o json",
-        "pods -o json",
-        f"inspect -o json {CID_B} {CID_C}",
-        f"inspect -o json {CID_B}",
-        f"inspect -o json {CID_C}",
-    ]
+    # Two calls for the node and ContainerStatus for the ids they did not list: never one per container.
+    assert cri_calls == ["ListPodSandbox", "ListContainers", f"ContainerStatus {CID_B}", f"ContainerStatus {CID_C}"]
 
     text = render_text(report)
     header = text.splitlines()[0].split()
@@ -290,41 +227,44 @@ def test_node_mapping_end_to_end(node, crictl, tmp_path):
     assert "[GHOST]" in text and "615 MiB" in text
 
 
-def test_id_unknown_to_the_runtime_keeps_the_other_names(node, crictl):
-    # CID_C is unknown to the runtime (crictl fails the batch): each id alone, a warning names it.
-    report = run_trace(node, crictl)
+def test_id_unknown_to_the_runtime_keeps_the_other_names(node, crisock):
+    # CID_C is unknown to the runtime (NOT_FOUND): a warning names it, the others keep their names.
+    report = run_trace(node, crisock)
     assert by_pid(report)[300][0].container == "rank"
     assert any("1 container(s) unknown" in w and CID_C[:13] in w for w in report.warnings)
 
 
-def test_hanging_crictl_is_bounded(node, crictl, monkeypatch):
-    monkeypatch.setenv("FAKE_CRICTL_MODE", "hang")
-    t0 = time.monotonic()
-    report = run_trace(node, crictl, timeout=0.5)
-    assert time.monotonic() - t0 < 3
-    assert any("timed out" in w for w in report.warnings)
+def test_runtime_that_never_answers_is_bounded(node, tmp_path):
+    with socket.socket(socket.AF_UNIX) as silent:  # accepts connections, never says a word
+        silent.bind(str(tmp_path / "silent.sock"))
+        silent.listen(8)
+        t0 = time.monotonic()
+        report = run_trace(node, tmp_path / "silent.sock", timeout=0.5)
+        assert time.monotonic() - t0 < 3
+    (warning,) = [w for w in report.warnings if "CRI" in w]
+    assert "no answer in time" in warning and warning.endswith("pods and containers shown by id")
     worker = by_pid(report)[200][0]
     assert (worker.pod, worker.pod_uid, worker.container_id) == (None, UID_A, CID_A)
 
 
-def test_failing_crictl_gives_ids_and_one_warning(node, crictl, monkeypatch):
-    monkeypatch.setenv("FAKE_CRICTL_MODE", "fail")
-    report = run_trace(node, crictl)
-    assert next(w for w in report.warnings if "crictl" in w).startswith("crictl: 'ps -a' exited 1: connect:")
+def test_absent_runtime_gives_ids_and_one_warning(node, tmp_path):
+    report = run_trace(node, tmp_path / "absent.sock")
+    (warning,) = [w for w in report.warnings if "CRI" in w]
+    assert warning == f"CRI socket {tmp_path}/absent.sock: No such file or directory: pods and containers shown by id"
+    assert report.sources.cri_socket == str(tmp_path / "absent.sock")
     assert "11111111-2222-3333-4444-555555555555" in render_text(report)
 
 
-def test_no_crictl(node, tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+def test_no_runtime_socket_at_the_usual_places(node, tmp_path):
     report = trace_node(
         procfs=Procfs(str(node)),
         nvml=FakeNvml(gpus()),
         view=ReaderView(in_root_pidns=True),
-        names=lambda ids: cri.lookup(None, ids),
+        names=RuntimeNames(None, candidates=(str(tmp_path / "containerd.sock"),)),
         resources=PodResources(source=None),
         now=time.time(),
     )
-    assert report.sources.crictl is None and "crictl not found" in report.warnings[0]
+    assert report.sources.cri_socket is None and report.warnings[0].startswith("no CRI socket (")
     assert by_pid(report)[200][0].container_id == CID_A
 
 
@@ -335,12 +275,12 @@ class BrokenNvml:
         raise RuntimeError("driver returned garbage")
 
 
-def test_broken_nvml_keeps_the_process_rows(node, crictl):
+def test_broken_nvml_keeps_the_process_rows(node, crisock):
     report = trace_node(
         procfs=Procfs(str(node)),
         nvml=BrokenNvml(),
         view=ReaderView(in_root_pidns=True),
-        names=lambda ids: cri.lookup(str(crictl), ids),
+        names=RuntimeNames(str(crisock)),
         resources=NO_RESOURCES,
         now=time.time(),
     )
@@ -349,41 +289,20 @@ def test_broken_nvml_keeps_the_process_rows(node, crictl):
     assert by_pid(report)[200][0].container_id == CID_A
 
 
-def _pod_resources_message() -> bytes:
-    def field(num, payload):
-        payload = payload.encode() if isinstance(payload, str) else payload
-        return bytes([num << 3 | 2, len(payload)]) + payload
-
-    devices = field(1, "nvidia.com/gpu") + field(2, "GPU-0000")
-    container = field(1, "worker") + field(2, devices) + bytes([3 << 3, 5])  # + cpu_ids: skipped
-    return field(1, field(1, "gpu-zombie-nofix") + field(2, "gpu-zombie-test") + field(3, container))
-
-
 @pytest.fixture
 def kubelet_socket(tmp_path):
-    grpc = pytest.importorskip("grpc", reason="grpcio (test extra) runs the stand-in kubelet")
-    from concurrent import futures
-
     sock = tmp_path / "kubelet.sock"
-    handler = grpc.method_handlers_generic_handler(
-        "v1.PodResourcesLister",
-        {"List": grpc.unary_unary_rpc_method_handler(lambda req, ctx: _pod_resources_message())},
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    yield sock
-    server.stop(0)
+    with standin_kubelet(str(sock), {("gpu-zombie-test", "gpu-zombie-nofix"): {"worker": ("GPU-0000",)}}):
+        yield sock
 
 
-def test_pod_resources_from_a_real_grpc_server(node, crictl, kubelet_socket):
+def test_pod_resources_from_a_real_grpc_server(node, crisock, kubelet_socket):
     resources = list_pod_resources(str(kubelet_socket), timeout=5)
     assert resources.warning is None
     assert [(a.namespace, a.pod, a.container, a.resource, a.device_id) for a in resources.assignments] == [
         ("gpu-zombie-test", "gpu-zombie-nofix", "worker", "nvidia.com/gpu", "GPU-0000")
     ]
-    report = run_trace(node, crictl, resources=resources)
+    report = run_trace(node, crisock, resources=resources)
     gpu0 = report.gpus[0]
     assert [(a.namespace, a.pod, a.container) for a in gpu0.allocated_to] == [
         ("gpu-zombie-test", "gpu-zombie-nofix", "worker")
@@ -391,31 +310,15 @@ def test_pod_resources_from_a_real_grpc_server(node, crictl, kubelet_socket):
     assert report.sources.pod_resources == str(kubelet_socket)
 
 
-def test_pod_resources_unimplemented_or_absent(tmp_path):
-    grpc = pytest.importorskip("grpc", reason="grpcio (test extra) runs the stand-in kubelet")
-    from concurrent import futures
-
-    assert list_pod_resources(str(tmp_path / "none.sock")) == PodResources(source=None)
-    sock = tmp_path / "k.sock"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # no service: UNIMPLEMENTED
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    try:
-        got = list_pod_resources(str(sock), timeout=5)
-    finally:
-        server.stop(0)
-    assert got.assignments == () and "error status" in got.warning
-
-
-def test_cli_json_and_exit_codes(node, crictl, tmp_path, capsys):
+def test_cli_json_and_exit_codes(node, crisock, tmp_path, capsys):
     replay = tmp_path / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(gpus())))
     argv = [
         "trace",
         "--procfs",
         str(node),
-        "--crictl",
-        str(crictl),
+        "--cri-socket",
+        str(crisock),
         "--nvml-replay",
         str(replay),
         "--pod-resources-socket",
@@ -449,8 +352,7 @@ def test_cli_healthy_node_exits_0(tmp_path, capsys):
     "argv,needle",
     [
         (["trace", "--procfs", "/nonexistent"], "not a directory"),
-        (["trace", "--crictl", "/nonexistent/crictl"], "not an executable"),
-        (["trace", "--crictl-timeout", "0"], "crictl-timeout"),
+        (["trace", "--cri-timeout", "0"], "cri-timeout"),
     ],
 )
 def test_cli_bad_input_is_one_line(argv, needle, capsys):
@@ -474,11 +376,11 @@ def test_cli_procfs_without_boot_time(tmp_path, capsys):
     assert err == f"gpuzombie: error: cannot read {tmp_path}: no btime line in /proc/stat"
 
 
-def test_readme_example_is_this_nodes_table(node, crictl):
+def test_readme_example_is_this_nodes_table(node, crisock):
     """docs/trace.md's example output is what trace prints for this test's node (tested documentation)."""
     section = doc("trace")
     example = section[section.index("```\nPID") + 4 : section.index("\n```", section.index("```\nPID") + 4)]
-    assert example == render_text(run_trace(node, crictl))
+    assert example == render_text(run_trace(node, crisock))
 
 
 def test_scan_of_the_real_proc_finds_a_zombie_and_a_device_holder(tmp_path):

@@ -1,7 +1,7 @@
 """``gpuzombie trace`` against real CUDA processes, from the host.
 
 Two "pods", PID namespaces with ``sleep`` as PID 1 in cgroup v2 paths shaped as kubelet + containerd
-(systemd driver) make them, named by a stand-in crictl (no cluster here): pod A
+(systemd driver) make them, named by a stand-in CRI runtime (no cluster here): pod A
 (gpu-zombie-test/gpu-zombie-nofix, BestEffort), whose parent starts a worker and exits without
 wait(), and pod B (gpu-zombie-guaranteed, Guaranteed) with one worker. trace must map each worker
 and the zombie parent to its pod, account for every GPU's memory without a ghost, and after
@@ -12,7 +12,6 @@ cause (291 MiB on an H200).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -94,37 +93,23 @@ def remove_cgroup(path: Path) -> None:
 
 
 @pytest.fixture
-def crictl(tmp_path: Path) -> Path:
-    """A stand-in crictl (named as such: no runtime here) that knows the two containers."""
-    containers = [
-        {
-            "id": cid,
-            "metadata": {"name": "worker"},
-            "state": "CONTAINER_RUNNING",
-            "labels": {
-                "io.kubernetes.pod.name": name,
-                "io.kubernetes.pod.namespace": NAMESPACE,
-                "io.kubernetes.pod.uid": uid,
-                "io.kubernetes.container.name": "worker",
-            },
-        }
-        for name, (uid, cid, _) in PODS.items()
-    ]
-    answers = {"ps": {"containers": containers}, "pods": {"items": []}}
-    script = tmp_path / "crictl"
-    script.write_text(
-        f"#!{PY}\nimport json, sys\nanswers = {json.dumps(answers)!r}\n"
-        "reply = json.loads(answers).get(sys.argv[1])\n"
-        "sys.exit(1) if reply is None else print(json.dumps(reply))\n"
-    )
-    script.chmod(0o755)
-    return script
+def crisock(tmp_path: Path) -> Iterator[Path]:
+    """A stand-in CRI runtime (named as such: no containerd made these pods) that knows the two containers."""
+    pytest.importorskip("cri_api", reason="the CRI stubs (container-runtime-interface-api) are not installed")
+    from cri_standin import Recorded, standin_runtime
+
+    socket_path = tmp_path / "cri.sock"
+    listed = {cid: ("worker", name, NAMESPACE, uid) for name, (uid, cid, _) in PODS.items()}
+    with standin_runtime(str(socket_path), Recorded(listed=listed)):
+        yield socket_path
 
 
-def trace(crictl: Path, evidence: Path, name: str) -> dict:
+def trace(crisock: Path, evidence: Path, name: str) -> dict:
     """trace's JSON and its table, both kept; the JSON is returned."""
-    report = gpuzombie_json("trace", "--crictl", str(crictl))
-    table = subprocess.run([PY, "-m", "gpuzombie", "trace", "--crictl", str(crictl)], capture_output=True, text=True)
+    report = gpuzombie_json("trace", "--cri-socket", str(crisock))
+    table = subprocess.run(
+        [PY, "-m", "gpuzombie", "trace", "--cri-socket", str(crisock)], capture_output=True, text=True
+    )
     save(evidence, f"{name}.json", report)
     save(evidence, f"{name}.txt", table.stdout + table.stderr)
     print(f"--- {name}\n{table.stdout}")
@@ -140,7 +125,7 @@ def row_of(report: dict, pid: int) -> dict:
 
 
 @needs_cgroup2
-def test_workers_and_zombies_map_to_their_pods(tmp_path, evidence, cgroups, crictl):
+def test_workers_and_zombies_map_to_their_pods(tmp_path, evidence, cgroups, crisock):
     worker_b_log = tmp_path / "b.log"
     pod_b = PidNamespace(
         "sh",
@@ -158,10 +143,10 @@ def test_workers_and_zombies_map_to_their_pods(tmp_path, evidence, cgroups, cric
         (worker_b,) = live_children(b)
         (parent_a,) = [c for c in a.children() if c.status() == psutil.STATUS_ZOMBIE]
         wait_until(lambda: {worker_a.pid, worker_b.pid} <= nvml_pids())
-        before = trace(crictl, evidence, "trace")
+        before = trace(crisock, evidence, "trace")
         os.kill(worker_a.pid, signal.SIGKILL)
         wait_until(lambda: worker_a.pid not in nvml_pids())
-        after = trace(crictl, evidence, "trace-after-kill")
+        after = trace(crisock, evidence, "trace-after-kill")
     for pid, pod in (
         (worker_a.pid, "gpu-zombie-nofix"),
         (worker_b.pid, "gpu-zombie-guaranteed"),
@@ -180,7 +165,7 @@ def test_workers_and_zombies_map_to_their_pods(tmp_path, evidence, cgroups, cric
 
 
 @needs_two_gpus
-def test_an_nccl_survivor_leaves_a_flagged_peer_context_on_the_dead_ranks_gpu(tmp_path, evidence, crictl):
+def test_an_nccl_survivor_leaves_a_flagged_peer_context_on_the_dead_ranks_gpu(tmp_path, evidence, crisock):
     rank = tmp_path / "rank.py"
     rank.write_text(
         "import socket, sys, time, torch, torch.distributed as dist\n"
@@ -207,10 +192,10 @@ def test_an_nccl_survivor_leaves_a_flagged_peer_context_on_the_dead_ranks_gpu(tm
         wait_until(lambda: ranks[0].pid not in nvml_pids())
         # The survivor hangs in its collective, holding its memory and its peer context on GPU 0.
         deadline = time.monotonic() + 30
-        report = trace(crictl, evidence, "trace-nccl")
+        report = trace(crisock, evidence, "trace-nccl")
         while not gpu(report, 0)["flagged"] and time.monotonic() < deadline:
             time.sleep(1)
-            report = trace(crictl, evidence, "trace-nccl")
+            report = trace(crisock, evidence, "trace-nccl")
     finally:
         for proc in ranks:
             proc.kill()

@@ -179,17 +179,22 @@ def test_notes_list_each_enabled_pod_with_its_lab_scenario():
     assert "gpu-zombie-nofix-uid1000" not in text
 
 
-def test_cri_socket_is_opt_in(default_objects):
+def test_cri_socket_is_mounted_read_only_by_default(default_objects):
     (ds,) = [o for o in default_objects.values() if o["kind"] == "DaemonSet"]
-    assert "cri-socket" not in str(ds)
+    exporter = container(ds)
+    assert {e["name"]: e["value"] for e in exporter["env"]}["GPUZOMBIE_CRI_SOCKET"] == "/run/containerd/containerd.sock"
+    mount = {"name": "cri-socket", "mountPath": "/run/containerd/containerd.sock", "readOnly": True}
+    assert mount in exporter["volumeMounts"]
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "cri-socket")
+    assert volume["hostPath"] == {"path": "/run/containerd/containerd.sock", "type": "Socket"}
     values = only(None, node=True)
     values["node"]["cri"] = {"enabled": True, "socket": "/run/crio/crio.sock"}
     (ds,) = render(values).values()
-    trace = container(ds)
-    env = {e["name"]: e["value"] for e in trace["env"]}
-    assert env["CONTAINER_RUNTIME_ENDPOINT"] == "unix:///run/crio/crio.sock"
-    assert {"name": "cri-socket", "mountPath": "/run/crio/crio.sock", "readOnly": True} in trace["volumeMounts"]
+    assert {e["name"]: e["value"] for e in container(ds)["env"]}["GPUZOMBIE_CRI_SOCKET"] == "/run/crio/crio.sock"
     validate_strictly(ds)
+    values["node"]["cri"] = {"enabled": False}
+    (ds,) = render(values).values()
+    assert "cri-socket" not in str(ds) and "GPUZOMBIE_CRI_SOCKET" not in str(ds)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,14 @@ procfs_option = click.option(
     type=click.Path(file_okay=False),
     help="procfs root to read (a node agent reads /host/proc). Env: GPUZOMBIE_PROCFS.",
 )
+cri_socket_option = click.option(
+    "--cri-socket",
+    default=None,
+    metavar="PATH",
+    envvar="GPUZOMBIE_CRI_SOCKET",
+    help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
+    "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
 
@@ -80,9 +88,9 @@ def echo_json(value: Any) -> None:
     click.echo(dumps(value))
 
 
-def check_node_inputs(procfs: str, crictl_path: str | None, *, who: str) -> None:
-    """The checks every node command makes before its first scan: a readable procfs root, root on
-    the live /proc (other processes' fds and cgroups), and an executable --crictl."""
+def check_node_inputs(procfs: str, *, who: str) -> None:
+    """The checks every node command makes before its first scan: a readable procfs root, and root
+    on the live /proc (other processes' fds and cgroups)."""
     from gpuzombie.errors import GpuzombieError
     from gpuzombie.proc.pidns import is_live_procfs
 
@@ -90,5 +98,3 @@ def check_node_inputs(procfs: str, crictl_path: str | None, *, who: str) -> None
         raise GpuzombieError(f"procfs root {procfs} is not a directory")
     if is_live_procfs(procfs) and os.geteuid() != 0:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
-    if crictl_path is not None and not (os.path.isfile(crictl_path) and os.access(crictl_path, os.X_OK)):
-        raise GpuzombieError(f"--crictl {crictl_path}: not an executable file")

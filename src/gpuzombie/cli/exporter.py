@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 
-from gpuzombie.cli.common import check_node_inputs, ghost_options, nvml_backend, procfs_option
+from gpuzombie.cli.common import check_node_inputs, cri_socket_option, ghost_options, nvml_backend, procfs_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import MIB
-from gpuzombie.k8s import cri
+from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 
 
@@ -102,13 +102,7 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
     help="Reuse the last node scan for scrapes within S seconds of it.",
 )
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
-@click.option(
-    "--crictl",
-    "crictl_path",
-    default=None,
-    metavar="PATH",
-    help="crictl to ask for pod and container names. Default: crictl on PATH, if any.",
-)
+@cri_socket_option
 @click.option(
     "--pod-resources-socket",
     default=DEFAULT_SOCKET,
@@ -122,7 +116,7 @@ def command(
     procfs: str,
     min_interval: float,
     once: bool,
-    crictl_path: str | None,
+    cri_socket: str | None,
     pod_resources_socket: str,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
@@ -141,15 +135,16 @@ def command(
     from gpuzombie.k8s.podresources import list_pod_resources
     from gpuzombie.proc.procfs import Procfs
 
-    check_node_inputs(procfs, crictl_path, who="the exporter")
+    check_node_inputs(procfs, who="the exporter")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
+    names = RuntimeNames(cri_socket)  # one for the process: names are kept across scans
 
     def scan() -> Any:
         return exporter.scan_node(
             procfs=Procfs(procfs),
             nvml=nvml,
             view=current_view(),
-            names=lambda ids: cri.lookup(crictl_path, ids),
+            names=names,
             resources=lambda: list_pod_resources(pod_resources_socket),
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,

@@ -8,6 +8,7 @@ import click
 
 from gpuzombie.cli.common import (
     check_node_inputs,
+    cri_socket_option,
     echo_json,
     ghost_options,
     json_option,
@@ -17,7 +18,7 @@ from gpuzombie.cli.common import (
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
-from gpuzombie.k8s import cri
+from gpuzombie.k8s import names as cri_names
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
@@ -28,20 +29,14 @@ from gpuzombie.units import MIB
 @click.command()
 @procfs_option
 @json_option
+@cri_socket_option
 @click.option(
-    "--crictl",
-    "crictl_path",
-    default=None,
-    metavar="PATH",
-    help="crictl to ask for pod and container names. Default: crictl on PATH, if any.",
-)
-@click.option(
-    "--crictl-timeout",
+    "--cri-timeout",
     type=click.FloatRange(min=0.1),
-    default=cri.DEFAULT_TIMEOUT,
+    default=cri_names.DEFAULT_TIMEOUT,
     show_default=True,
     metavar="S",
-    help="Give up on crictl after S seconds (ids only, a warning).",
+    help="Give up on the CRI runtime after S seconds (ids only, a warning).",
 )
 @click.option(
     "--pod-resources-socket",
@@ -54,8 +49,8 @@ from gpuzombie.units import MIB
 def command(
     procfs: str,
     as_json: bool,
-    crictl_path: str | None,
-    crictl_timeout: float,
+    cri_socket: str | None,
+    cri_timeout: float,
     pod_resources_socket: str,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
@@ -67,13 +62,13 @@ def command(
     Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory) or
     incomplete (a process that could hide one could not be read: the summary says so), 2 error.
     """
-    check_node_inputs(procfs, crictl_path, who="trace")
+    check_node_inputs(procfs, who="trace")
     try:
         report = trace_node(
             procfs=Procfs(procfs),
             nvml=nvml_backend(nvml_replay),
             view=current_view(),
-            names=lambda ids: cri.lookup(crictl_path, ids, timeout=crictl_timeout),
+            names=cri_names.RuntimeNames(cri_socket, timeout=cri_timeout),
             resources=list_pod_resources(pod_resources_socket),
             now=time.time(),
             baseline=None if baseline_mib is None else baseline_mib * MIB,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
 from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
-from gpuzombie.k8s.cri import CriNames
+from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessTable, Procfs

@@ -2,7 +2,7 @@
 and every MiB of each GPU accounted for.
 
 The seed's ``gpu-pod-trace.sh`` + ``node-observe.sh``: NVML's processes and fd holders come from the
-foundation's attribution, containers and pods from each process's cgroup lines, names from crictl
+foundation's attribution, containers and pods from each process's cgroup lines, names from the CRI runtime
 and the kubelet's PodResources API when they answer. Memory per GPU is split into the driver's
 reservation (present with no process at all: 615 MiB on an idle H200, driver 580.159), what listed
 processes hold, and the rest, which is called a ghost only above a threshold and with the evidence
@@ -29,7 +29,7 @@ from gpuzombie.gpu.attribution import (
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
-from gpuzombie.k8s.cri import CriNames
+from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 
@@ -112,7 +112,7 @@ class GpuStatus:
 @dataclass(frozen=True)
 class Sources:
     procfs: str
-    crictl: str | None
+    cri_socket: str | None
     pod_resources: str | None
 
 
@@ -386,7 +386,7 @@ def build_trace(
         schema=SCHEMA,
         taken_at=now,
         gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
-        sources=Sources(procfs=table.procfs_root, crictl=cri.source, pod_resources=resources.source),
+        sources=Sources(procfs=table.procfs_root, cri_socket=cri.source, pod_resources=resources.source),
         rows=tuple(rows),
         gpus=memory,
         baseline_note=baseline_note(gpus),
