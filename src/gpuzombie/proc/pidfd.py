@@ -114,7 +114,13 @@ class ProcessHandle:
         """Pin a process known from an earlier read; (None, why) when it is gone or its pid was reused.
 
         ``procfs_root`` must be this process's own PID namespace's procfs (pidfd_open takes our pids)."""
-        pidfd = open_pidfd(identity.pid)
+        return cls.adopt(open_pidfd(identity.pid), identity, procfs_root)
+
+    @classmethod
+    def adopt(
+        cls, pidfd: int | None, identity: ProcessIdentity, procfs_root: str
+    ) -> tuple[ProcessHandle | None, Liveness]:
+        """Own ``pidfd`` if its process is ``identity`` (checked once, now); else close it: (None, why)."""
         if pidfd is None:
             return None, Liveness.EXITED
         state = _verify(pidfd, identity, procfs_root)
@@ -182,14 +188,7 @@ class PinnedPids:
 
         Its start time is checked once, after the pidfd was opened: equal and still alive means the
         pidfd is the process the snapshot read (pinned first, read second)."""
-        pidfd = self._pidfds.pop(identity.pid, None)
-        if pidfd is None:
-            return None, Liveness.EXITED
-        state = _verify(pidfd, identity, procfs_root)
-        if state is not Liveness.ALIVE:
-            os.close(pidfd)
-            return None, state
-        return ProcessHandle(identity, pidfd), state
+        return ProcessHandle.adopt(self._pidfds.pop(identity.pid, None), identity, procfs_root)
 
     def close(self) -> None:
         for pidfd in self._pidfds.values():
