@@ -219,7 +219,7 @@ def test_host_pid_namespace_real_cgroups(tmp_path):
     for run, inside in (("cgroup", "a"), ("container", "container")):
         report = runs[run]["report"]
         assert runs[run]["rc"] == 0, runs[run]
-        assert report["in_root_pidns"] and report["scope"]
+        assert report["in_root_pidns"] and report["scope"] and report["scope_matched"] == 1
         assert {r["target"]["pid"]: r["outcome"] for r in report["results"]} == {pids[inside]: "exited_after_sigterm"}
         assert report["pid1_log"].startswith("off (not inside a pod")
         assert not runs[run]["alive"][inside]
@@ -360,6 +360,7 @@ def test_host_pid_namespace_acts_only_inside_the_scope(tmp_path, scope):
     table = _host_tree(tmp_path).snapshot(now=time.time())
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20, scope=scope)
     assert plan.in_root_pidns and not plan.orphans_included and plan.scope == scope.describe()
+    assert plan.scope_matched == 2  # the container's python and its init
     assert [t.pid for t in plan.targets] == [400]
     excluded = {e.pid: e.reason for e in plan.excluded}
     assert excluded[401] == "PID 1 of its container's PID namespace (its runtime stops it)"

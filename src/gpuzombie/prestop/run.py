@@ -38,6 +38,7 @@ class PrestopReport:
     pid1_command: str | None
     orphans_included: bool
     scope: str | None
+    scope_matched: int | None
     gpu_available: bool
     gpu_reason: str | None
     results: tuple[TargetResult, ...]
@@ -151,6 +152,7 @@ def run_prestop(
         pid1_command=plan.pid1_command,
         orphans_included=plan.orphans_included,
         scope=plan.scope,
+        scope_matched=plan.scope_matched,
         gpu_available=plan.gpu_available,
         gpu_reason=plan.gpu_reason,
         results=results,
@@ -167,7 +169,7 @@ def run_prestop(
 def _plan_line(plan: PrestopPlan) -> str:
     gpu = "NVML available" if plan.gpu_available else f"NVML not used ({plan.gpu_reason})"
     where = "the host's PID namespace" if plan.in_root_pidns else f"pid namespace {plan.own_pidns}"
-    scope = f", scope {plan.scope}" if plan.scope else ""
+    scope = f", scope {plan.scope} ({plan.scope_matched} process(es))" if plan.scope else ""
     orphans = "orphans included" if plan.orphans_included else "orphans not swept"
     unread = f"; {len(plan.unread)} unread" if plan.unread else ""
     return f"{len(plan.targets)} target(s) in {where}{scope} (PID 1: {plan.pid1_command}); {orphans}; {gpu}{unread}"

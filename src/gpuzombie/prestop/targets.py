@@ -67,6 +67,8 @@ class PrestopPlan:
     pid1_command: str | None
     orphans_included: bool
     scope: str | None
+    scope_matched: int | None
+    """How many processes the scope matched (None without one): 0 usually means a mistyped scope."""
     gpu_available: bool
     gpu_reason: str | None
     targets: tuple[Target, ...]
@@ -129,6 +131,10 @@ class _Rules:
     scope: Scope | None
     same_cgroup: bool
 
+    @property
+    def own_cgroup(self) -> tuple[str, ...]:
+        return self.me.cgroup if self.me else ()
+
     def outside(self, proc: ProcessInfo) -> str | None:
         """Why ``proc`` is certainly not ours to stop; None when it may be."""
         if proc.pid == 1:
@@ -146,7 +152,7 @@ class _Rules:
             return "in another PID namespace"
         if self.scope is not None and self.scope.contains(proc) is False:
             return f"outside the scope ({self.scope.describe()})"
-        if self.same_cgroup and proc.cgroup and self.me is not None and proc.cgroup != self.me.cgroup:
+        if self.same_cgroup and proc.cgroup and self.own_cgroup and proc.cgroup != self.own_cgroup:
             return "in another cgroup (another container of the pod)"
         return None
 
@@ -156,7 +162,7 @@ class _Rules:
             return "PID namespace unreadable"
         if self.scope is not None and self.scope.contains(proc) is None:
             return "cgroup unreadable: cannot tell whether it is in the scope"
-        if self.same_cgroup and not proc.cgroup:
+        if self.same_cgroup and not (proc.cgroup and self.own_cgroup):
             return "cgroup unreadable: cannot tell whether it is in this container"
         return None
 
@@ -196,7 +202,8 @@ def plan_targets(
     )
     # In the host's namespace PID 1 is the node's init with legitimate children: no orphan sweep.
     orphans_on = include_orphans and not in_root
-    orphans = {o.pid: o for o in find_orphans(table, find_pid1(table), exclude=rules.protected, now=table.taken_at)}
+    found = find_orphans(table, find_pid1(table), exclude=rules.protected, now=table.taken_at) if orphans_on else ()
+    orphans = {o.pid: o for o in found}
     refs = (
         attribute_processes(table, gpus, ReaderView(in_root_pidns=in_root, own_pid=own_pid)) if gpus.available else ()
     )
@@ -206,7 +213,7 @@ def plan_targets(
     excluded: list[Excluded] = []
     unread: list[Unread] = []
     for proc in table:
-        orphan = orphans.get(proc.pid) if orphans_on else None
+        orphan = orphans.get(proc.pid)
         reasons: list[str] = []
         if proc.nvidia_fds:
             reasons.append("holds " + ", ".join(proc.nvidia_fds))
@@ -251,6 +258,7 @@ def plan_targets(
         pid1_command=pid1.command if pid1 else None,
         orphans_included=orphans_on,
         scope=scope.describe() if scope else None,
+        scope_matched=sum(scope.contains(p) is True for p in table) if scope else None,
         gpu_available=gpus.available,
         gpu_reason=gpus.reason,
         targets=tuple(targets),
