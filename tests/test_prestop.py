@@ -391,14 +391,19 @@ def test_unreadable_processes_are_counted_not_signalled(tmp_path):
     make_fake_proc(tmp_path, 30, ppid=1, pgid=5, fds=("/dev/nvidia0",))
     os.remove(tmp_path / "30" / "ns" / "pid")
     os.symlink("garbage", tmp_path / "30" / "ns" / "pid")
+    make_fake_proc(tmp_path, 31, ppid=1, pgid=5, fds=("/dev/nvidia0",))
+    (tmp_path / "31" / "stat").unlink()
+    os.mkfifo(tmp_path / "31" / "stat")  # a hostile tree: never opened blocking, never a target
     table = Procfs(str(tmp_path)).snapshot(now=time.time())
     denied = dataclasses.replace(
         table.processes[9], incomplete=(Unreadable("fd", Reason.ACCESS_DENIED),), nvidia_fds=()
     )
-    table = dataclasses.replace(table, processes={**table.processes, 9: denied})
+    table = dataclasses.replace(table, processes={**table.processes, 9: denied}, unread=(40,))
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
     assert {t.pid for t in plan.targets} == {7, 8}
     assert {u.pid: u.reason for u in plan.unread} == {
         30: "PID namespace unreadable",
-        9: "access denied to some of its files (/dev/nvidia* fds could be among them)",
+        31: "not fully read (stat: not_regular): its state, parent and start time are unknown",
+        9: "not fully read (fd: access_denied): a /dev/nvidia* fd or an orphan could hide there",
+        40: "not read before the scan's deadline",
     }

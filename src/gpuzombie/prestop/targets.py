@@ -158,6 +158,8 @@ class _Rules:
 
     def unknown(self, proc: ProcessInfo) -> str | None:
         """Why it cannot be told whether ``proc`` is in scope (then it is reported, never signalled)."""
+        if proc.unread("stat"):
+            return f"not fully read ({_missing(proc)}): its state, parent and start time are unknown"
         if not self.in_root and proc.pidns is None:
             return "PID namespace unreadable"
         if self.scope is not None and self.scope.contains(proc) is None:
@@ -165,6 +167,11 @@ class _Rules:
         if self.same_cgroup and not (proc.cgroup and self.own_cgroup):
             return "cgroup unreadable: cannot tell whether it is in this container"
         return None
+
+
+def _missing(proc: ProcessInfo) -> str:
+    """The files that could not be used, and why: ``fd: access_denied, cgroup: missing``."""
+    return ", ".join(f"{u.file}: {u.reason.value}" for u in proc.incomplete)
 
 
 def _orphan_reason(orphan: Orphan) -> str:
@@ -227,8 +234,8 @@ def plan_targets(
                 excluded.append(Excluded(proc.pid, proc.comm, why_not))
             continue
         unknown = rules.unknown(proc)
-        if unknown is None and proc.access_denied and not reasons:
-            unknown = "access denied to some of its files (/dev/nvidia* fds could be among them)"
+        if unknown is None and proc.could_hide_finding and not reasons:
+            unknown = f"not fully read ({_missing(proc)}): a /dev/nvidia* fd or an orphan could hide there"
         if unknown is not None:
             unread.append(Unread(proc.pid, proc.comm, unknown))
             continue
@@ -250,6 +257,7 @@ def plan_targets(
                 gpu_memory=nvml_memory.get(proc.pid),
             )
         )
+    unread += [Unread(pid, "?", "not read before the scan's deadline") for pid in table.unread]
     pid1 = table.get(1)
     return PrestopPlan(
         own_pid=own_pid,

@@ -16,17 +16,14 @@ import math
 import os
 import select
 import signal
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.proc.procfs import parse_stat
-
-_STAT_MAX_BYTES = 4096
-"""A /proc/<pid>/stat line is ~300 bytes (comm is at most 64): more is not a stat file."""
+from gpuzombie.proc.parse import parse_stat
+from gpuzombie.proc.read import read_text
 
 
 @dataclass(frozen=True)
@@ -46,25 +43,12 @@ class Liveness(str, Enum):
 
 
 def read_start_and_state(procfs_root: str, pid: int) -> tuple[int, str] | None:
-    """(start ticks, state) of whatever process has ``pid`` now; None when there is none.
-
-    A bounded, non-blocking read of a regular file: a procfs tree that is not the kernel's (a test's,
-    or one a container mounted) cannot hang or flood the reader."""
+    """(start ticks, state) of whatever process has ``pid`` now; None when there is none (or its
+    stat cannot be used: the hardened reader never blocks on, nor floods from, a hostile tree)."""
     try:
-        fd = os.open(os.path.join(procfs_root, str(pid), "stat"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fields = parse_stat(read_text(os.path.join(procfs_root, str(pid), "stat"), "stat"))
+    except (OSError, ValueError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, _STAT_MAX_BYTES + 1)
-        if len(raw) > _STAT_MAX_BYTES:
-            return None
-        fields = parse_stat(raw.decode(errors="replace"))
-    except (OSError, ValueError, IndexError):
-        return None
-    finally:
-        os.close(fd)
     return fields.start_ticks, fields.state
 
 
