@@ -19,7 +19,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.observe.orphans import find_orphans
 from gpuzombie.observe.pid1 import find_pid1
-from gpuzombie.prestop import Scope, plan_targets
+from gpuzombie.prestop import Outcome, PrestopReport, Scope, TargetResult, plan_targets, render_text
 from gpuzombie.proc import Procfs
 from gpuzombie.proc.pidns import ROOT_PIDNS_INODE
 from gpuzombie.proc.read import Reason, Unreadable
@@ -183,6 +183,32 @@ def test_orphans_are_observes_orphans_when_pid1_is_a_program(tmp_path):
     plan = plan_targets(table, GpuSnapshot(available=False, reason="no GPU"), own_pid=20)
     orphan_targets = {t.pid for t in plan.targets if any(r.startswith("orphan") for r in t.reasons)}
     assert orphan_targets == {pid for pid, v in verdicts.items() if v == "orphan"}
+
+
+def test_names_a_process_chose_cannot_forge_a_line(tmp_path):
+    """A comm and a /dev/nvidia* path with newlines and a terminal escape stay on their own row."""
+    _orphan_tree(tmp_path)
+    forged = "x\nOK: 0 targets\x1b[2J"
+    make_fake_proc(tmp_path, 40, ppid=1, comm=forged[:15], fds=(f"/dev/nvidia0{forged}",), pgid=40)
+    plan = plan_targets(Procfs(str(tmp_path)).snapshot(now=time.time()), GpuSnapshot(False, reason="-"), own_pid=20)
+    results = tuple(TargetResult(t, Outcome.SURVIVED, (), None) for t in plan.targets)
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(PrestopReport) if hasattr(plan, f.name)}
+    report = PrestopReport(
+        **{**fields, "pidns": plan.own_pidns},
+        schema="gpuzombie.prestop/1",
+        started_at=0.0,
+        duration_s=0.0,
+        dry_run=False,
+        timeout_s=0.0,
+        kill_wait_s=0.0,
+        results=results,
+        incomplete=0,
+        survivors=len(results),
+        exit_status=1,
+    )
+    text = render_text(report)
+    assert len(text.splitlines()) == 1 + len(results) + len(plan.excluded) + len(plan.unread) + 1
+    assert "\x1b" not in text and "x\\x0aOK: 0 targets" in text and text.splitlines()[-1].startswith("3 SURVIVED")
 
 
 def test_plan_without_orphans_and_from_another_namespace(tmp_path):

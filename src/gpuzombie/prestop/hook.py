@@ -18,6 +18,7 @@ import traceback
 from typing import NoReturn, TextIO
 
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.prestop.pid1log import Pid1Log
 from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
@@ -26,6 +27,8 @@ from gpuzombie.prestop.terminate import PrestopEvent
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
+LOG_LINE_LIMIT = 1000
+"""A log line names a process, its reasons and (the plan line) PID 1's command line: bounded, escaped."""
 MAX_OPEN_FILES = 1 << 20
 """The kernel's default fs.nr_open: a scan holds one pidfd per process, a node has thousands."""
 
@@ -95,7 +98,7 @@ def run_hook(
     live = err if as_json else out
 
     def on_event(event: PrestopEvent) -> None:
-        line = f"gpuzombie prestop: [{event.at_s:7.3f}s] {event.message}"
+        line = f"gpuzombie prestop: [{event.at_s:7.3f}s] {escape(event.message, LOG_LINE_LIMIT)}"
         if as_json or event.kind != "done":
             print(line, file=live, flush=True)
         if sink is not None:

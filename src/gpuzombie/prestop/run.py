@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend
 from gpuzombie.prestop.scope import Scope
@@ -22,6 +23,8 @@ SCHEMA = "gpuzombie.prestop/1"
 DEFAULT_TIMEOUT = 20.0
 """The seed's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
 DEFAULT_KILL_WAIT = 2.0
+REASONS_LIMIT = 400
+"""A holder's reasons list its /dev/nvidia* paths (a handful), NVML's memory and orphan evidence."""
 
 
 @dataclass(frozen=True)
@@ -191,17 +194,19 @@ def summary_line(report: PrestopReport) -> str:
 
 
 def render_text(report: PrestopReport) -> str:
-    """The table a person reads after the run (the live log has the events)."""
+    """The table a person reads after the run (the live log has the events); what processes
+    control (comm, fd paths) is escaped, so no name can forge a line."""
     lines = [f"{'PID':>7}  {'COMM':<16} {'OUTCOME':<28} {'SIGNALS':<26} {'GONE_AFTER':>10}  REASONS"]
     for r in report.results:
         gone = f"{r.exited_after_s:.3f}s" if r.exited_after_s is not None else "-"
         lines.append(
-            f"{r.target.pid:>7}  {r.target.comm[:16]:<16} {r.outcome.value:<28} "
-            f"{','.join(r.signals) or '-':<26} {gone:>10}  {'; '.join(r.target.reasons)}"
+            f"{r.target.pid:>7}  {escape(r.target.comm, 16):<16} {r.outcome.value:<28} "
+            f"{','.join(r.signals) or '-':<26} {gone:>10}  {escape('; '.join(r.target.reasons), REASONS_LIMIT)}"
         )
-    for ex in report.excluded:
-        lines.append(f"{ex.pid:>7}  {ex.comm[:16]:<16} {'untouched':<28} {'-':<26} {'-':>10}  {ex.reason}")
-    for u in report.unread:
-        lines.append(f"{u.pid:>7}  {u.comm[:16]:<16} {'unread (untouched)':<28} {'-':<26} {'-':>10}  {u.reason}")
+    for pid, comm, outcome, reason in [
+        *((ex.pid, ex.comm, "untouched", ex.reason) for ex in report.excluded),
+        *((u.pid, u.comm, "unread (untouched)", u.reason) for u in report.unread),
+    ]:
+        lines.append(f"{pid:>7}  {escape(comm, 16):<16} {outcome:<28} {'-':<26} {'-':>10}  {escape(reason)}")
     lines.append(summary_line(report))
     return "\n".join(lines)
