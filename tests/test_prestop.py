@@ -130,6 +130,9 @@ def test_recycled_pid_is_never_signalled(tmp_path):
     for t in recycled:
         assert t["outcome"] == "gone_before_signal", t
         assert t["replacement_exit"] == -signal.SIGKILL, t  # only our SIGKILL: it never got SIGTERM
+        # What pinning by (pid, start time) after the plan would have done: taken the new process
+        # exactly when it started in the victim's clock tick.
+        assert t["late_pin_takes_replacement"] == t["same_tick"], t
     print(f"pid recycled in {len(recycled)} of 20 trials, {sum(t['same_tick'] for t in recycled)} in the same tick")
 
 

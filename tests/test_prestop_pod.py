@@ -164,6 +164,7 @@ def reuse_trial() -> dict:
     then execute the plan: the new process must receive nothing."""
     from gpuzombie.prestop import execute_plan, plan_prestop
     from gpuzombie.proc import Procfs
+    from gpuzombie.proc.pidfd import ProcessHandle
 
     victim = subprocess.Popen(["sh", "-c", "exec sleep 120 3</dev/nvidia0"])
     wait_for_fd(victim.pid, 3)
@@ -180,6 +181,11 @@ def reuse_trial() -> dict:
     }
     if replacement is not None:
         trial["same_tick"] = target is not None and start_ticks(replacement.pid) == target.start_ticks
+        if target is not None:  # the control: pinning only now, by (pid, start time), would take the new process
+            late, _ = ProcessHandle.open(target.identity)
+            trial["late_pin_takes_replacement"] = late is not None
+            if late is not None:
+                late.close()
         replacement.kill()  # a SIGTERM sent before this one would have decided its exit status
         trial["replacement_exit"] = replacement.wait()
     return trial
