@@ -4,6 +4,7 @@ inside a PID namespace in test_prestop.py)."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 
@@ -92,3 +93,26 @@ def test_root_pid_namespace_check():
     assert reader_pidns("/nonexistent") is None
     # This test process runs in the host's namespace here; inside a pod it would not.
     assert is_root_pidns(reader_pidns("/proc")) == (os.readlink("/proc/self/ns/pid") == f"pid:[{ROOT_PIDNS_INODE}]")
+
+
+def test_a_pid_that_cannot_be_pinned_is_named_with_why():
+    """Out of file descriptors: the pids left over are listed in ``unpinned``, never silently dropped."""
+    children = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 8, hard))
+    try:
+        while True:  # every free descriptor taken...
+            try:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        for _ in range(2):  # ...but two: two pidfds fit, two do not
+            os.close(fillers.pop())
+        with PinnedPids([c.pid for c in children]) as pins:
+            assert set(pins.unpinned) == {c.pid for c in children[2:]}  # pinned in the order given
+            assert set(pins.unpinned.values()) == {"no pidfd: Too many open files"}
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
