@@ -14,7 +14,7 @@ from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
-from gpuzombie.proc.procfs import ProcessTable, Procfs
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 from gpuzombie.trace.report import NamesLookup, TraceReport, TraceRow, build_trace
 
 
@@ -79,7 +79,13 @@ def scan_node(
     started = clock()
     now = time.time() if now is None else now
     gpus = read_gpus(nvml)
-    table = procfs.snapshot(now=now)
+    nvml_pids = {p.pid for d in gpus.devices for p in d.processes}
+
+    def named(proc: ProcessInfo, node_pidns: int | None) -> bool:
+        """Names (cmdline, cgroup) matter for a container's process or one a trace row shows."""
+        return proc.pidns != node_pidns or bool(proc.nvidia_fds) or proc.is_zombie or proc.pid in nvml_pids
+
+    table = procfs.snapshot(now=now, detail=named)
     namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []
