@@ -17,7 +17,7 @@ from gpuzombie.exporter import scan_node
 from gpuzombie.exporter.metrics import node_metrics
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
-from gpuzombie.k8s.cri import CriNames
+from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs

@@ -103,8 +103,12 @@ class ProcessInfo:
 
     @property
     def could_hide_finding(self) -> bool:
-        """A file whose loss can hide a holder, a zombie or an orphan could not be used."""
-        return any(u.file in DECISIVE_FILES for u in self.incomplete)
+        """A file whose loss can hide a holder, a zombie or an orphan could not be used. ns/pid alone
+        is no such loss when NSpid has one level: the process is in the tree's own namespace (a
+        hardened init denies its link even to root)."""
+        return any(
+            u.file in DECISIVE_FILES and not (u.file == "ns/pid" and len(self.nspid) == 1) for u in self.incomplete
+        )
 
     def unread(self, file: str) -> bool:
         """``file`` (stat, fd, cgroup, ...) could not be used: its fields are empty, not known empty."""
@@ -407,10 +411,7 @@ class Procfs:
             except (OSError, ValueError) as exc:
                 reading.failed("status", exc)
         if ns_failure is not None:
-            if len(status.nspid) == 1 and tree_pidns is not None:
-                pidns = tree_pidns  # one NSpid level: the tree's own namespace, whatever the link says
-            else:
-                reading.failed("ns/pid", ns_failure)
+            reading.failed("ns/pid", ns_failure)
         try:
             fds = self._nvidia_fds(f"{base}/fd")
         except OSError as exc:
