@@ -47,6 +47,17 @@ def trace(root):
     )
 
 
+def scan(root):
+    return scan_node(
+        procfs=Procfs(str(root)),
+        nvml=FakeNvml(NO_GPU),
+        view=HOST,
+        names=no_names,
+        resources=lambda: PodResources(source=None),
+        now=NOW,
+    )
+
+
 @pytest.fixture
 def tree(tmp_path):
     make_fake_root(tmp_path)
@@ -99,6 +110,8 @@ def test_an_unreadable_cgroup_is_not_shown_as_host(tree):
     text = render_trace(trace(tree))
     (row60,) = [line for line in text.splitlines() if line.startswith("60 ")]
     assert "(host)" not in row60 and "? (cgroup unreadable)" in row60
+    (zombies,) = [m for m in node_metrics(scan(tree)) if m.name == "gpuzombie_zombies"]
+    assert {s.labels["container"]: s.value for s in zombies.samples}["? (cgroup unreadable)"] == 1.0
 
 
 def test_a_newline_in_a_cmdline_cannot_forge_a_summary_line(tree):
@@ -141,15 +154,7 @@ def test_the_exporter_counts_unreadable_processes_by_reason(tree):
     make_fake_proc(tree, 90, ppid=1)
     strip(tree, 90, "fd")
     os.mkfifo(tree / "90" / "fd")
-    scan = scan_node(
-        procfs=Procfs(str(tree)),
-        nvml=FakeNvml(NO_GPU),
-        view=HOST,
-        names=no_names,
-        resources=lambda: PodResources(source=None),
-        now=NOW,
-    )
-    (family,) = [m for m in node_metrics(scan) if m.name == "gpuzombie_unreadable_processes"]
+    (family,) = [m for m in node_metrics(scan(tree)) if m.name == "gpuzombie_unreadable_processes"]
     assert {s.labels["reason"]: s.value for s in family.samples} == {"incomplete": 1.0, "access_denied": 0.0}
 
 

@@ -312,6 +312,13 @@ class Procfs:
         except OSError:
             return None
 
+    def boot_id(self) -> str | None:
+        """This boot's random id (sys/kernel/random/boot_id); None when unreadable."""
+        try:
+            return read_text(self.path("sys", "kernel", "random", "boot_id"), "boot_id").strip() or None
+        except OSError:
+            return None
+
     def rss_bytes(self, pid: int) -> int | None:
         """Resident memory from /proc/<pid>/statm; None when gone or unreadable."""
         try:
