@@ -424,7 +424,9 @@ def test_real_tini_with_a_sigterm_ignoring_child():
 
         def judged():
             found = [n for n in survey_live_proc() if n.inode == inode]
-            return found if found and found[0].main and found[0].main.comm == "sleep" else None
+            # tini settles in sigtimedwait after starting its child: judge it there, not mid-start.
+            settled = found and found[0].main and found[0].main.comm == "sleep" and found[0].pid1_sigterm.sigwaiting
+            return found if settled else None
 
         (mine,) = wait_until(judged, timeout=10)
         assert mine.pid1.program == "tini" and mine.pid1_sigterm.received_as_init

@@ -433,3 +433,14 @@ def test_cli_refuses_a_live_proc_without_root():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 2, err
     assert err.strip() == "gpuzombie: error: trace reads every process's fds and cgroup: run it as root"
+
+
+def test_library_users_get_the_trace_json_without_the_cli(node, crisock):
+    """One serializer: the library's ``dumps`` gives the documented schema, MiB rendered from bytes."""
+    from gpuzombie.jsonout import dumps
+
+    doc = json.loads(dumps(run_trace(node, crisock)))
+    assert doc["schema"] == "gpuzombie.trace/1"
+    worker = next(r for r in doc["rows"] if r["pid"] == 200)
+    assert worker["gpu_memory_mib"] == 2658.0 and "gpu_memory" not in worker
+    assert (doc["gpus"][0]["baseline_mib"], doc["gpus"][0]["unexplained_mib"]) == (615.0, 291.0)

@@ -14,14 +14,15 @@ from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
-from gpuzombie.proc.procfs import ProcessTable, Procfs
-from gpuzombie.trace.report import NamesLookup, TraceReport, TraceRow, build_trace
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
+from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)
 class PodLabels:
-    """The namespace/pod/container labels of a finding; empty strings where unknown (host
-    processes), ids where the runtime gave no names."""
+    """The namespace/pod/container labels of a finding; empty strings for host processes, ids where
+    the runtime gave no names, and container ``UNREAD_CGROUP`` where the cgroup could not be read
+    (a pod's process, for all we know: never labelled as the host's)."""
 
     namespace: str = ""
     pod: str = ""
@@ -29,6 +30,8 @@ class PodLabels:
 
     @classmethod
     def of_row(cls, row: TraceRow) -> PodLabels:
+        if row.container_id is None and "cgroup" in row.unread:
+            return cls(container=UNREAD_CGROUP)
         container = row.container or (row.container_id[:13] if row.container_id else "")
         return cls(row.namespace or "", row.pod or row.pod_uid or "", container)
 
@@ -36,7 +39,7 @@ class PodLabels:
     def of_namespace(cls, ns: NamespaceScan, names: CriNames) -> PodLabels:
         ref = ns.container
         if ref is None:
-            return cls()
+            return cls(container=UNREAD_CGROUP) if ns.cgroup_unread else cls()
         cnames, pnames = names.container(ref.container_id), names.pod(ref.pod_uid)
         if cnames is not None and cnames.container == "POD":
             container = ""  # the pod's sandbox (pause): a shared process namespace, no one container
@@ -79,7 +82,13 @@ def scan_node(
     started = clock()
     now = time.time() if now is None else now
     gpus = read_gpus(nvml)
-    table = procfs.snapshot(now=now)
+    nvml_pids = {p.pid for d in gpus.devices for p in d.processes}
+
+    def named(proc: ProcessInfo, node_pidns: int | None) -> bool:
+        """Names (cmdline, cgroup) matter for a container's process or one a trace row shows."""
+        return proc.pidns != node_pidns or bool(proc.nvidia_fds) or proc.is_zombie or proc.pid in nvml_pids
+
+    table = procfs.snapshot(now=now, detail=named)
     namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuzombie.proc.procfs import parse_stat
+from gpuzombie.proc.procfs import Procfs
 
 PREFIX = "gpuzombie/graceful"
 
@@ -27,15 +27,11 @@ PREFIX = "gpuzombie/graceful"
 def _pid_identity(pid: int) -> str:
     """host|boot|pid-namespace|pid|start ticks: equal strings only for the very same process; ""
     when any part is unreadable (a restricted /proc)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        pidns = os.readlink(f"/proc/{pid}/ns/pid")
-        with open(f"/proc/{pid}/stat") as f:
-            start = parse_stat(f.read()).start_ticks
-    except (OSError, ValueError, IndexError):
+    procfs = Procfs()
+    boot, pidns, stat = procfs.boot_id(), procfs.pidns(pid), procfs.stat(pid)
+    if boot is None or pidns is None or stat is None:
         return ""
-    return f"{socket.gethostname()}|{boot}|{pidns}|{pid}|{start}"
+    return f"{socket.gethostname()}|{boot}|{pidns}|{pid}|{stat.start_ticks}"
 
 
 class PeerMonitor:

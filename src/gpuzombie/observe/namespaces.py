@@ -46,6 +46,8 @@ class NamespaceScan:
     orphans: tuple[Orphan, ...]
     unverified: int = 0
     """Its processes that could not be read where that could hide a zombie or an orphan."""
+    cgroup_unread: bool = False
+    """PID 1's cgroup could not be read: ``container`` is unknown, not absent."""
 
     @property
     def grace_risk(self) -> str | None:
@@ -106,6 +108,7 @@ def scan_namespace(procfs: Procfs, view: NamespaceView, *, now: float) -> Namesp
         zombies=find_zombies(table, pid1, now=now),
         orphans=find_orphans(table, pid1, now=now),
         unverified=len(table.unverified((1,))) + len(table.unread),
+        cgroup_unread=init.unread("cgroup"),
     )
 
 

@@ -9,8 +9,9 @@ marked incomplete with the file and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpuzombie.proc.parse import (
@@ -55,6 +56,8 @@ NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
 DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
 """Files whose loss can hide a finding: the state and parent (stat), a /dev/nvidia* fd (fd), the
 namespace and the pid inside it (ns/pid, status). cmdline and cgroup only name what was found."""
+Detail = Callable[["ProcessInfo", int | None], bool]
+"""Given a process read so far (stat, namespace, fds) and the tree's namespace: read its names too?"""
 DEFAULT_SCAN_DEADLINE_S = 8.0
 """A scan that has not read every process by then stops and reports the rest as unread (inside
 Prometheus's default 10 s scrape timeout)."""
@@ -100,8 +103,12 @@ class ProcessInfo:
 
     @property
     def could_hide_finding(self) -> bool:
-        """A file whose loss can hide a holder, a zombie or an orphan could not be used."""
-        return any(u.file in DECISIVE_FILES for u in self.incomplete)
+        """A file whose loss can hide a holder, a zombie or an orphan could not be used. ns/pid alone
+        is no such loss when NSpid has one level: the process is in the tree's own namespace (a
+        hardened init denies its link even to root)."""
+        return any(
+            u.file in DECISIVE_FILES and not (u.file == "ns/pid" and len(self.nspid) == 1) for u in self.incomplete
+        )
 
     def unread(self, file: str) -> bool:
         """``file`` (stat, fd, cgroup, ...) could not be used: its fields are empty, not known empty."""
@@ -305,6 +312,13 @@ class Procfs:
         except OSError:
             return None
 
+    def boot_id(self) -> str | None:
+        """This boot's random id (sys/kernel/random/boot_id); None when unreadable."""
+        try:
+            return read_text(self.path("sys", "kernel", "random", "boot_id"), "boot_id").strip() or None
+        except OSError:
+            return None
+
     def rss_bytes(self, pid: int) -> int | None:
         """Resident memory from /proc/<pid>/statm; None when gone or unreadable."""
         try:
@@ -358,14 +372,21 @@ class Procfs:
         return None
 
     def read_process(
-        self, pid: int, boot_time: float, *, with_cgroup: bool = True, tree_pidns: int | None = None
+        self,
+        pid: int,
+        boot_time: float,
+        *,
+        with_cgroup: bool = True,
+        tree_pidns: int | None = None,
+        detail: Detail | None = None,
     ) -> ProcessInfo | None:
         """Read one process; None when it is gone: its stat is gone, or says it is dead (state X).
 
         Any other file that fails (denied, missing, hostile, malformed) leaves its fields empty and
         is named in ``incomplete``. A process in ``tree_pidns`` (the tree's own namespace) has the
         NSpid chain ``(pid,)``: its status file, the costliest file the kernel generates here, is
-        not read.
+        not read. cmdline and cgroup, which only name a process, are read when ``detail`` (given
+        the process read so far and ``tree_pidns``) says so; default always.
         """
         base = f"{self.root}/{pid}"
         reading = _Reading(base)
@@ -383,47 +404,43 @@ class Procfs:
             return None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
             return self._process(pid, stat, owner, boot_time, nspid=(pid,), pidns=tree_pidns)
-        cmdline: tuple[str, ...] = ()
         status = StatusFields(uid=None, nspid=())
-        cgroup: tuple[str, ...] = ()
         pidns: int | None = None
         fds: tuple[str, ...] = ()
-        try:
-            cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
-        except OSError as exc:
-            reading.failed("cmdline", exc)
+        ns_failure: OSError | None = None
         try:
             pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
         except OSError as exc:
-            reading.failed("ns/pid", exc)
+            ns_failure = exc
         if pidns is None or pidns != tree_pidns:
             try:
                 status = parse_status(read_text(f"{base}/status", "status"))
             except (OSError, ValueError) as exc:
                 reading.failed("status", exc)
-        if with_cgroup:
-            try:
-                cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
-            except OSError as exc:
-                reading.failed("cgroup", exc)
+        if ns_failure is not None:
+            reading.failed("ns/pid", ns_failure)
         try:
             fds = self._nvidia_fds(f"{base}/fd")
         except OSError as exc:
             reading.failed("fd", exc)
+        proc = self._process(
+            pid, stat, owner, boot_time, nspid=status.nspid or (pid,), pidns=pidns, fds=fds, incomplete=()
+        )
+        cmdline: tuple[str, ...] = ()
+        cgroup: tuple[str, ...] = ()
+        if detail is None or detail(proc, tree_pidns):
+            try:
+                cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
+            except OSError as exc:
+                reading.failed("cmdline", exc)
+            if with_cgroup:
+                try:
+                    cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
+                except OSError as exc:
+                    reading.failed("cgroup", exc)
         if reading.gone:
             return None  # exited mid-read: drop it rather than report half a process
-        return self._process(
-            pid,
-            stat,
-            owner,
-            boot_time,
-            cmdline=cmdline,
-            nspid=status.nspid or (pid,),
-            pidns=pidns,
-            cgroup=cgroup,
-            fds=fds,
-            incomplete=tuple(reading.missing),
-        )
+        return dataclasses.replace(proc, cmdline=cmdline, cgroup=cgroup, incomplete=tuple(reading.missing))
 
     def _unknown(
         self, pid: int, boot_time: float, why: tuple[Unreadable, ...], *, uid: int | None = None
@@ -488,11 +505,13 @@ class Procfs:
         now: float,
         with_cgroup: bool = True,
         deadline: Deadline | None = None,
+        detail: Detail | None = None,
     ) -> ProcessTable:
         """Read every process (or the given pids) into a ProcessTable.
 
         ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers
-        (observe): one read in five, on a node with thousands of processes. Pids left when the
+        (observe): one read in five, on a node with thousands of processes; ``detail`` limits cmdline
+        and cgroup to the processes it names (``read_process``). Pids left when the
         deadline passes are listed in ``unread``. Raises OSError or ValueError only for the tree
         itself (its root not listable, its stat without a boot time).
         """
@@ -506,7 +525,7 @@ class Procfs:
             if deadline.expired:
                 unread = tuple(wanted[i:])
                 break
-            proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns)
+            proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)
             if proc is not None:
                 processes[pid] = proc
         return build_table(

@@ -26,6 +26,7 @@ CAPS: dict[str, int] = {
     "cgroup": 64 * KIB,  # one line per hierarchy (13 on cgroup v1)
     "wchan": 256,
     "statm": 256,
+    "boot_id": 64,  # a UUID and a newline
     "children": 64 * KIB,
     "proc_stat": 4 * 1024 * KIB,  # /proc/stat: a line per CPU and one per interrupt source
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuzombie.escape import escape
-from gpuzombie.trace.report import TraceReport, TraceRow
+from gpuzombie.trace.report import UNREAD_CGROUP, TraceReport, TraceRow
 from gpuzombie.units import MIB
 
 COLUMNS = ("PID", "NSPID", "STATE", "GPU", "GPU_MEM", "NSMI", "QOS", "POD", "NAMESPACE", "CONTAINER")
@@ -25,7 +25,7 @@ def _cells(row: TraceRow) -> tuple[str, ...]:
     pod = row.pod or row.pod_uid or "-"
     container = row.container or (row.container_id[:13] if row.container_id else None)
     if container is None and "cgroup" in row.unread:
-        container = "? (cgroup unreadable)"  # a pod's process, for all we know: never "(host)"
+        container = UNREAD_CGROUP
     elif container is None:
         container = "(host)" if row.pod_uid is None and row.state != "-" else "-"
     return (

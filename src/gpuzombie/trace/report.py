@@ -34,6 +34,8 @@ from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 
 SCHEMA = "gpuzombie.trace/1"
+UNREAD_CGROUP = "? (cgroup unreadable)"
+"""What a process whose cgroup could not be read shows as its container: never "(host)"."""
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)$")
 
 
