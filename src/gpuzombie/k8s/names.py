@@ -119,6 +119,8 @@ class RuntimeNames:
         self._pods: dict[str, PodNames] = {}
         self._unknown: set[str] = set()
         self._client: RuntimeClient | None = None
+        self._answered: str | None = None
+        """The socket whose runtime gave the kept names."""
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -149,7 +151,7 @@ class RuntimeNames:
 
     def _scan(self, wanted: set[str]) -> CriNames:
         if self._containers and not wanted - self._containers.keys() - self._unknown:
-            return self._names(self.explicit or (self._client.socket_path if self._client else None), wanted, [])
+            return self._names(self._answered, wanted, [])
         path, problem = find_socket(self.explicit, self.candidates)
         if problem is not None or path is None:
             return self._names(path, wanted, [f"{problem}: {SHOWN_BY_ID}"])
@@ -189,6 +191,7 @@ class RuntimeNames:
         for c in containers:
             fresh[c.id] = _container_names(c.id, c.labels, c.metadata.name, ContainerState.Name(c.state))
         self._containers, self._pods = fresh, pods  # the node as it is now: bounded by its size
+        self._answered = client.socket_path
         missing = sorted(wanted - fresh.keys() - self._unknown)
         unknown = []
         for cid in missing[:MAX_STATUS_CALLS]:
