@@ -254,3 +254,10 @@ def test_exporter_keeps_serving_when_the_runtime_dies(node, tmp_path):
         assert f'pod="",pod_uid="{UID}"' in zombies and zombies.endswith(" 1.0")  # no name: never a UID in pod
     warnings = [line for line in log.read_text().splitlines() if "warning" in line]
     assert warnings and all(SHOWN_BY_ID in line for line in warnings), log.read_text()
+
+
+def test_states_newer_than_the_stubs_are_numbers():
+    from gpuzombie.k8s.cri import container_state, sandbox_state
+
+    assert (container_state(1), sandbox_state(0)) == ("CONTAINER_RUNNING", "SANDBOX_READY")
+    assert (container_state(42), sandbox_state(7)) == ("42", "7")
