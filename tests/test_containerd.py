@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -156,3 +158,39 @@ def test_pods_of_the_raw_client_leave_no_cgroup():
         ctd.client.stop_pod_sandbox(sandbox)
         ctd.client.remove_pod_sandbox(sandbox)
     assert not any(os.path.isdir(root + spec.cgroup_parent) for root in ctd_lib._cgroup_roots())
+
+
+FAILING_TEST = """
+import json, os
+from gpuzombie.k8s.containerd import BUSYBOX_IMAGE
+from gpuzombie.k8s.cri import ContainerSpec, PodSpec
+
+def test_fails_with_a_running_pod(containerd, kube_pods):
+    pod = kube_pods(PodSpec(name="fails"))
+    cid = pod.start(ContainerSpec(name="c", image=BUSYBOX_IMAGE, command=("sleep", "300")))
+    seen = {"workdir": str(containerd.workdir), "socket": containerd.socket, "cgroup": pod.spec.cgroup_parent,
+            "pid": containerd.client.container_pid(cid)}
+    with open(os.environ["SEEN"], "w") as f:
+        json.dump(seen, f)
+    assert False, "a failing test"
+"""
+
+
+@needs_containerd
+def test_a_failing_test_leaves_nothing(tmp_path):
+    """The fixtures as a test uses them: the test fails with a pod running; nothing is left after."""
+    (tmp_path / "test_fails.py").write_text(FAILING_TEST)
+    seen = tmp_path / "seen.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "containerd_fixture", "-p", "no:cacheprovider", "test_fails.py"],
+        cwd=tmp_path,
+        env={**os.environ, "SEEN": str(seen), "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1 and "a failing test" in done.stdout, done.stdout + done.stderr
+    info = json.loads(seen.read_text())
+    assert _leftovers(Path(info["workdir"]), info["socket"], info["cgroup"]) == []
+    wait_until(lambda: _gone_or_zombie(info["pid"]))

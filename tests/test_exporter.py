@@ -216,6 +216,7 @@ def fake_scan(node):
         view=ReaderView(in_root_pidns=True),
         names=names,
         resources=lambda: PodResources(source=None),
+        node_name="gpu-node-1",
     )
 
 
@@ -235,8 +236,8 @@ def labels(**kw: str) -> tuple:
     return tuple(sorted(kw.items()))
 
 
-def pod(namespace="", name="", container="", **extra):
-    return labels(namespace=namespace, pod=name, container=container, **extra)
+def pod(namespace="", name="", container="", uid="", **extra):
+    return labels(namespace=namespace, pod=name, pod_uid=uid, container=container, **extra)
 
 
 @pytest.fixture
@@ -253,13 +254,13 @@ def served(node):
 def test_fake_node_metrics_over_http(served):
     url, _ = served
     m = scrape(url)
-    nofix = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-nofix", "container": "worker"}
-    tini = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-tini", "container": "worker"}
-    fullfix = {"name": UID_C, "container": CID_C[:13]}  # unknown to the runtime: ids
+    nofix = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-nofix", "uid": UID_A, "container": "worker"}
+    tini = {"namespace": "gpu-zombie-test", "name": "gpu-zombie-tini", "uid": UID_B, "container": "worker"}
+    fullfix = {"uid": UID_C, "container": CID_C[:13]}  # unknown to the runtime: no name, never a UID in pod
     assert m["gpuzombie_scan_success"] == {(): 1.0}
     assert m["gpuzombie_zombies"] == {pod(**nofix): 1.0}
     assert m["gpuzombie_zombies_by_parent"] == {pod(**nofix, parent="sleep", parent_is_pid1="true"): 1.0}
-    shared = {"namespace": "training", "name": "shared-pidns"}  # the pod, no one container
+    shared = {"namespace": "training", "name": "shared-pidns", "uid": UID_D}  # the pod, no one container
     assert m["gpuzombie_orphans"] == {pod(**nofix, verdict="orphan"): 1.0, pod(**shared, verdict="orphan"): 1.0}
     assert m["gpuzombie_pid1_info"] == {
         pod(**shared, program="pause", kind="pause", reaping="true"): 1.0,
@@ -268,24 +269,26 @@ def test_fake_node_metrics_over_http(served):
         pod(**fullfix, program="tini", kind="init", reaping="true"): 1.0,
     }
     assert m["gpuzombie_gpu_process_memory_bytes"] == {
-        pod(**nofix, gpu="0", uuid="GPU-0000", verdict="live"): 2658 * MIB,
-        pod(**tini, gpu="1", uuid="GPU-1111", verdict="live"): 2000 * MIB,
-        pod(**fullfix, gpu="1", uuid="GPU-1111", verdict="live"): 1000 * MIB,
+        pod(**nofix, gpu="0", UUID="GPU-0000", Hostname="gpu-node-1", verdict="live"): 2658 * MIB,
+        pod(**tini, gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", verdict="live"): 2000 * MIB,
+        pod(**fullfix, gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", verdict="live"): 1000 * MIB,
     }
-    assert m["gpuzombie_gpu_processes"][pod(**tini, gpu="1", uuid="GPU-1111", verdict="live")] == 1
+    assert (
+        m["gpuzombie_gpu_processes"][pod(**tini, gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", verdict="live")] == 1
+    )
     assert m["gpuzombie_fd_only_holders"] == {pod(gpu="0"): 1.0}  # the host's bash
     # The grace risk: scenario 1 (sleep drops SIGTERM) and 2 (tini's child ignores it), not 4.
     assert m["gpuzombie_grace_risk_gpu_memory_bytes"] == {
         pod(**nofix, reason="pid1_drops_sigterm"): 2658 * MIB,
         pod(**tini, reason="main_ignores_sigterm"): 2000 * MIB,
     }
-    gpu0 = {"gpu": "0", "uuid": "GPU-0000"}
+    gpu0 = {"gpu": "0", "UUID": "GPU-0000", "Hostname": "gpu-node-1"}  # dcgm-exporter's label names
     assert m["gpuzombie_gpu_unexplained_memory_bytes"][labels(**gpu0)] == 1000 * MIB
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ghost")] == 1
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ok")] == 0
     assert m["gpuzombie_gpu_baseline_bytes"] == {
         labels(**gpu0, source="driver_reserved"): 615 * MIB,
-        labels(gpu="1", uuid="GPU-1111", source="driver_reserved"): 615 * MIB,
+        labels(gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", source="driver_reserved"): 615 * MIB,
     }
     assert m["gpuzombie_gpu_memory_used_bytes"][labels(**gpu0)] == (615 + 2658 + 1000) * MIB
     assert m["gpuzombie_nvml_available"] == {(): 1.0}
@@ -327,12 +330,25 @@ def test_once_prints_the_exposition(node, tmp_path, capsys):
     replay.write_text(json.dumps(dataclasses.asdict(gpus())))
     absent = tmp_path / "absent.sock"
     assert (
-        main(["exporter", "--once", "--procfs", str(node), "--nvml-replay", str(replay), "--cri-socket", str(absent)])
+        main(
+            [
+                "exporter",
+                "--once",
+                "--procfs",
+                str(node),
+                "--nvml-replay",
+                str(replay),
+                "--cri-socket",
+                str(absent),
+                "--node-name",
+                "n1",
+            ]
+        )
         == 0
     )
     out = capsys.readouterr()
     assert re.search(r'^gpuzombie_zombies_by_parent\{.*parent="sleep".*\} 1\.0$', out.out, re.MULTILINE)
-    assert 'gpuzombie_gpu_memory_verdict{gpu="0",uuid="GPU-0000",verdict="ghost"} 1.0' in out.out
+    assert 'gpuzombie_gpu_memory_verdict{Hostname="n1",UUID="GPU-0000",gpu="0",verdict="ghost"} 1.0' in out.out
     assert out.err.count(f"CRI socket {absent}: No such file or directory") == 1  # warnings go to stderr, once
 
 

@@ -142,7 +142,7 @@ def test_daemonset_is_least_privilege(default_objects):
     pod_spec = ds["spec"]["template"]["spec"]
     trace = container(ds)
     security = trace["securityContext"]
-    env = {e["name"]: e["value"] for e in trace["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in trace["env"]}
     mounts = {m["name"]: m for m in trace["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
 
@@ -179,10 +179,14 @@ def test_notes_list_each_enabled_pod_with_its_lab_scenario():
     assert "gpu-zombie-nofix-uid1000" not in text
 
 
-def test_cri_socket_is_mounted_read_only_by_default(default_objects):
+def test_cri_socket_read_only_and_node_name_by_default(default_objects):
     (ds,) = [o for o in default_objects.values() if o["kind"] == "DaemonSet"]
     exporter = container(ds)
-    assert {e["name"]: e["value"] for e in exporter["env"]}["GPUZOMBIE_CRI_SOCKET"] == "/run/containerd/containerd.sock"
+    assert {e["name"]: e.get("value") for e in exporter["env"]}[
+        "GPUZOMBIE_CRI_SOCKET"
+    ] == "/run/containerd/containerd.sock"
+    node_name = next(e for e in exporter["env"] if e["name"] == "NODE_NAME")  # dcgm-exporter's Hostname
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     mount = {"name": "cri-socket", "mountPath": "/run/containerd/containerd.sock", "readOnly": True}
     assert mount in exporter["volumeMounts"]
     volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "cri-socket")
@@ -190,7 +194,7 @@ def test_cri_socket_is_mounted_read_only_by_default(default_objects):
     values = only(None, node=True)
     values["node"]["cri"] = {"enabled": True, "socket": "/run/crio/crio.sock"}
     (ds,) = render(values).values()
-    assert {e["name"]: e["value"] for e in container(ds)["env"]}["GPUZOMBIE_CRI_SOCKET"] == "/run/crio/crio.sock"
+    assert {e["name"]: e.get("value") for e in container(ds)["env"]}["GPUZOMBIE_CRI_SOCKET"] == "/run/crio/crio.sock"
     validate_strictly(ds)
     values["node"]["cri"] = {"enabled": False}
     (ds,) = render(values).values()

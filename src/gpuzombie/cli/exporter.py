@@ -4,6 +4,7 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -104,6 +105,14 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
 @cri_socket_option
 @click.option(
+    "--node-name",
+    default=socket.gethostname,
+    show_default="the host name",
+    envvar="NODE_NAME",
+    metavar="NAME",
+    help="The Hostname label of the GPU series (dcgm-exporter's label for the node). Env: NODE_NAME.",
+)
+@click.option(
     "--pod-resources-socket",
     default=DEFAULT_SOCKET,
     show_default=True,
@@ -117,6 +126,7 @@ def command(
     min_interval: float,
     once: bool,
     cri_socket: str | None,
+    node_name: str,
     pod_resources_socket: str,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
@@ -148,6 +158,7 @@ def command(
             resources=lambda: list_pod_resources(pod_resources_socket),
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
+            node_name=node_name,
         )
 
     def echo(line):

@@ -13,8 +13,10 @@ from gpuzombie.escape import LABEL_LIMIT, escape
 from gpuzombie.exporter.scan import NodeScan, PodLabels
 from gpuzombie.trace.report import GpuMemory
 
-POD = ("namespace", "pod", "container")
-GPU = ("gpu", "uuid")
+POD = ("namespace", "pod", "pod_uid", "container")
+"""Names as kube-state-metrics has them (join ``on(namespace, pod)``), and the pod's UID."""
+GPU = ("gpu", "UUID", "Hostname")
+"""dcgm-exporter's names: NVML index, ``GPU-…`` id, node name (join ``on(UUID)``)."""
 VERDICTS = ("ok", "ghost", "cannot_tell")
 Values = dict[tuple[str, ...], float]
 
@@ -99,7 +101,7 @@ GAUGES = {
         Gauge(
             "gpuzombie_scan_warnings",
             (),
-            "Warnings of the last scan (crictl missing, unreadable namespaces, "
+            "Warnings of the last scan (CRI runtime unreachable, unreadable namespaces, "
             "no NVML); their text goes to stderr each time it changes.",
         ),
         Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
@@ -122,8 +124,8 @@ def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamil
     return family
 
 
-def _pod(labels: PodLabels) -> tuple[str, str, str]:
-    return (labels.namespace, labels.pod, labels.container)
+def _pod(labels: PodLabels) -> tuple[str, str, str, str]:
+    return (labels.namespace, labels.pod, labels.pod_uid, labels.container)
 
 
 def process_metrics(scan: NodeScan) -> dict[str, Values]:
@@ -134,7 +136,7 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
         if row.state == "Z":
             out["gpuzombie_zombies"][pod] += 1
         if row.nsmi:
-            key = (*pod, str(row.gpu_index), row.gpu_uuid or "", row.verdict)
+            key = (*pod, str(row.gpu_index), row.gpu_uuid or "", scan.node_name, row.verdict)
             out["gpuzombie_gpu_processes"][key] += 1
             out["gpuzombie_gpu_process_memory_bytes"][key] += row.gpu_memory or 0
         elif row.verdict == "fd-only":
@@ -175,7 +177,7 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     out["gpuzombie_nvml_available"][()] = float(scan.trace.gpu.available)
     for g in scan.trace.gpus:
-        key = (str(g.index), g.uuid)
+        key = (str(g.index), g.uuid, scan.node_name)
         out["gpuzombie_gpu_memory_total_bytes"][(*key, g.name)] = g.total
         out["gpuzombie_gpu_memory_used_bytes"][key] = g.used
         out["gpuzombie_gpu_baseline_bytes"][(*key, _baseline_source(g))] = g.baseline

@@ -20,12 +20,15 @@ from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, TraceReport, Trac
 
 @dataclass(frozen=True)
 class PodLabels:
-    """The namespace/pod/container labels of a finding; empty strings for host processes, ids where
-    the runtime gave no names, and container ``UNREAD_CGROUP`` where the cgroup could not be read
-    (a pod's process, for all we know: never labelled as the host's)."""
+    """The namespace/pod/container labels of a finding: names, as kube-state-metrics and dcgm-exporter
+    have them, never a UID in ``pod``; ``pod_uid`` tells a terminating pod from its same-named
+    replacement. Empty where unknown (host processes); the short container id where the runtime
+    gave no name; container ``UNREAD_CGROUP`` where the cgroup could not be read (a pod's process,
+    for all we know: never labelled as the host's)."""
 
     namespace: str = ""
     pod: str = ""
+    pod_uid: str = ""
     container: str = ""
 
     @classmethod
@@ -33,7 +36,7 @@ class PodLabels:
         if row.container_id is None and "cgroup" in row.unread:
             return cls(container=UNREAD_CGROUP)
         container = row.container or (row.container_id[:13] if row.container_id else "")
-        return cls(row.namespace or "", row.pod or row.pod_uid or "", container)
+        return cls(row.namespace or "", row.pod or "", row.pod_uid or "", container)
 
     @classmethod
     def of_namespace(cls, ns: NamespaceScan, names: CriNames) -> PodLabels:
@@ -47,7 +50,8 @@ class PodLabels:
             container = (cnames.container if cnames else None) or ref.short_id or ""
         return cls(
             (cnames.namespace if cnames else None) or (pnames.namespace if pnames else None) or "",
-            (cnames.pod if cnames else None) or (pnames.pod if pnames else None) or ref.pod_uid or "",
+            (cnames.pod if cnames else None) or (pnames.pod if pnames else None) or "",
+            ref.pod_uid or (cnames.pod_uid if cnames else None) or "",
             container,
         )
 
@@ -60,6 +64,8 @@ class NodeScan:
     duration_s: float
     table: ProcessTable
     """The node's processes as read, once, for both."""
+    node_name: str = ""
+    """The node's name: the ``Hostname`` label of GPU series, as dcgm-exporter's."""
 
     def labels(self, ns: NamespaceScan) -> PodLabels:
         return PodLabels.of_namespace(ns, self.names)
@@ -76,6 +82,7 @@ def scan_node(
     baseline: int | None = None,
     threshold: int = DEFAULT_GHOST_THRESHOLD,
     clock: Callable[[], float] = time.perf_counter,
+    node_name: str = "",
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
     containers. Raises OSError or ValueError when the procfs itself cannot be read."""
@@ -113,4 +120,5 @@ def scan_node(
         names=asked[0] if asked else CriNames(source=None),
         duration_s=clock() - started,
         table=table,
+        node_name=node_name,
     )

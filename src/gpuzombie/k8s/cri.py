@@ -27,6 +27,20 @@ DEFAULT_CALL_TIMEOUT = 10.0
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 
 
+_CONTAINER_STATES = {int(number): name for name, number in pb.ContainerState.items()}
+_SANDBOX_STATES = {int(number): name for name, number in pb.PodSandboxState.items()}
+
+
+def container_state(value: int) -> str:
+    """``CONTAINER_RUNNING`` and the like; the number for a state newer than these stubs."""
+    return _CONTAINER_STATES.get(value, str(value))
+
+
+def sandbox_state(value: int) -> str:
+    """``SANDBOX_READY`` or ``SANDBOX_NOTREADY``; the number for a state newer than these stubs."""
+    return _SANDBOX_STATES.get(value, str(value))
+
+
 class CriError(Exception):
     """A CRI call failed or ran out of time; the message is one line, ``code`` the gRPC status name."""
 

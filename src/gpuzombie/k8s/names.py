@@ -119,6 +119,8 @@ class RuntimeNames:
         self._pods: dict[str, PodNames] = {}
         self._unknown: set[str] = set()
         self._client: RuntimeClient | None = None
+        self._answered: str | None = None
+        """The socket whose runtime gave the kept names."""
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -149,7 +151,7 @@ class RuntimeNames:
 
     def _scan(self, wanted: set[str]) -> CriNames:
         if self._containers and not wanted - self._containers.keys() - self._unknown:
-            return self._names(self.explicit or (self._client.socket_path if self._client else None), wanted, [])
+            return self._names(self._answered, wanted, [])
         path, problem = find_socket(self.explicit, self.candidates)
         if problem is not None or path is None:
             return self._names(path, wanted, [f"{problem}: {SHOWN_BY_ID}"])
@@ -168,9 +170,7 @@ class RuntimeNames:
 
     def _ask(self, client: RuntimeClient, wanted: set[str], deadline: float, warnings: list[str]) -> None:
         """The two list calls, then ContainerStatus for what they missed; raises CriError."""
-        from cri_api.v1.api_pb2 import ContainerState, PodSandboxState
-
-        from gpuzombie.k8s.cri import CriError
+        from gpuzombie.k8s.cri import CriError, container_state, sandbox_state
 
         def left() -> float:
             return max(0.001, deadline - time.monotonic())
@@ -182,13 +182,14 @@ class RuntimeNames:
         for s in sandboxes:
             meta = s.metadata
             fresh[s.id] = ContainerNames(
-                s.id, SANDBOX_CONTAINER, meta.name, meta.namespace, meta.uid, PodSandboxState.Name(s.state)
+                s.id, SANDBOX_CONTAINER, meta.name, meta.namespace, meta.uid, sandbox_state(s.state)
             )
             if meta.uid and meta.name:
                 pods[meta.uid] = PodNames(meta.uid, meta.name, meta.namespace or None)
         for c in containers:
-            fresh[c.id] = _container_names(c.id, c.labels, c.metadata.name, ContainerState.Name(c.state))
+            fresh[c.id] = _container_names(c.id, c.labels, c.metadata.name, container_state(c.state))
         self._containers, self._pods = fresh, pods  # the node as it is now: bounded by its size
+        self._answered = client.socket_path
         missing = sorted(wanted - fresh.keys() - self._unknown)
         unknown = []
         for cid in missing[:MAX_STATUS_CALLS]:
@@ -201,7 +202,7 @@ class RuntimeNames:
                 unknown.append(cid[:13])
                 continue
             self._containers[cid] = _container_names(
-                cid, status.labels, status.metadata.name, ContainerState.Name(status.state)
+                cid, status.labels, status.metadata.name, container_state(status.state)
             )
         if unknown or len(missing) > MAX_STATUS_CALLS:
             warnings.append(
