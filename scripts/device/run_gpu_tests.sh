@@ -4,7 +4,7 @@
 # Uses the machine's python3 (with torch) and PYTHONPATH=src; nothing is pip-installed there. Carried
 # .debs/*.deb (tini) and .whl/*.whl (prometheus-client) are unpacked when present.
 # Writes under $OUT: pytest-gpu.log (the tests' printed tables too, -rA), junit.xml, machine.txt, and
-# evidence/<test>/ (the JSON and text each test saw).
+# evidence.tgz (evidence/<test>/: the JSON and text each test saw).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-tests-out}
@@ -28,5 +28,7 @@ export GPUZOMBIE_EVIDENCE=$OUT/evidence
 cat "$OUT/machine.txt"
 python3 -m pytest -m gpu -rA -p no:cacheprovider --junitxml="$OUT/junit.xml" "${@:-tests}" 2>&1 | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
-echo "pytest -m gpu: exit $rc; logs under $OUT"
+# One archive: the device tool does not bring back folders nested this deep.
+tar czf "$OUT/evidence.tgz" -C "$OUT" evidence && rm -rf "$OUT/evidence"
+echo "pytest -m gpu: exit $rc; logs under $OUT (evidence.tgz: what each test saw)"
 exit "$rc"

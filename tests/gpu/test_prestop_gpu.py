@@ -48,8 +48,11 @@ def test_prestop_frees_the_handling_worker_at_once_and_the_ignoring_one_at_the_t
     parents = f"{workload('parent', SIZE_MIB)}; {workload('parent', SIZE_MIB, '--fixed')}; exec sleep infinity"
     with PidNamespace("tini", "-s", "--", "sh", "-c", parents, log=pod_log) as pod:
         wait_parents_done(pod_log, parents=2)
+        commands = {p.pid: " ".join(p.cmdline()) for p in live_children(pod)}  # tini's: sleep and the two workers
         workers = {
-            p.pid: "handling" if "worker_fixed" in " ".join(p.cmdline()) else "ignoring" for p in live_children(pod)
+            pid: "handling" if "worker_fixed" in command else "ignoring"
+            for pid, command in commands.items()
+            if "gpuzombie.workloads.worker" in command
         }
         assert sorted(workers.values()) == ["handling", "ignoring"], workers
         sampler = NvmlSampler()
