@@ -78,3 +78,34 @@ def test_results_of_another_kind_are_replaced_not_mixed(tmp_path):
     write_results([], tmp_path, command=["x"], gpus=GpuSnapshot(available=False), nccl={"y": 2})
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["nccl"] == {"y": 2} and data["kind"] == "cpu-standin"
+
+
+def test_results_does_not_import_the_report():
+    import subprocess
+    import sys
+
+    code = "import sys, gpuzombie.lab.results; print('gpuzombie.lab.report' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_lab_run_does_not_write_into_the_committed_results_by_default():
+    from gpuzombie.cli.lab import run_command
+
+    out = next(p for p in run_command.params if p.name == "out")
+    assert str(out.default) == "lab-out"
+
+
+def entry(delete: float, kill9: float, last: float) -> dict:
+    return {
+        "deletion": {"requested_at": delete},
+        "events": [{"t": kill9, "name": "kill-9"}],
+        "samples": {"t": [0.0, last]},
+    }
+
+
+def test_timeline_puts_every_scenario_on_one_time_scale():
+    from gpuzombie.lab.report import timeline_range
+
+    lo, hi = timeline_range({"s1": entry(10.0, 9.0, 40.5), "s2": entry(5.0, 3.0, 5.4)})
+    assert lo < -2.0 < 30.5 < hi < 32.0  # S2's kill -9 (2 s before) and S1's 30.5 s on one axis

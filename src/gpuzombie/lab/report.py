@@ -8,30 +8,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuzombie.lab.results import load
+
 Entry = Mapping[str, Any]
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
-MARKED_EVENTS = (
-    "spawn",
-    "parent-exit",
-    "kill-9",
-    "delete",
-    "prestop-start",
-    "prestop-end",
-    "sigterm",
-    "sigkill",
-    "pod-exit",
-    "memory-released",
-)
-
-
-def load(out_dir: Path) -> dict[str, Any]:
-    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
-    from gpuzombie.lab.results import RESULTS_JSON, SCHEMA
-
-    data = json.loads((out_dir / RESULTS_JSON).read_text())
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"not a {SCHEMA} file")
-    return data
+MARKED_EVENTS = {
+    "spawn": "spawn",
+    "parent-exit": "parent exit",
+    "kill-9": "kill -9",
+    "delete": "delete",
+    "prestop-start": "preStop",
+    "prestop-end": "preStop end",
+    "sigterm": "TERM",
+    "sigkill": "KILL",
+    "pod-exit": "gone",
+    "memory-released": "free",
+}
+"""The events the plots mark, with their short labels (long ones ran into the next panel)."""
 
 
 def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
@@ -58,8 +51,11 @@ def _zombies(e: Entry) -> tuple[str, bool]:
 
 def _orphans(e: Entry) -> tuple[str, bool]:
     o = _obs(e, "after-spawn").get("orphans", 0)
-    reaped = " and reaped after kill -9" if e.get("victim_reaped") else ""
-    return (f"✅ {o} (PPID = PID 1{reaped})" if o else "none", o > 0)
+    if not o:
+        return "✅ none", False
+    if e.get("victim_reaped"):
+        return f"⚠️ {o} (PPID = PID 1), reaped after kill -9", True
+    return f"❌ {o} (PPID = PID 1), never reaped", True
 
 
 def _sigterm(e: Entry) -> tuple[str, bool]:
@@ -86,9 +82,9 @@ def _kill9(e: Entry) -> tuple[str, bool]:
     t = e["metrics"]["kill9_to_free_s"]
     ctx = (_obs(e, "after-kill").get("observe_summary") or {}).get("orphaned_contexts")
     what = "RSS" if e["cpu_standin"] else "GPU memory"
-    text = f"❌ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else "⚠️ not freed"
+    text = f"✅ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else f"❌ {what} not freed"
     if ctx:
-        text += f"; observe: {ctx} orphaned context(s)"
+        text = f"❌ observe: {ctx} orphaned context(s); " + text[2:]
     return text, t is None or bool(ctx)
 
 
@@ -114,14 +110,14 @@ def _waste(e: Entry) -> tuple[str, bool]:
 def _reboot(e: Entry) -> tuple[str, bool]:
     left = e["deletion"]["leftovers"]
     freed = e["metrics"]["released_at_s"] is not None
-    return ("❌ not needed" if freed and not left else f"⚠️ {len(left)} process(es) left"), bool(left) or not freed
+    return ("✅ not needed" if freed and not left else f"❌ {len(left)} process(es) left"), bool(left) or not freed
 
 
 ROWS: tuple[Row, ...] = (
     ("Zombies (좀비 수거)", ("❌ occur (1–10)", "✅ tini reaps", "✅", "✅"), (True, False, False, False), _zombies),
     (
         "Orphans (고아 발생)",
-        ("✅ (PPID=1)", "✅ but tini reaps", "✅ but reaped", "none (handler cleans up)"),
+        ("❌ occur (PPID=1)", "⚠️ occur, tini reaps", "⚠️ occur, reaped", "✅ none (handler cleans up)"),
         (True, True, True, False),
         _orphans,
     ),
@@ -133,7 +129,7 @@ ROWS: tuple[Row, ...] = (
     ),
     (
         "Orphaned CUDA ctx after kill -9",
-        ("❌ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
+        ("✅ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
         (False, False, False, False),
         _kill9,
     ),
@@ -155,7 +151,7 @@ ROWS: tuple[Row, ...] = (
         (True, True, True, False),
         _waste,
     ),
-    ("Node reboot needed", ("❌ not needed", "❌", "❌", "❌"), (False, False, False, False), _reboot),
+    ("Node reboot needed", ("✅ not needed", "✅ not needed", "✅ not needed", "✅ not needed"), (False,) * 4, _reboot),
 )
 
 
@@ -204,7 +200,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         "",
         (
             "Cells show our measurement; where it disagrees with the seed's value the seed's is "
-            "beside it in bold (the seed measured S1 and expected S2–S4)."
+            "beside it in bold (the seed measured S1 and expected S2–S4). Symbols, in our cells and "
+            "in the seed's alike: ✅ the good outcome, ❌ the bad one, ⚠️ it happened but was handled."
         ),
         "",
         "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |",
@@ -373,34 +370,75 @@ def notes_for(key: str, e: Entry) -> str:
 
 
 def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.0) -> None:
-    """A dotted line per event; events closer than 1 % of the axis share one label."""
+    """A dotted line per event inside the axis; events closer than 1 % of it share one label,
+    and labels in the right fifth are drawn leftwards so none runs off the figure."""
     lo, hi = ax.get_xlim()
     ymax = ax.get_ylim()[1]
     groups: list[tuple[float, list[str]]] = []
     for ev in events:
-        if ev["name"] not in MARKED_EVENTS:
-            continue
         x = ev["t"] - shift
+        if ev["name"] not in MARKED_EVENTS or not lo <= x <= hi:
+            continue
         ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey", linestyle=":", linewidth=0.8)
         if groups and x - groups[-1][0] < 0.01 * (hi - lo):
-            groups[-1][1].append(ev["name"])
+            groups[-1][1].append(MARKED_EVENTS[ev["name"]])
         else:
-            groups.append((x, [ev["name"]]))
-    for i, (x, names) in enumerate(groups):
+            groups.append((x, [MARKED_EVENTS[ev["name"]]]))
+    for x, names in groups:
+        right_edge = x > lo + 0.8 * (hi - lo)
         ax.text(
-            x,
-            ymax * 0.97,
-            " + ".join(names),
-            rotation=90,
-            fontsize=6,
-            va="top",
-            ha="right" if i % 2 else "left",
-            clip_on=True,
+            x, ymax * 0.97, " + ".join(names), rotation=90, fontsize=6, va="top", ha="right" if right_edge else "left"
         )
 
 
+def _shade_waste(ax: Any, e: Entry, shift: float = 0.0) -> None:
+    """Shade the memory held from the deletion until it was free: the grace waste (GiB·s)."""
+    delete = e["deletion"]["requested_at"]
+    m = e["metrics"]
+    end = m["released_at_s"] if m["released_at_s"] is not None else (e["samples"]["t"] or [delete])[-1]
+    pairs = [
+        (t, held) for t, held in zip(e["samples"]["t"], e["samples"]["held_mib"], strict=True) if delete <= t <= end
+    ]
+    if pairs:
+        ax.fill_between(
+            [t - shift for t, _ in pairs],
+            [held for _, held in pairs],
+            step="post",
+            color="tab:orange",
+            alpha=0.35,
+        )
+
+
+def _waste_title(e: Entry) -> str:
+    return f"grace waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s (shaded)"
+
+
+def _draw_memory(ax: Any, e: Entry, shift: float, xlim: tuple[float, float] | None = None) -> None:
+    """The memory held, its waste shaded, the events marked (inside ``xlim`` when given)."""
+    ax.plot([t - shift for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1, drawstyle="steps-post")
+    ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 2.2 + 1)  # room for labels
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    _shade_waste(ax, e, shift)
+    _mark_events(ax, e["events"], shift=shift)
+
+
+def timeline_range(scenarios: Mapping[str, Entry]) -> tuple[float, float]:
+    """One time axis for every scenario (seconds since its deletion): from just before the
+    earliest kill -9 to the latest sample, so 30 s of S1 and 0.1 s of S2 read on one scale."""
+    starts, ends = [], []
+    for e in scenarios.values():
+        delete = e["deletion"]["requested_at"]
+        kill9 = next((ev["t"] for ev in e["events"] if ev["name"] == "kill-9"), delete)
+        starts.append(kill9 - delete)
+        ends.append((e["samples"]["t"] or [delete])[-1] - delete)
+    lo, hi = min(starts, default=0.0), max(ends, default=1.0)
+    pad = 0.02 * (hi - lo) + 0.05
+    return lo - pad, hi + pad
+
+
 def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """memory.png per scenario and memory-timeline.png (every run, time 0 = deletion)."""
+    """memory.png per scenario and memory-timeline.png (every run on one time scale, 0 = deletion)."""
     try:
         import matplotlib
 
@@ -412,12 +450,10 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
     for key, e in scenarios.items():
         fig, ax = plt.subplots(figsize=(9, 3.2))
-        ax.plot(e["samples"]["t"], e["samples"]["held_mib"], linewidth=1)
-        ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
-        _mark_events(ax, e["events"])
+        _draw_memory(ax, e, shift=0.0)
         ax.set_xlabel("seconds since the pod started")
         ax.set_ylabel("memory held (MiB)")
-        ax.set_title(f"{key}: {e['memory']}", fontsize=8)
+        ax.set_title(f"{key}: {e['memory']}; {_waste_title(e)}", fontsize=8)
         fig.tight_layout()
         path = out_dir / key / "memory.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -425,17 +461,17 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     if scenarios:
-        fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 2.6 * len(scenarios) + 0.6), squeeze=False)
-        for ax, (key, e) in zip(axes[:, 0], scenarios.items()):
-            delete = e["deletion"]["requested_at"]
-            ax.plot([t - delete for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1)
-            ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
-            _mark_events(ax, e["events"], shift=delete)
+        xlim = timeline_range(scenarios)
+        fig, axes = plt.subplots(
+            len(scenarios), 1, figsize=(10, 2.2 * len(scenarios) + 0.8), squeeze=False, sharex=True
+        )
+        for ax, (key, e) in zip(axes[:, 0], scenarios.items(), strict=True):
+            _draw_memory(ax, e, shift=e["deletion"]["requested_at"], xlim=xlim)
             ax.set_ylabel("MiB", fontsize=7)
-            ax.set_title(f"{key} (waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s)", fontsize=8)
-        axes[-1, 0].set_xlabel("seconds since the deletion request")
+            ax.set_title(f"{key}: {_waste_title(e)}", fontsize=8, loc="left")
+        axes[-1, 0].set_xlabel("seconds since the deletion request (one scale for every scenario)")
         first = next(iter(scenarios.values()))
-        fig.suptitle(f"memory held per scenario: {first['memory']}", fontsize=9)
+        fig.suptitle(f"memory held per scenario, grace waste shaded: {first['memory']}", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.99))
         path = out_dir / "memory-timeline.png"
         fig.savefig(path, dpi=110)

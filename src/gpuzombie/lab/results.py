@@ -3,7 +3,8 @@
 <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
     nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
 <out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
-<out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build)
+<out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build, which
+    reads results.json through ``load``: this module never imports the report)
 """
 
 from __future__ import annotations
@@ -187,6 +188,14 @@ def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
     return "gpu: " + ", ".join(sorted({d.name for d in gpus.devices}))
 
 
+def load(out_dir: Path) -> dict[str, Any]:
+    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
+    data = json.loads((out_dir / RESULTS_JSON).read_text())
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"not a {SCHEMA} file")
+    return data
+
+
 def write_results(
     runs: Sequence[ScenarioRun],
     out_dir: Path,
@@ -195,13 +204,11 @@ def write_results(
     gpus: GpuSnapshot,
     nccl: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write every scenario's files and results.json, then comparison.md, notes.md and plots.
+    """Write every scenario's files and results.json (``report.build`` renders them afterwards).
 
     An earlier results.json of the same kind is merged (new scenarios replace old ones); one of
     another kind (GPU results, and now a CPU stand-in run) is replaced, never mixed into one table.
     """
-    from gpuzombie.lab import report
-
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULTS_JSON
     kind = results_kind(runs, gpus)
@@ -227,5 +234,4 @@ def write_results(
     if nccl is not None:
         data["nccl"] = _jsonable(nccl)
     path.write_text(json.dumps(data, indent=1) + "\n")
-    report.build(out_dir)
     return path
