@@ -14,7 +14,7 @@ from gpuzombie.lab.pod import INITS
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioRun
+from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
@@ -76,7 +76,35 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     type=click.Choice(CHOICES),
     default="all",
     show_default=True,
-    help="One of the seed's scenarios, all four, or the NCCL comparison.",
+    help="One scenario (S1-S4 the seed's, S5 shareProcessNamespace), all five, or the NCCL comparison.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice([*RUNTIMES, "both"]),
+    default="namespaces",
+    show_default=True,
+    help="namespaces: PID namespaces made here; containerd: real CRI pods (a private containerd unless "
+    "--cri-socket); both: each scenario on both, side by side in comparison.md.",
+)
+@click.option(
+    "--cri-socket",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A running containerd's CRI socket to make the pods on.  [default: a private containerd per run]",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 50),
+    default=1,
+    show_default=True,
+    help="Run each scenario N times; comparison.md shows the median and min–max of each timing.",
+)
+@click.option(
+    "--image-archives",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
+    "instead of building them from this host's catatonit and busybox.",
 )
 @click.option(
     "--workers",
@@ -144,6 +172,10 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 )
 def run_command(
     scenario: str,
+    runtime: str,
+    cri_socket: str | None,
+    repeat: int,
+    image_archives: Path | None,
     workers: int,
     grace: float,
     device: str,
@@ -177,6 +209,10 @@ def run_command(
         device=device,
         backend=backend,
         ranks=ranks,
+        runtimes=RUNTIMES if runtime == "both" else (runtime,),
+        repeat=repeat,
+        cri_socket=cri_socket,
+        image_archives=image_archives,
     )
     with console.status("starting") as status:
 
@@ -205,6 +241,29 @@ def run_command(
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")
         return ExitStatus.FINDINGS
+    return ExitStatus.OK
+
+
+@command.command("images", short_help="Write the lab's pause and busybox images as archives to carry.")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def images_command(directory: Path) -> int:
+    """Write pause.tar (catatonit -P) and busybox.tar into DIRECTORY, for `lab run --runtime
+    containerd --image-archives DIRECTORY` on a machine without catatonit or busybox-static.
+
+    \b
+    Exit codes: 0 written, 2 catatonit or busybox missing here, or DIRECTORY not writable.
+    """
+    try:
+        from gpuzombie.k8s.containerd import ContainerdError
+        from gpuzombie.lab.cripod import write_image_archives
+    except ImportError as exc:
+        raise GpuzombieError(f"lab images needs the cri extra ({exc})") from exc
+    try:
+        written = write_image_archives(directory)
+    except (OSError, ContainerdError) as exc:
+        raise GpuzombieError(f"cannot write the images to {directory}/: {exc}") from exc
+    for path in written:
+        click.echo(str(path))
     return ExitStatus.OK
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuzombie.lab.pod import Pod
+from gpuzombie.lab.pod import LabPod
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0
@@ -67,11 +67,11 @@ def role_of(proc: ProcessInfo, pid1: int, roles: Mapping[int, str]) -> str:
     return "other"
 
 
-def pod_table(pod: Pod) -> ProcessTable:
+def pod_table(pod: LabPod) -> ProcessTable:
     return Procfs("/proc").snapshot(pids=pod.processes(), now=time.time())
 
 
-def host_view(pod: Pod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
+def host_view(pod: LabPod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
     table = pod_table(pod)
     return tuple(
         PodProcess(
@@ -94,7 +94,7 @@ def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
     return zombies, orphans
 
 
-def run_observe(pod: Pod) -> subprocess.CompletedProcess[str]:
+def run_observe(pod: LabPod) -> subprocess.CompletedProcess[str]:
     """``gpuzombie observe --json`` inside the pod: one snapshot per point; the log's text is
     rendered from that JSON, so the two can never disagree."""
     return pod.exec([sys.executable, "-m", "gpuzombie", "observe", "--json"], timeout=OBSERVE_TIMEOUT_S)
@@ -112,7 +112,7 @@ def parse_observe(done: subprocess.CompletedProcess[str]) -> tuple[Mapping[str, 
     return None, f"observe gave no JSON summary (exit {done.returncode}): {last[:200]}"
 
 
-def observe(pod: Pod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
+def observe(pod: LabPod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
     """Take one observation; returns it and the text for ``observe-<point>.log``."""
     processes = host_view(pod, roles) if pod.running else ()
     zombies, orphans = count(processes, pod.pid1)

@@ -4,7 +4,9 @@ scenario's notes.md, and the memory-over-time plots. ``gpuzombie lab report DIR`
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +166,7 @@ def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry]
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
-    base = [scenarios.get(k) for k in BASE]
+    base = [scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in BASE]
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
     # Runs of the same kind merge into one results.json: describe the main table's own run.
     prov = (first or {}).get("provenance") or data.get("provenance", {})
@@ -249,7 +251,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                 or "—"
             ),
         ),
-        ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
+        ("pod exit code (unshare, or the container's)", lambda e: str(e["deletion"]["pod_exit_code"])),
         (
             "zombies spawn / kill / delete",
             lambda e: " / ".join(
@@ -268,7 +270,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     )
     for label, fn in extra:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
-    variants = [k for k in scenarios if k not in BASE]
+    lines += spread_md(scenarios)
+    variants = [k for k, e in scenarios.items() if _is_variant(k, e)]
     if variants:
         lines += [
             "",
@@ -322,6 +325,122 @@ def _observe_summary(obs: Mapping[str, Any]) -> str:
     return f"zombies {s.get('zombies')}, orphans {s.get('orphans')}, orphaned ctx {s.get('orphaned_contexts')}"
 
 
+def _is_variant(key: str, e: Entry) -> bool:
+    """A run outside the main table and the runtimes table: another init, uid, backend..."""
+    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
+
+
+SPREAD_SCENARIOS = (*BASE, "s5-sharepid")
+TIMINGS = (
+    ("deletion → free", "release_latency_s", "s"),
+    ("kill -9 → free", "kill9_to_free_s", "s"),
+    ("grace waste", "grace_waste_gib_s", "GiB·s"),
+)
+WHY_RUNTIMES_DIFFER = {
+    "release_latency_s": (
+        "the deletion's path differs: on containerd SIGTERM and the SIGKILL at the grace's end come from "
+        "the runc shim (StopContainer), a preStop hook starts through ExecSync (runc exec: a new process "
+        "joined to the container's namespaces and cgroup) and the kubelet gives StopContainer at least "
+        "2 s after a hook; on namespaces the lab signals PID 1 itself and enters the pod with nsenter"
+    ),
+    "kill9_to_free_s": (
+        "kill -9 is the same kernel path on both; a difference here is the reaping (and, on a GPU, the "
+        "driver's teardown) racing the 10 ms sampler, not the runtime"
+    ),
+    "grace_waste_gib_s": "it is memory × time held after the deletion: it follows deletion → free",
+}
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if self.n == 1:
+            return f"{self.median:.3f}"
+        return f"{self.median:.3f} ({self.low:.3f}–{self.high:.3f})"
+
+    def apart_from(self, other: Spread) -> bool:
+        """The two ranges do not overlap, and by more than 10 ms (or 1 % of the larger)."""
+        gap = max(self.low - other.high, other.low - self.high)
+        return gap > max(0.01, 0.01 * max(self.high, other.high))
+
+
+def spread(entries: Sequence[Entry], metric: str) -> Spread | None:
+    values = [e["metrics"][metric] for e in entries if e["metrics"].get(metric) is not None]
+    if not values:
+        return None
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def runtime_groups(scenarios: Mapping[str, Entry]) -> dict[tuple[str, str], list[Entry]]:
+    """(scenario, runtime) → its runs, for the five scenarios."""
+    groups: dict[tuple[str, str], list[Entry]] = {}
+    for key, e in scenarios.items():
+        variant = e.get("variant", key)
+        if variant in SPREAD_SCENARIOS:
+            groups.setdefault((variant, e.get("runtime", "namespaces")), []).append(e)
+    return groups
+
+
+def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
+    """Each scenario on each runtime: median (min–max) over the repetitions, and every difference
+    between the runtimes larger than the spread, with its cause."""
+    groups = runtime_groups(scenarios)
+    if not groups or (len(groups) <= 4 and all(len(v) == 1 for v in groups.values())):
+        return []  # one run of the seed's four on one runtime: the tables above say it all
+    lines = [
+        "",
+        "## Runtimes and spread",
+        "",
+        "Median (min–max) over the repetitions; `namespaces`: PID namespaces made by the lab; "
+        "`containerd`: real CRI pods (sandbox, container, the kubelet's calls). S5 is S1's workload with "
+        "`shareProcessNamespace: true` (the pod's pause, `catatonit -P`, is PID 1; no tini).",
+        "",
+        "| scenario | runtime | runs | "
+        + " | ".join(f"{label} ({unit})" for label, _m, unit in TIMINGS)
+        + " | zombies after kill -9 | whole grace waited |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, runtime), entries in sorted(groups.items()):
+        cells = [str(spread(entries, metric) or "—") for _label, metric, _unit in TIMINGS]
+        zombies = ", ".join(str(_obs(e, "after-kill").get("zombies", "—")) for e in entries)
+        waited = sum(1 for e in entries if e["metrics"]["waited_whole_grace"])
+        lines.append(
+            f"| {name} | {runtime} | {len(entries)} | "
+            + " | ".join(cells)
+            + f" | {zombies} | {waited}/{len(entries)} |"
+        )
+    lines += _differences(groups)
+    return lines
+
+
+def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
+    found = []
+    for name in SPREAD_SCENARIOS:
+        ns, ctd = groups.get((name, "namespaces")), groups.get((name, "containerd"))
+        if not ns or not ctd:
+            continue
+        for label, metric, unit in TIMINGS:
+            a, b = spread(ns, metric), spread(ctd, metric)
+            if a and b and a.apart_from(b):
+                found.append(
+                    f"- **{name}, {label}**: namespaces {a} {unit} vs containerd {b} {unit}: "
+                    + WHY_RUNTIMES_DIFFER[metric]
+                )
+    if not any(k[1] == "containerd" for k in groups) or not any(k[1] == "namespaces" for k in groups):
+        return []
+    return [
+        "",
+        "Differences between the runtimes larger than the spread (ranges apart by more than 10 ms or 1 %):",
+        "",
+        *(found or ["- none: both runtimes gave the same timings within their spread"]),
+    ]
+
+
 def notes_for(key: str, e: Entry) -> str:
     """A scenario's notes.md."""
     m, c, d = e["metrics"], e["config"], e["deletion"]
@@ -346,7 +465,8 @@ def notes_for(key: str, e: Entry) -> str:
     for label, seed, seed_yes, read in ROWS:
         text, yes = read(e)
         idx = number - 1
-        differs = "" if yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
+        seed_known = idx < len(seed)  # S5 is ours: the seed never tried shareProcessNamespace
+        differs = "" if not seed_known or yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
@@ -460,17 +580,16 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    if scenarios:
-        xlim = timeline_range(scenarios)
-        fig, axes = plt.subplots(
-            len(scenarios), 1, figsize=(10, 2.2 * len(scenarios) + 0.8), squeeze=False, sharex=True
-        )
-        for ax, (key, e) in zip(axes[:, 0], scenarios.items(), strict=True):
+    firsts = {k: e for k, e in scenarios.items() if e.get("attempt", 1) == 1}  # one panel per group
+    if firsts:
+        xlim = timeline_range(firsts)
+        fig, axes = plt.subplots(len(firsts), 1, figsize=(10, 2.2 * len(firsts) + 0.8), squeeze=False, sharex=True)
+        for ax, (key, e) in zip(axes[:, 0], firsts.items(), strict=True):
             _draw_memory(ax, e, shift=e["deletion"]["requested_at"], xlim=xlim)
             ax.set_ylabel("MiB", fontsize=7)
             ax.set_title(f"{key}: {_waste_title(e)}", fontsize=8, loc="left")
         axes[-1, 0].set_xlabel("seconds since the deletion request (one scale for every scenario)")
-        first = next(iter(scenarios.values()))
+        first = next(iter(firsts.values()))
         fig.suptitle(f"memory held per scenario, grace waste shaded: {first['memory']}", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.99))
         path = out_dir / "memory-timeline.png"

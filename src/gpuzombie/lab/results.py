@@ -2,7 +2,7 @@
 
 <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
     nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
-<out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
+<out>/results.json   (merged with an earlier run's: a new scenario group replaces all runs of it)
 <out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build, which
     reads results.json through ``load``: this module never imports the report)
 """
@@ -38,8 +38,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def run_key(run: ScenarioRun) -> str:
-    """The scenario's folder: its name, plus what makes this run a variant of the seed's."""
+def variant_key(run: ScenarioRun) -> str:
+    """The scenario's name, plus what makes this run a variant of the seed's."""
     c = run.config
     parts = [run.scenario.name]
     if c.workers != 1:
@@ -53,6 +53,16 @@ def run_key(run: ScenarioRun) -> str:
     if c.backend == "ctypes":
         parts.append("ctypes")
     return "-".join(parts)
+
+
+def group_key(run: ScenarioRun) -> str:
+    """The variant on its runtime: the repetitions of one group are summarised together."""
+    return variant_key(run) + ("" if run.config.runtime == "namespaces" else f"-{run.config.runtime}")
+
+
+def run_key(run: ScenarioRun) -> str:
+    """The run's folder: its group, and ``-runN`` for the Nth repetition (the first has none)."""
+    return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
 
 def _read_text(path: str) -> str | None:
@@ -118,6 +128,10 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
             prestop_report = None
     return {
         "scenario": _jsonable(run.scenario),
+        "variant": variant_key(run),
+        "group": group_key(run),
+        "runtime": run.config.runtime,
+        "attempt": run.attempt,
         "config": {
             **_jsonable(run.config),
             "prestop_timeout": run.config.prestop_timeout,
@@ -128,7 +142,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         else f"GPU memory through {run.config.backend}",
         "cpu_standin": run.config.backend == CPU_STANDIN,
         "init": run.init,
-        "pod_command": shlex.join(run.pod_command),
+        "pod_command": run.pod_command,
         "probe": run.probe_source,
         "metrics": dict(run.metrics),
         "sampler": dict(run.sampler),
@@ -206,7 +220,7 @@ def write_results(
 ) -> Path:
     """Write every scenario's files and results.json (``report.build`` renders them afterwards).
 
-    An earlier results.json of the same kind is merged (new scenarios replace old ones); one of
+    An earlier results.json of the same kind is merged (a new group replaces every run of it); one of
     another kind (GPU results, and now a CPU stand-in run) is replaced, never mixed into one table.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +236,8 @@ def write_results(
             data = old
     prov = provenance(command, gpus)
     data["provenance"] = prov
+    new_groups = {group_key(run) for run in runs}
+    data["scenarios"] = {k: e for k, e in data["scenarios"].items() if e.get("group", k) not in new_groups}
     for run in runs:
         key = run_key(run)
         entry = run_to_json(run)
