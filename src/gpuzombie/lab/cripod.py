@@ -169,29 +169,35 @@ def _import_archives(ctd: Containerd, archives: Path) -> None:
         ctd.ctr("images", "import", "--no-unpack=false", str(path))
 
 
-@contextlib.contextmanager
-def cri_runtime(
-    *, socket: str | None, gpu: bool, archives: Path | None = None, extra_binaries: Sequence[str] = ()
-) -> Iterator[CriRuntime]:
-    """A CRI runtime for the lab: a private containerd (images built here or imported from
-    ``archives``), or the runtime on ``socket`` with the lab's images imported through ``ctr``."""
+def _runtime(client: RuntimeClient, pods: PodMaker, socket: str, *, gpu: bool, private: bool) -> CriRuntime:
     parts = find_gpu_parts() if gpu else None
     if gpu and not (parts and parts.devices):
         raise CriError("CreateContainer: --device cuda, but no /dev/nvidia* device on this host")
-    mounts = workload_mounts([*python_paths(os.environ), *extra_binaries], parts)
+    mounts = workload_mounts(python_paths(os.environ), parts)
     env = lab_environment(os.environ, parts)
-    devices = parts.devices if parts else ()
+    return CriRuntime(client, pods, socket, BUSYBOX_IMAGE, mounts, env, parts.devices if parts else (), private)
+
+
+def cri_runtime_on(ctd: Containerd, *, gpu: bool = False) -> CriRuntime:
+    """The lab's runtime on a private containerd that already runs (with the busybox image)."""
+    return _runtime(ctd.client, ctd, ctd.socket, gpu=gpu, private=True)
+
+
+@contextlib.contextmanager
+def cri_runtime(*, socket: str | None, gpu: bool, archives: Path | None = None) -> Iterator[CriRuntime]:
+    """A CRI runtime for the lab: a private containerd (images built here or imported from
+    ``archives``), or the runtime on ``socket`` with the lab's busybox image imported through ``ctr``."""
     if socket is None:
         images = () if archives is not None else (pause_image(), busybox_image())
         with private_containerd(images=images) as ctd:
             if archives is not None:
                 _import_archives(ctd, archives)
-            yield CriRuntime(ctd.client, ctd, ctd.socket, BUSYBOX_IMAGE, mounts, env, devices, private=True)
+            yield cri_runtime_on(ctd, gpu=gpu)
         return
     _import_into(socket)
     with RuntimeClient(socket) as client:
         client.version(timeout=5)
-        yield CriRuntime(client, SocketPods(client), socket, BUSYBOX_IMAGE, mounts, env, devices, private=False)
+        yield _runtime(client, SocketPods(client), socket, gpu=gpu, private=False)
 
 
 def _import_into(socket: str) -> None:
