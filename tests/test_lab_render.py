@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.lab.sampler import NvmlProbe
@@ -109,3 +110,29 @@ def test_timeline_puts_every_scenario_on_one_time_scale():
 
     lo, hi = timeline_range({"s1": entry(10.0, 9.0, 40.5), "s2": entry(5.0, 3.0, 5.4)})
     assert lo < -2.0 < 30.5 < hi < 32.0  # S2's kill -9 (2 s before) and S1's 30.5 s on one axis
+
+
+def test_merge_keeps_the_runs_of_each_call_and_refuses_another_kind(tmp_path):
+    import json
+
+    import pytest
+
+    from gpuzombie.lab.results import SCHEMA, merge_results
+
+    def results(folder: str, kind: str, keys: list[str]) -> Path:
+        path = tmp_path / folder
+        for key in keys:
+            (path / key).mkdir(parents=True)
+            (path / key / "pod.log").write_text(key)
+        data = {"schema": SCHEMA, "kind": kind, "scenarios": {k: {"group": k} for k in keys}}
+        (path / "results.json").write_text(json.dumps(data))
+        return path
+
+    a = results("a", "gpu: NVIDIA H200", ["s1-nofix", "s1-nofix-run2"])
+    b = results("b", "gpu: NVIDIA H200", ["s1-nofix-containerd"])
+    merge_results(tmp_path / "all", [a, b])
+    data = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert sorted(data["scenarios"]) == ["s1-nofix", "s1-nofix-containerd", "s1-nofix-run2"]
+    assert (tmp_path / "all" / "s1-nofix-containerd" / "pod.log").read_text() == "s1-nofix-containerd"
+    with pytest.raises(ValueError, match="another kind"):
+        merge_results(tmp_path / "all", [results("c", "cpu-standin", ["s2-tini"])])

@@ -12,7 +12,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.pod import INITS
 from gpuzombie.lab.report import build, format_seconds
-from gpuzombie.lab.results import run_key
+from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
 from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
@@ -264,6 +264,25 @@ def images_command(directory: Path) -> int:
         raise GpuzombieError(f"cannot write the images to {directory}/: {exc}") from exc
     for path in written:
         click.echo(str(path))
+    return ExitStatus.OK
+
+
+@command.command("merge", short_help="Merge lab runs made in separate calls into one results folder.")
+@click.argument("destination", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def merge_command(destination: Path, sources: tuple[Path, ...]) -> int:
+    """Merge each SOURCE's results.json and scenario folders into DESTINATION (runs with the same
+    name are replaced), then rebuild its comparison.md, notes and plots.
+
+    \b
+    Exit codes: 0 merged, 2 a results.json missing, unreadable or of another kind.
+    """
+    try:
+        merge_results(destination, sources)
+        written = build(destination)
+    except (OSError, ValueError, KeyError) as exc:
+        raise GpuzombieError(f"cannot merge into {destination}/: {exc}") from exc
+    click.echo(f"{destination}/: {len(written)} files rebuilt")
     return ExitStatus.OK
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -249,5 +250,29 @@ def write_results(
             (folder / name).write_text(text)
     if nccl is not None:
         data["nccl"] = _jsonable(nccl)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
+    """Merge other lab runs' results.json (and their scenario folders) into ``dest``: runs of the
+    same kind made in separate calls (one runtime each on a machine with a time limit per call)."""
+    data = load(dest) if (dest / RESULTS_JSON).exists() else None
+    for source in sources:
+        other = load(source)
+        if data is None:
+            data = {**other, "scenarios": {}}
+        if other.get("kind") != data.get("kind"):
+            raise ValueError(f"{source}: results of another kind ({other.get('kind')} vs {data.get('kind')})")
+        for key, entry in other["scenarios"].items():
+            data["scenarios"][key] = entry
+            if (source / key).is_dir():
+                shutil.copytree(source / key, dest / key, dirs_exist_ok=True)
+        if other.get("nccl") is not None:
+            data["nccl"] = other["nccl"]
+    if data is None:
+        raise ValueError("nothing to merge")
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / RESULTS_JSON
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path

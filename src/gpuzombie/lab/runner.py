@@ -169,7 +169,7 @@ def run_lab(
 ) -> LabOutcome:
     """Run every requested scenario on every runtime, ``repeat`` times, write OUT/results.json and
     render the report. Ctrl-C or SIGTERM at any point: every pod (and a private containerd) is
-    removed before KeyboardInterrupt propagates.
+    removed before KeyboardInterrupt propagates, and the runs finished by then are in results.json.
 
     ``progress(step, steps, line)`` reports each step as it happens; step 0 is a notice before
     the first (the CPU stand-in's label).
@@ -191,20 +191,29 @@ def run_lab(
     def say(line: str) -> None:
         progress(step, steps, line)
 
-    with interrupts_as_keyboard_interrupt():
-        for runtime in request.runtimes if pods else ():
-            config = replace(request.config, device=device, backend=backend, runtime=runtime)
-            with lab_runtime(request, runtime, gpu=device == "cuda") as cri:
-                for attempt in range(1, request.repeat + 1):
-                    for name in pods:
-                        step += 1
-                        runs.append(run_one(name, config, nvml, say, cri, attempt))
-        if NCCL in request.scenarios:
-            step += 1
-            nccl = run_nccl(request.ranks, request.device, request.out, say)
+    def write(nccl: Mapping[str, Any] | None = None) -> Path:
+        try:
+            return write_results(runs, request.out, command=request.command, gpus=gpus, nccl=nccl)
+        except OSError as exc:
+            raise GpuzombieError(f"cannot write the results to {request.out}/: {exc}") from exc
+
     try:
-        path = write_results(runs, request.out, command=request.command, gpus=gpus, nccl=nccl)
-        report.build(request.out)
-    except OSError as exc:
-        raise GpuzombieError(f"cannot write the results to {request.out}/: {exc}") from exc
+        with interrupts_as_keyboard_interrupt():
+            for runtime in request.runtimes if pods else ():
+                config = replace(request.config, device=device, backend=backend, runtime=runtime)
+                with lab_runtime(request, runtime, gpu=device == "cuda") as cri:
+                    for attempt in range(1, request.repeat + 1):
+                        for name in pods:
+                            step += 1
+                            runs.append(run_one(name, config, nvml, say, cri, attempt))
+                            write()  # every finished run is kept, even if a later one is interrupted
+            if NCCL in request.scenarios:
+                step += 1
+                nccl = run_nccl(request.ranks, request.device, request.out, say)
+    except KeyboardInterrupt:
+        if runs:
+            report.build(request.out)
+        raise
+    path = write(nccl)
+    report.build(request.out)
     return LabOutcome(runs=tuple(runs), results_path=path, gpus=gpus, standin=backend == CPU_STANDIN)
