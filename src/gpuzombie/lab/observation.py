@@ -194,7 +194,10 @@ def render_observation(obs: Observation, observe_text: str | None) -> str:
     ]
     if not obs.processes:
         lines.append("(the pod has no process)")
-    lines += ["", "# gpuzombie observe --json, run inside the pod with nsenter --pid --mount, rendered"]
+    lines += [
+        "",
+        "# gpuzombie observe --json, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)",
+    ]
     if obs.observe_error:
         lines.append(f"# {obs.observe_error}")
     lines.append(observe_text or ("(not run: the pod is gone)" if obs.observe_rc is None else "(no report)"))
