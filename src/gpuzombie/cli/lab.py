@@ -230,10 +230,10 @@ def run_command(
         out_console = Console()
         out_console.width = max(out_console.width, 120)
         out_console.print(summary_table(runs))
-    if nccl is not None:
+    if outcome.nccl is not None:
         from gpuzombie.lab.nccl.report import print_comparison
 
-        print_comparison(nccl)
+        print_comparison(outcome.nccl)
     console.print(
         f"wrote {path.parent}/ (comparison.md, results.json" + (", memory-timeline.png)" if runs else ", nccl/)")
     )

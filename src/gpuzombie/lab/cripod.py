@@ -328,7 +328,7 @@ class CriPod:
         try:
             done = self.runtime.client.exec_sync(self.container_id, list(argv), timeout=timeout)
         except CriError as exc:
-            if "DEADLINE_EXCEEDED" not in str(exc):
+            if exc.code != "DEADLINE_EXCEEDED":
                 raise
             return subprocess.CompletedProcess(list(argv), 124, "", str(exc))
         return _completed(argv, done)

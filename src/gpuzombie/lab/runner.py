@@ -84,9 +84,11 @@ class LabOutcome:
     gpus: GpuSnapshot
     standin: bool
     """The scenarios ran on the CPU stand-in (host memory, no GPU)."""
+    nccl: dict[str, Any] | None = None
+    """The NCCL comparison's results, when it ran."""
 
 
-def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress) -> Mapping[str, Any]:
+def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress) -> dict[str, Any]:
     """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
     try:  # imported here: only this scenario needs it, and a trimmed install may lack it
         from gpuzombie.lab.nccl import run_nccl_comparison
@@ -216,4 +218,4 @@ def run_lab(
         raise
     path = write(nccl)
     report.build(request.out)
-    return LabOutcome(runs=tuple(runs), results_path=path, gpus=gpus, standin=backend == CPU_STANDIN)
+    return LabOutcome(runs=tuple(runs), results_path=path, gpus=gpus, standin=backend == CPU_STANDIN, nccl=nccl)
