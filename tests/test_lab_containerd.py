@@ -75,10 +75,13 @@ def test_s5_share_process_namespace_reaps_and_does_not_wait_the_grace(lab):
     assert not e["metrics"]["waited_whole_grace"] and e["metrics"]["release_latency_s"] < 1.0
 
 
-def test_observe_ran_inside_the_container(lab):
+def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
     out, _ = lab
     text = (out / "s1-nofix-containerd" / "observe-after-kill.log").read_text()
     assert "PID 1: sleep infinity" in text and "summary: 2 zombies" in text
+    namespace, name = entry(lab, "s1-nofix")["pod"]["pod"].split("/")
+    zombies = [line.split() for line in (out / "s1-nofix-containerd" / "gpu-pod-trace.log").read_text().splitlines()]
+    assert [z[7:10] for z in zombies if name in z] == [[name, namespace, "workload"]] * 2
 
 
 def test_a_hook_longer_than_the_grace_is_cut_off(containerd):  # noqa: F811  (the fixture)
