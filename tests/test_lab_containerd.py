@@ -4,9 +4,11 @@ also after a run stopped by SIGTERM or Ctrl-C at any step."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -187,3 +189,52 @@ def test_an_interrupted_run_leaves_nothing(tmp_path, sig, step):
             for w in workers
             if os.path.exists(f"/proc/{w[0]}") and w in _ours(f"gpuzombie.workloads.worker --size-mib {SIZE} ")
         ]
+
+
+def _char_device(path: Path) -> str:
+    """A character device node standing in for /dev/nvidia0 (the null device's numbers)."""
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return str(path)
+
+
+def test_gpu_parts_are_the_char_devices_and_the_driver_files(tmp_path):
+    from gpuzombie.lab.cripod import find_gpu_parts
+
+    (tmp_path / "nvidia-caps").mkdir()
+    devices = [_char_device(tmp_path / n) for n in ("nvidia0", "nvidiactl", "nvidia-uvm")]
+    devices.append(_char_device(tmp_path / "nvidia-caps" / "nvidia-cap1"))
+    (tmp_path / "nvidia-not-a-device").write_text("")
+    parts = find_gpu_parts(str(tmp_path))
+    assert sorted(parts.devices) == sorted(devices)
+
+
+def test_a_device_given_to_the_container_is_there(containerd, tmp_path):  # noqa: F811  (the fixture)
+    """The CRI Device plumbing of a GPU container, with a stand-in device node (no GPU here)."""
+    from gpuzombie.lab.cripod import CriPod, cri_runtime_on
+
+    device = _char_device(tmp_path / "nvidia0")
+    runtime = dataclasses.replace(cri_runtime_on(containerd), devices=(device,))
+    with open(os.devnull, "w") as log:
+        pod = CriPod(runtime, "device", "tini", ["true"], log=log, events=EventLog())
+        pod.start()
+        try:
+            listing = pod.exec(["ls", "-l", device], timeout=10)
+            python = pod.exec([sys.executable, "-c", "import gpuzombie; print('ok')"], timeout=30)
+        finally:
+            pod.kill()
+    assert listing.returncode == 0 and listing.stdout.startswith("c"), listing
+    assert python.stdout.strip() == "ok", python  # the host's Python and the project, mounted read-only
+
+
+def test_a_failed_cri_call_is_one_line_naming_the_call(tmp_path, capsys):
+    """An image that is not there (the busybox archive holds another name): CreateContainer fails."""
+    from gpuzombie.k8s.containerd import ImageSpec, pause_image, write_image_archive
+
+    archives = tmp_path / "images"
+    archives.mkdir()
+    write_image_archive(pause_image(), archives / "pause.tar")
+    write_image_archive(ImageSpec(name="localhost/not-busybox:1", files={}), archives / "busybox.tar")
+    argv = ["lab", "run", "--runtime", "containerd", "--scenario", "s2-tini", "--grace", "2", "--device", "cpu"]
+    status = main([*argv, "--image-archives", str(archives), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and err.startswith("gpuzombie: error: CreateContainer: ") and "not found" in err, err
