@@ -11,10 +11,11 @@
 #                 on cuda, into $OUT: lab-runtimes-<runtime>.tgz (unpack as a results folder),
 #                 comparison-<runtime>.md, results-<runtime>.json, timeline-<runtime>.png, the log.
 #
-# One runtime × 3 repeats × 5 scenarios with a 30 s grace is about 55 s per repeat for S1, 35 s for
-# S3 and 10-15 s for S2, S4, S5 (torch start-up included), so about 6 minutes: one runtime per call
-# keeps each call within 9 minutes; `both` would need about 12. The lab is stopped (SIGTERM, which
-# removes its pods and containerd and keeps the finished runs) at BUDGET_S. Merge the two calls here:
+# Time: the committed H200 run (namespaces, torch, 30 s grace) took 35.5 s for S1, 6.2 s for S2,
+# 25.8 s for S3 and 5.8 s for S4, pod start to last observation; with S5 (~6 s) about 80 s a pass,
+# so one runtime × 3 passes is about 4.5-5 minutes with the report, and `both` about 9.5-10: one
+# runtime per call keeps each call well within 9 minutes. The lab is stopped (SIGTERM, which removes
+# its pods and containerd and keeps the finished runs) at BUDGET_S. Merge the two calls here:
 #   gpuzombie lab merge results/runtimes <dir of the namespaces call> <dir of the containerd call>
 # Dry run without a GPU: DEVICE=cpu GRACE=2 SIZE_MIB=64 REPEAT=1 scripts/device/lab_runtimes.sh run both
 set -uo pipefail
