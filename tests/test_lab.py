@@ -186,3 +186,23 @@ def test_unshare_failure_is_one_line_error_with_the_reason(tmp_path, capsys, mon
     )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and "Operation not permitted" in err and err.startswith("gpuzombie: error: pod")
+
+
+def test_observe_log_is_rendered_from_the_same_json_snapshot(lab):
+    out, data = lab
+    for name, e in data["scenarios"].items():
+        for point in ("after-spawn", "after-kill"):
+            s = obs(e, point)["observe_summary"]
+            text = (out / name / f"observe-{point}.log").read_text()
+            assert f"summary: {s['zombies']} zombies, {s['orphans']} orphans," in text, (name, point)
+
+
+def test_comparison_symbols_mean_one_thing(lab):
+    comparison = (lab[0] / "comparison.md").read_text()
+    row = {line.split(" | ")[0].lstrip("| "): line for line in comparison.splitlines() if line.startswith("| ")}
+    s1, s2 = row["Zombies (좀비 수거)"].split(" | ")[1:3]
+    assert s1.startswith("❌") and s2.startswith("✅")  # zombies are bad, reaping is good
+    assert row["Orphans (고아 발생)"].split(" | ")[1].startswith("❌")  # orphans never reaped in S1
+    assert "✅ none: RSS freed" in row["Orphaned CUDA ctx after kill -9"]
+    assert row["Node reboot needed"].count("✅ not needed") >= 4
+    assert "✅ the good outcome, ❌ the bad one" in comparison

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.lab.sampler import NvmlProbe
@@ -78,3 +79,60 @@ def test_results_of_another_kind_are_replaced_not_mixed(tmp_path):
     write_results([], tmp_path, command=["x"], gpus=GpuSnapshot(available=False), nccl={"y": 2})
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["nccl"] == {"y": 2} and data["kind"] == "cpu-standin"
+
+
+def test_results_does_not_import_the_report():
+    import subprocess
+    import sys
+
+    code = "import sys, gpuzombie.lab.results; print('gpuzombie.lab.report' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_lab_run_does_not_write_into_the_committed_results_by_default():
+    from gpuzombie.cli.lab import run_command
+
+    out = next(p for p in run_command.params if p.name == "out")
+    assert str(out.default) == "lab-out"
+
+
+def entry(delete: float, kill9: float, last: float) -> dict:
+    return {
+        "deletion": {"requested_at": delete},
+        "events": [{"t": kill9, "name": "kill-9"}],
+        "samples": {"t": [0.0, last]},
+    }
+
+
+def test_timeline_puts_every_scenario_on_one_time_scale():
+    from gpuzombie.lab.report import timeline_range
+
+    lo, hi = timeline_range({"s1": entry(10.0, 9.0, 40.5), "s2": entry(5.0, 3.0, 5.4)})
+    assert lo < -2.0 < 30.5 < hi < 32.0  # S2's kill -9 (2 s before) and S1's 30.5 s on one axis
+
+
+def test_merge_keeps_the_runs_of_each_call_and_refuses_another_kind(tmp_path):
+    import json
+
+    import pytest
+
+    from gpuzombie.lab.results import SCHEMA, merge_results
+
+    def results(folder: str, kind: str, keys: list[str]) -> Path:
+        path = tmp_path / folder
+        for key in keys:
+            (path / key).mkdir(parents=True)
+            (path / key / "pod.log").write_text(key)
+        data = {"schema": SCHEMA, "kind": kind, "scenarios": {k: {"group": k} for k in keys}}
+        (path / "results.json").write_text(json.dumps(data))
+        return path
+
+    a = results("a", "gpu: NVIDIA H200", ["s1-nofix", "s1-nofix-run2"])
+    b = results("b", "gpu: NVIDIA H200", ["s1-nofix-containerd"])
+    merge_results(tmp_path / "all", [a, b])
+    data = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert sorted(data["scenarios"]) == ["s1-nofix", "s1-nofix-containerd", "s1-nofix-run2"]
+    assert (tmp_path / "all" / "s1-nofix-containerd" / "pod.log").read_text() == "s1-nofix-containerd"
+    with pytest.raises(ValueError, match="another kind"):
+        merge_results(tmp_path / "all", [results("c", "cpu-standin", ["s2-tini"])])

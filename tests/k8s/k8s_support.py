@@ -34,6 +34,7 @@ SCENARIOS = {
     "tiniPrestop": ("gpu-zombie-tini-prestop", "s3-tini-prestop"),
     "fullfix": ("gpu-zombie-fullfix", "s4-fullfix"),
     "nofixUid1000": ("gpu-zombie-nofix-uid1000", "s1-nofix"),
+    "sharePid": ("gpu-zombie-sharepid", "s5-sharepid"),
 }
 DEFAULT_SCENARIOS = ("nofix", "tini", "tiniPrestop", "fullfix")
 

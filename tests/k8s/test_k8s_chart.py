@@ -98,6 +98,18 @@ def test_scenario_pods_follow_the_seed_table(default_objects):
             assert "lifecycle" not in worker
 
 
+def test_share_process_namespace_is_a_toggle():
+    """S5 is S1's pod with the pause as PID 1; the toggle works on any scenario and is off by default."""
+    pod = pods_by_name(render(only("sharePid")))["gpu-zombie-sharepid"]
+    assert pod["spec"]["shareProcessNamespace"] is True
+    assert container(pod)["image"].endswith(":nofix") and container(pod)["args"][2].endswith(" & exec sleep infinity")
+    validate_strictly(pod)
+    values = only("tini")
+    values["scenarios"]["tini"]["shareProcessNamespace"] = True
+    assert pods_by_name(render(values))["gpu-zombie-tini"]["spec"]["shareProcessNamespace"] is True
+    assert all("shareProcessNamespace" not in p["spec"] for p in pods_by_name(render()).values())
+
+
 def test_values_reach_every_pod():
     values = {
         "image": {"registry": "harbor.example.org", "repository": "aipf/gzt", "tagSuffix": "-abc1234"},

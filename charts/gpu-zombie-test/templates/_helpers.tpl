@@ -68,6 +68,9 @@ metadata:
     gpuzombie.io/scenario: {{ $s.id }}
 spec:
   terminationGracePeriodSeconds: {{ int $v.terminationGracePeriodSeconds }}
+  {{- if $s.shareProcessNamespace }}
+  shareProcessNamespace: true
+  {{- end }}
   {{- with $v.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -14,65 +10,21 @@ from rich.table import Table
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.nvml import NvmlBackend, default_backend
-from gpuzombie.lab.pod import INITS, PodError
+from gpuzombie.lab.pod import INITS
 from gpuzombie.lab.report import build, format_seconds
-from gpuzombie.lab.results import run_key, write_results
-from gpuzombie.lab.scenarios import (
-    SCENARIOS,
-    LabConfig,
-    Scenario,
-    ScenarioError,
-    ScenarioRun,
-    run_scenario,
-)
-from gpuzombie.workloads.memory import (
-    BACKENDS,
-    CPU_STANDIN,
-    CPU_STANDIN_LABEL,
-    DEVICES,
-    torch_installed,
-)
+from gpuzombie.lab.results import merge_results, run_key
+from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
+from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
+from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
-CHOICES = (*SCENARIOS, "nccl", "all")
+CHOICES = (*SCENARIOS, NCCL, "all")
+DEFAULT_OUT = Path("lab-out")
+"""Not results/: that folder holds the committed GPU run, which a CPU run must not replace."""
 
 
 @click.group(short_help="Run the seed's scenarios as PID namespaces and measure them.")
 def command() -> None:
-    """Run the seed's scenarios as PID namespaces on this machine and write results/."""
-
-
-def choose_device_and_backend(device: str, backend: str, gpus_available: bool) -> tuple[str, str]:
-    """(device, backend) to use: a GPU when NVML sees one, else the labelled CPU stand-in."""
-    if device == "auto":
-        device = "cuda" if gpus_available else "cpu"
-    if device == "cuda" and not gpus_available:
-        raise GpuzombieError("--device cuda: NVML sees no GPU here (use --device cpu or auto)")
-    if device == "cpu":
-        return device, CPU_STANDIN
-    if backend == "auto":
-        backend = "torch" if torch_installed() else "ctypes"
-    if backend == "torch" and not torch_installed():
-        raise GpuzombieError("--backend torch: torch is not installed (use --backend ctypes)")
-    return device, backend
-
-
-def check_can_make_pods() -> None:
-    """Fail in one line before the first pod rather than in the middle of a scenario."""
-    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
-    if missing:
-        raise GpuzombieError(f"the lab needs util-linux's {' and '.join(missing)} on PATH")
-    if os.geteuid() != 0:
-        raise GpuzombieError("the lab makes PID namespaces and enters them: run it as root")
-
-
-def run_nccl(ranks: int | None, device: str, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
-    try:  # imported here: only this scenario needs it, and a trimmed install may lack it
-        from gpuzombie.lab.nccl import run_nccl_comparison
-    except ImportError as exc:
-        raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
-    return run_nccl_comparison(ranks=ranks, device=device, out_dir=out, cases=None, observe_seconds=None, progress=say)
+    """Run the seed's scenarios as PID namespaces on this machine and write their results."""
 
 
 def exact_command() -> list[str]:
@@ -124,7 +76,35 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     type=click.Choice(CHOICES),
     default="all",
     show_default=True,
-    help="One of the seed's scenarios, all four, or the NCCL comparison.",
+    help="One scenario (S1-S4 the seed's, S5 shareProcessNamespace), all five, or the NCCL comparison.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice([*RUNTIMES, "both"]),
+    default="namespaces",
+    show_default=True,
+    help="namespaces: PID namespaces made here; containerd: real CRI pods (a private containerd unless "
+    "--cri-socket); both: each scenario on both, side by side in comparison.md.",
+)
+@click.option(
+    "--cri-socket",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A running containerd's CRI socket to make the pods on.  [default: a private containerd per run]",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 50),
+    default=1,
+    show_default=True,
+    help="Run each scenario N times; comparison.md shows the median and min–max of each timing.",
+)
+@click.option(
+    "--image-archives",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
+    "instead of building them from this host's catatonit and busybox.",
 )
 @click.option(
     "--workers",
@@ -186,12 +166,16 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("results"),
+    default=DEFAULT_OUT,
     show_default=True,
     help="Where results.json, comparison.md, the plots and one folder per scenario go.",
 )
 def run_command(
     scenario: str,
+    runtime: str,
+    cri_socket: str | None,
+    repeat: int,
+    image_archives: Path | None,
     workers: int,
     grace: float,
     device: str,
@@ -216,50 +200,40 @@ def run_command(
     (Ctrl-C stops the pods; nothing is left running).
     """
     console = Console(stderr=True, log_path=False)
-    nvml = default_backend()
-    gpus = nvml.read()
-    lab_device, lab_backend = choose_device_and_backend(device, backend, gpus.available and bool(gpus.devices))
-    names = list(SCENARIOS) if scenario == "all" else [scenario]
-    if names != ["nccl"]:
-        check_can_make_pods()
-    if lab_backend == CPU_STANDIN and names != ["nccl"]:
-        console.print(f"[bold yellow]{CPU_STANDIN_LABEL}[/] ({gpus.reason or 'device cpu'})")
-    config = LabConfig(
-        workers=workers,
-        grace=grace,
-        device=lab_device,
-        backend=lab_backend,
-        size_mib=size_mib,
-        uid=uid,
-        init=init,
-        main=main_process,
+    config = LabConfig(workers=workers, grace=grace, size_mib=size_mib, uid=uid, init=init, main=main_process)
+    request = LabRequest(
+        scenarios=list(SCENARIOS) if scenario == "all" else [scenario],
+        config=config,
+        out=out,
+        command=exact_command(),
+        device=device,
+        backend=backend,
+        ranks=ranks,
+        runtimes=RUNTIMES if runtime == "both" else (runtime,),
+        repeat=repeat,
+        cri_socket=cri_socket,
+        image_archives=image_archives,
     )
-    runs: list[ScenarioRun] = []
-    nccl = None
     with console.status("starting") as status:
-        for number, name in enumerate(names, 1):
-            step = f"[{number}/{len(names)}] " if len(names) > 1 else ""
 
-            def say(line: str, step: str = step) -> None:
-                console.log(step + line)
-                status.update(step + line)
+        def say(step: int, steps: int, line: str) -> None:
+            if step == 0:
+                console.print(f"[bold yellow]{line}[/]")
+                return
+            prefix = f"[{step}/{steps}] " if steps > 1 else ""
+            console.log(prefix + line)
+            status.update(prefix + line)
 
-            if name == "nccl":
-                nccl = run_nccl(ranks, device, out, say)
-            else:
-                runs.append(_run_one(SCENARIOS[name], config, nvml, say))
-    try:
-        path = write_results(runs, out, command=exact_command(), gpus=gpus, nccl=nccl)
-    except OSError as exc:
-        raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
+        outcome = run_lab(request, progress=say)
+    runs, path = list(outcome.runs), outcome.results_path
     if runs:
         out_console = Console()
         out_console.width = max(out_console.width, 120)
         out_console.print(summary_table(runs))
-    if nccl is not None:
+    if outcome.nccl is not None:
         from gpuzombie.lab.nccl.report import print_comparison
 
-        print_comparison(nccl)
+        print_comparison(outcome.nccl)
     console.print(
         f"wrote {path.parent}/ (comparison.md, results.json" + (", memory-timeline.png)" if runs else ", nccl/)")
     )
@@ -270,12 +244,46 @@ def run_command(
     return ExitStatus.OK
 
 
-def _run_one(scenario: Scenario, config: LabConfig, nvml: NvmlBackend, say: Callable[[str], None]) -> ScenarioRun:
-    """One scenario; a pod that cannot start or a workload that fails is a one-line error."""
+@command.command("images", short_help="Write the lab's pause and busybox images as archives to carry.")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def images_command(directory: Path) -> int:
+    """Write pause.tar (catatonit -P) and busybox.tar into DIRECTORY, for `lab run --runtime
+    containerd --image-archives DIRECTORY` on a machine without catatonit or busybox-static.
+
+    \b
+    Exit codes: 0 written, 2 catatonit or busybox missing here, or DIRECTORY not writable.
+    """
     try:
-        return run_scenario(scenario, config, nvml=nvml, progress=say)
-    except (ScenarioError, PodError) as exc:
-        raise GpuzombieError(str(exc)) from exc
+        from gpuzombie.k8s.containerd import ContainerdError
+        from gpuzombie.lab.cripod import write_image_archives
+    except ImportError as exc:
+        raise GpuzombieError(f"lab images needs the cri extra ({exc})") from exc
+    try:
+        written = write_image_archives(directory)
+    except (OSError, ContainerdError) as exc:
+        raise GpuzombieError(f"cannot write the images to {directory}/: {exc}") from exc
+    for path in written:
+        click.echo(str(path))
+    return ExitStatus.OK
+
+
+@command.command("merge", short_help="Merge lab runs made in separate calls into one results folder.")
+@click.argument("destination", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def merge_command(destination: Path, sources: tuple[Path, ...]) -> int:
+    """Merge each SOURCE's results.json and scenario folders into DESTINATION (runs with the same
+    name are replaced), then rebuild its comparison.md, notes and plots.
+
+    \b
+    Exit codes: 0 merged, 2 a results.json missing, unreadable or of another kind.
+    """
+    try:
+        merge_results(destination, sources)
+        written = build(destination)
+    except (OSError, ValueError, KeyError) as exc:
+        raise GpuzombieError(f"cannot merge into {destination}/: {exc}") from exc
+    click.echo(f"{destination}/: {len(written)} files rebuilt")
+    return ExitStatus.OK
 
 
 @command.command("report", short_help="Rebuild comparison.md, notes and plots from results.json.")

@@ -58,6 +58,8 @@ class PodSpec:
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     qos: str = "besteffort"
     labels: Mapping[str, str] = field(default_factory=dict)
+    share_process_namespace: bool = False
+    """``shareProcessNamespace: true``: one PID namespace for the pod, the pause container its PID 1."""
 
     def __post_init__(self) -> None:
         if self.qos not in QOS_CLASSES:
@@ -92,6 +94,8 @@ class ContainerSpec:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[BindMount, ...] = ()
+    devices: tuple[str, ...] = ()
+    """Host device nodes given to the container at the same path (``rwm``), as device plugins do."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,12 @@ class ExecResult:
     stderr: bytes
 
 
-def _namespaces(host_network: bool) -> pb.NamespaceOption:
-    """The kubelet's defaults: a pod-wide IPC namespace, one PID namespace per container."""
+def _namespaces(host_network: bool, share_pid: bool = False) -> pb.NamespaceOption:
+    """The kubelet's defaults: a pod-wide IPC namespace, one PID namespace per container (one for
+    the pod with shareProcessNamespace)."""
     return pb.NamespaceOption(
         network=pb.NODE if host_network else pb.POD,
-        pid=pb.CONTAINER,
+        pid=pb.POD if share_pid else pb.CONTAINER,
         ipc=pb.POD,
     )
 
@@ -120,7 +125,9 @@ def sandbox_config(pod: PodSpec, *, log_root: str = KUBELET_LOG_ROOT, host_netwo
         annotations={"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": "gpuzombie"},
         linux=pb.LinuxPodSandboxConfig(
             cgroup_parent=pod.cgroup_parent,
-            security_context=pb.LinuxSandboxSecurityContext(namespace_options=_namespaces(host_network)),
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=_namespaces(host_network, pod.share_process_namespace)
+            ),
         ),
     )
 
@@ -137,11 +144,14 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
             pb.Mount(container_path=m.container_path, host_path=m.host_path, readonly=m.readonly)
             for m in container.mounts
         ],
+        devices=[pb.Device(container_path=d, host_path=d, permissions="rwm") for d in container.devices],
         labels={POD_NAME: pod.name, POD_NAMESPACE: pod.namespace, POD_UID: pod.uid, CONTAINER_NAME: container.name},
         annotations={"io.kubernetes.container.restartCount": "0"},
         log_path=f"{container.name}/0.log",
         linux=pb.LinuxContainerConfig(
-            security_context=pb.LinuxContainerSecurityContext(namespace_options=_namespaces(host_network)),
+            security_context=pb.LinuxContainerSecurityContext(
+                namespace_options=_namespaces(host_network, pod.share_process_namespace)
+            ),
         ),
     )
 

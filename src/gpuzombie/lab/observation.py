@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuzombie.lab.pod import Pod
+from gpuzombie.lab.pod import LabPod
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0
@@ -67,11 +67,11 @@ def role_of(proc: ProcessInfo, pid1: int, roles: Mapping[int, str]) -> str:
     return "other"
 
 
-def pod_table(pod: Pod) -> ProcessTable:
+def pod_table(pod: LabPod) -> ProcessTable:
     return Procfs("/proc").snapshot(pids=pod.processes(), now=time.time())
 
 
-def host_view(pod: Pod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
+def host_view(pod: LabPod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
     table = pod_table(pod)
     return tuple(
         PodProcess(
@@ -94,29 +94,35 @@ def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
     return zombies, orphans
 
 
-def run_observe(pod: Pod, *, as_json: bool) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "gpuzombie", "observe"] + (["--json"] if as_json else [])
-    return pod.exec(argv, timeout=OBSERVE_TIMEOUT_S)
+def run_observe(pod: LabPod) -> subprocess.CompletedProcess[str]:
+    """``gpuzombie observe --json`` inside the pod: one snapshot per point; the log's text is
+    rendered from that JSON, so the two can never disagree."""
+    return pod.exec([sys.executable, "-m", "gpuzombie", "observe", "--json"], timeout=OBSERVE_TIMEOUT_S)
 
 
-def observe(pod: Pod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
+def parse_observe(done: subprocess.CompletedProcess[str]) -> tuple[Mapping[str, Any] | None, str | None]:
+    """(observe's JSON report, None), or (None, a one-line reason) when it gave none."""
+    try:
+        report = json.loads(done.stdout)
+        if isinstance(report, dict) and isinstance(report.get("summary"), dict):
+            return report, None
+    except ValueError:
+        pass
+    last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
+    return None, f"observe gave no JSON summary (exit {done.returncode}): {last[:200]}"
+
+
+def observe(pod: LabPod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
     """Take one observation; returns it and the text for ``observe-<point>.log``."""
     processes = host_view(pod, roles) if pod.running else ()
     zombies, orphans = count(processes, pod.pid1)
     rc: int | None = None
-    summary: Mapping[str, Any] | None = None
+    report: Mapping[str, Any] | None = None
     error: str | None = None
-    observe_text = ""
     if pod.running:
-        done = run_observe(pod, as_json=True)
+        done = run_observe(pod)
         rc = done.returncode
-        try:
-            summary = json.loads(done.stdout)["summary"]
-        except (ValueError, KeyError, TypeError):
-            last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
-            error = f"observe gave no JSON summary (exit {rc}): {last}"
-        text_run = run_observe(pod, as_json=False)
-        observe_text = (text_run.stdout + text_run.stderr).rstrip()
+        report, error = parse_observe(done)
     obs = Observation(
         point=point,
         t=t,
@@ -124,13 +130,60 @@ def observe(pod: Pod, point: str, t: float, roles: Mapping[int, str]) -> tuple[O
         orphans=orphans,
         processes=processes,
         observe_rc=rc,
-        observe_summary=summary,
+        observe_summary=None if report is None else report["summary"],
         observe_error=error,
     )
-    return obs, render_observation(obs, observe_text)
+    return obs, render_observation(obs, None if report is None else safe_render(report))
 
 
-def render_observation(obs: Observation, observe_text: str) -> str:
+def safe_render(report: Mapping[str, Any]) -> str:
+    """``render_observe_report``, or one line when the pod's JSON has an unexpected shape (the
+    pod controls what observe prints)."""
+    try:
+        return render_observe_report(report)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        return f"(observe's JSON has an unexpected shape: {type(exc).__name__})"
+
+
+def render_observe_report(report: Mapping[str, Any]) -> str:
+    """The readable form of observe's JSON (PID 1, processes, findings, GPU processes, summary)."""
+    pid1 = report.get("pid1") or {}
+    lines = [f"PID 1: {str(pid1.get('command') or '?')[:120]}  ->  {pid1.get('kind')}: {pid1.get('note')}"]
+    lines.append(f"{'PID':>7} {'PPID':>7} {'STAT':>4} {'AGE':>6}  COMMAND")
+    lines += [
+        f"{p.get('pid', '?'):>7} {p.get('ppid', '?'):>7} {p.get('state', '?'):>4} "
+        f"{p.get('age_s', '?'):>5}s  {str(p.get('command', ''))[:100]}"
+        for p in report.get("processes") or []
+    ]
+    lines += [
+        f"zombie: pid {z.get('pid')} ({z.get('comm')}), {z.get('reaped_by')}" for z in report.get("zombies") or []
+    ]
+    lines += [
+        f"orphan? pid {o.get('pid')} ({o.get('comm')}): {o.get('verdict')}; {'; '.join(o.get('evidence') or [])}"
+        for o in report.get("orphans") or []
+    ]
+    gpu = report.get("gpu") or {}
+    if not gpu.get("available"):
+        lines.append(f"no GPU/NVML: {gpu.get('reason')}")
+    lines += [
+        f"GPU {d.get('index')} {d.get('name')}: {d.get('memory_used_mib')} / {d.get('memory_total_mib')} MiB used"
+        for d in gpu.get("devices") or []
+    ]
+    lines += [
+        f"GPU process: GPU {g.get('gpu_index')} nvml pid {g.get('nvml_pid')} (local {g.get('local_pid')}) "
+        f"{g.get('comm')} {g.get('used_memory_mib')} MiB -> {g.get('verdict')}"
+        for g in report.get("gpu_processes") or []
+    ]
+    s = report["summary"]
+    lines.append(
+        f"summary: {s.get('zombies')} zombies, {s.get('orphans')} orphans, {s.get('orphaned_contexts')} "
+        f"orphaned contexts, {s.get('ghost_gpus')} GPUs with ghost memory -> "
+        + ("HEALTHY" if s.get("healthy") else "FINDINGS")
+    )
+    return "\n".join(lines)
+
+
+def render_observation(obs: Observation, observe_text: str | None) -> str:
     lines = [
         f"# observation: {obs.point} (t = {obs.t:.3f} s)",
         f"# lab count from the host: zombies={obs.zombies} orphans={obs.orphans}",
@@ -141,10 +194,11 @@ def render_observation(obs: Observation, observe_text: str) -> str:
     ]
     if not obs.processes:
         lines.append("(the pod has no process)")
-    lines += ["", "# gpuzombie observe (run inside the pod with nsenter --pid --mount)"]
-    if obs.observe_summary is not None:
-        lines.append(f"# summary: {json.dumps(obs.observe_summary)}")
+    lines += [
+        "",
+        "# gpuzombie observe --json, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)",
+    ]
     if obs.observe_error:
         lines.append(f"# {obs.observe_error}")
-    lines.append(observe_text or "(not run: the pod is gone)")
+    lines.append(observe_text or ("(not run: the pod is gone)" if obs.observe_rc is None else "(no report)"))
     return "\n".join(lines) + "\n"

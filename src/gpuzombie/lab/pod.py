@@ -10,6 +10,7 @@ grace-period waste. ``--kill-child`` is only the backstop if the lab itself dies
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -20,7 +21,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 from gpuzombie.lab.events import EventLog
 from gpuzombie.proc.procfs import Procfs
@@ -43,7 +44,10 @@ def pdeathsig_prefix() -> tuple[str, ...]:
 
 
 INITS = ("sleep", "tini", "tini-g", "dumb-init")
-INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init"}
+INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init", "pause": "catatonit"}
+PAUSE = "pause"
+"""shareProcessNamespace: the pod's pause (``catatonit -P``, which reaps) is PID 1 and the container
+runs S1's command beside it, not as PID 1."""
 
 
 def init_binary(name: str) -> str:
@@ -101,6 +105,12 @@ def pidns_of(pid: int) -> int | None:
     return PROCFS.pidns(pid)
 
 
+def pod_pid1(pidns: int) -> int | None:
+    """The host pid of the PID namespace's init (its pid 1 there), or None when it has none."""
+    table = PROCFS.snapshot(pids=pids_in_pidns(pidns), now=time.time(), with_cgroup=False)
+    return next((p.pid for p in table if p.innermost_pid == 1), None)
+
+
 def pids_in_pidns(pidns: int) -> list[int]:
     """Every host pid whose PID namespace is ``pidns`` (zombies included)."""
     return PROCFS.pids_in_pidns(pidns)
@@ -122,6 +132,31 @@ class Deletion:
     leftovers: tuple[int, ...]
 
 
+class LabPod(Protocol):
+    """What a scenario needs of a pod, on either runtime (``Pod`` here, ``cripod.CriPod``)."""
+
+    init: str
+    pid1: int
+    """Host pid of the pod's PID 1 (the init, or the pause with shareProcessNamespace)."""
+    main_pid: int
+    """Host pid of the container's main process (PID 1 unless the pod shares its namespace)."""
+    pidns: int
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def command_line(self) -> str: ...
+    @property
+    def ids(self) -> dict[str, int | str]: ...
+    def start(self) -> None: ...
+    def processes(self) -> list[int]: ...
+    def tree(self) -> list[int]: ...
+    def log_text(self) -> str: ...
+    def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]: ...
+    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion: ...
+    def kill(self) -> None: ...
+
+
 class Pod:
     """One pod: start it, run commands inside it (nsenter), delete it like the kubelet."""
 
@@ -138,13 +173,18 @@ class Pod:
     ) -> None:
         self.name = name
         self.init = init
-        self.argv = [*UNSHARE, *init_argv(init, shlex.join(main_command), shlex.join(then))]
+        command = init_argv("sleep" if init == PAUSE else init, shlex.join(main_command), shlex.join(then))
+        self.container_argv = command if init == PAUSE else None
+        """With a pause as PID 1, the container's command, started beside it by nsenter."""
+        self.argv = [*UNSHARE, *([init_binary("catatonit"), "-P"] if init == PAUSE else command)]
         self.launch = [*pdeathsig_prefix(), *self.argv]
         self.log = log
         self.events = events
         self.env = env if env is not None else absolute_pythonpath(os.environ)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.container: subprocess.Popen[bytes] | None = None
         self.pid1 = 0
+        self.main_pid = 0
         self.pidns = 0
 
     def start(self, timeout: float = 10.0) -> None:
@@ -164,6 +204,9 @@ class Pod:
                 ns = pidns_of(self.pid1)
                 if ns is not None and ns != pidns_of(os.getpid()) and self._init_running():
                     self.pidns = ns
+                    self.main_pid = self.pid1
+                    if self.container_argv is not None:
+                        self._start_container(deadline)
                     self.events.add("pod-start", f"{self.init} as PID 1 (host pid {self.pid1})")
                     return
             if self.proc.poll() is not None:
@@ -174,6 +217,41 @@ class Pod:
             time.sleep(0.005)
         self.kill()
         raise PodError(f"pod {self.name}: no PID 1 appeared within {timeout:.0f} s")
+
+    def _start_container(self, deadline: float) -> None:
+        """shareProcessNamespace: the container's command joins the pod's PID namespace beside the
+        pause (nsenter forks it there; its orphans are re-parented to the pause, which reaps)."""
+        assert self.container_argv is not None
+        self.container = subprocess.Popen(
+            ["nsenter", "--target", str(self.pid1), "--pid", "--mount", *self.container_argv],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        while time.monotonic() < deadline:
+            kids = children_of(self.container.pid)
+            if kids:
+                self.main_pid = kids[0]
+                return
+            time.sleep(0.005)
+        self.kill()
+        raise PodError(f"pod {self.name}: the container did not start beside the pause")
+
+    @property
+    def ids(self) -> dict[str, int | str]:
+        return {
+            "unshare_pid": self.proc.pid if self.proc else 0,
+            "pid1": self.pid1,
+            "main_pid": self.main_pid,
+            "pidns": self.pidns,
+        }
+
+    def log_text(self) -> str:
+        """The pod's output so far."""
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
 
     def _last_log_line(self) -> str:
         """': <the pod's last line of output>' (why unshare failed), or '' when it wrote none."""
@@ -221,17 +299,30 @@ class Pod:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
             return subprocess.CompletedProcess(cmd, 124, out or "", f"timed out after {timeout:.1f} s")
 
+    @property
+    def command_line(self) -> str:
+        """How the pod was started, for the report."""
+        line = shlex.join(self.argv)
+        if self.container_argv is not None:
+            line += " + (container, by nsenter beside it) " + shlex.join(self.container_argv)
+        return line
+
+    def _container_exited(self) -> bool:
+        """The container's main process is gone (with a pause, the pod itself lives on)."""
+        watched = self.container if self.container is not None else self.proc
+        return watched is not None and watched.poll() is not None
+
     def wait_exit(self, until: float) -> bool:
-        """Wait until the pod is gone or the events' clock reaches ``until``."""
-        assert self.proc is not None
+        """Wait until the container's main process is gone or the events' clock reaches ``until``."""
         while self.events.now() < until:
-            if self.proc.poll() is not None:
+            if self._container_exited():
                 return True
             time.sleep(0.002)
-        return self.proc.poll() is not None
+        return self._container_exited()
 
     def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
-        """The kubelet's order: preStop, SIGTERM to PID 1, SIGKILL at the end of the grace."""
+        """The kubelet's order: preStop, SIGTERM to the container's main process, SIGKILL at the end
+        of the grace; with a pause as PID 1, then the pod sandbox (the pause) goes too."""
         assert self.proc is not None
         requested = self.events.add("delete", f"grace {grace:g} s").t
         deadline = requested + grace
@@ -242,16 +333,18 @@ class Pod:
             done = self.exec(prestop, timeout=budget)
             prestop_rc, prestop_out, prestop_err = done.returncode, done.stdout, done.stderr
             self.events.add("prestop-end", f"exit {prestop_rc}")
-        sigterm_at = self.events.add("sigterm", f"PID 1 (host pid {self.pid1})").t
-        self._signal_pid1(signal.SIGTERM)
+        role = "PID 1" if self.main_pid == self.pid1 else "the container's main process"
+        sigterm_at = self.events.add("sigterm", f"{role} (host pid {self.main_pid})").t
+        self._signal(self.main_pid, signal.SIGTERM)
         sigkill_at = None
         if not self.wait_exit(deadline):
-            sigkill_at = self.events.add("sigkill", "grace period over: PID 1 and so the namespace").t
-            self._signal_pid1(signal.SIGKILL)
+            sigkill_at = self.events.add("sigkill", f"grace period over: {role}").t
+            self._signal(self.main_pid, signal.SIGKILL)
             if not self.wait_exit(self.events.now() + 10.0):
                 self.kill()
-        exited = self.events.add("pod-exit", f"unshare exit {self.proc.returncode}").t
-        leftovers = self.leftovers()
+        exit_code = self._end_container()
+        exited = self.events.add("pod-exit", f"container exit {exit_code}").t
+        self._stop_sandbox()
         return Deletion(
             requested_at=requested,
             grace_s=grace,
@@ -261,9 +354,31 @@ class Pod:
             sigterm_at=sigterm_at,
             sigkill_at=sigkill_at,
             exited_at=exited,
-            pod_exit_code=self.proc.returncode,
-            leftovers=leftovers,
+            pod_exit_code=exit_code,
+            leftovers=self.leftovers(),
         )
+
+    def _end_container(self) -> int | None:
+        """After the main process exited: with a pause as PID 1, the runtime SIGKILLs the rest of the
+        container (its processes share the pod's namespace, so the kernel would not); the exit code."""
+        if self.container is None:
+            return self.proc.returncode if self.proc else None
+        rest = [p for p in self.processes() if p != self.pid1]
+        if rest:
+            self.events.add("runtime-kill-all", f"SIGKILL to the container's {len(rest)} other process(es)")
+        for pid in rest:
+            self._signal(pid, signal.SIGKILL)
+        return self.container.returncode
+
+    def _stop_sandbox(self) -> None:
+        """With a pause as PID 1: StopPodSandbox kills it, and with it the namespace."""
+        if self.container is None:
+            return
+        self._signal(self.pid1, signal.SIGKILL)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        self.events.add("sandbox-removed", "the pause is gone")
 
     def leftovers(self) -> tuple[int, ...]:
         """Processes of the pod still there after it exited (must be none)."""
@@ -274,18 +389,19 @@ class Pod:
             left = self.processes()
         return tuple(left)
 
-    def _signal_pid1(self, sig: int) -> None:
-        # Only while unshare still runs: afterwards the pid may belong to someone else.
-        if not self.running:
+    def _signal(self, pid: int, sig: int) -> None:
+        # Only while unshare still runs and the pid is still in the pod: else it may be another's.
+        if not self.running or pidns_of(pid) != self.pidns:
             return
-        try:
-            os.kill(self.pid1, sig)
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
     def kill(self) -> None:
         """Backstop: SIGKILL PID 1 (the kernel then kills the namespace) and unshare; reap."""
-        self._signal_pid1(signal.SIGKILL)
+        self._signal(self.pid1, signal.SIGKILL)
+        if self.container is not None and self.container.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.container.wait(timeout=5)
         if self.proc is not None and self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=5)

@@ -4,34 +4,29 @@ scenario's notes.md, and the memory-over-time plots. ``gpuzombie lab report DIR`
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuzombie.lab.results import load
+
 Entry = Mapping[str, Any]
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
-MARKED_EVENTS = (
-    "spawn",
-    "parent-exit",
-    "kill-9",
-    "delete",
-    "prestop-start",
-    "prestop-end",
-    "sigterm",
-    "sigkill",
-    "pod-exit",
-    "memory-released",
-)
-
-
-def load(out_dir: Path) -> dict[str, Any]:
-    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
-    from gpuzombie.lab.results import RESULTS_JSON, SCHEMA
-
-    data = json.loads((out_dir / RESULTS_JSON).read_text())
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"not a {SCHEMA} file")
-    return data
+MARKED_EVENTS = {
+    "spawn": "spawn",
+    "parent-exit": "parent exit",
+    "kill-9": "kill -9",
+    "delete": "delete",
+    "prestop-start": "preStop",
+    "prestop-end": "preStop end",
+    "sigterm": "TERM",
+    "sigkill": "KILL",
+    "pod-exit": "gone",
+    "memory-released": "free",
+}
+"""The events the plots mark, with their short labels (long ones ran into the next panel)."""
 
 
 def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
@@ -58,8 +53,11 @@ def _zombies(e: Entry) -> tuple[str, bool]:
 
 def _orphans(e: Entry) -> tuple[str, bool]:
     o = _obs(e, "after-spawn").get("orphans", 0)
-    reaped = " and reaped after kill -9" if e.get("victim_reaped") else ""
-    return (f"✅ {o} (PPID = PID 1{reaped})" if o else "none", o > 0)
+    if not o:
+        return "✅ none", False
+    if e.get("victim_reaped"):
+        return f"⚠️ {o} (PPID = PID 1), reaped after kill -9", True
+    return f"❌ {o} (PPID = PID 1), never reaped", True
 
 
 def _sigterm(e: Entry) -> tuple[str, bool]:
@@ -86,9 +84,9 @@ def _kill9(e: Entry) -> tuple[str, bool]:
     t = e["metrics"]["kill9_to_free_s"]
     ctx = (_obs(e, "after-kill").get("observe_summary") or {}).get("orphaned_contexts")
     what = "RSS" if e["cpu_standin"] else "GPU memory"
-    text = f"❌ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else "⚠️ not freed"
+    text = f"✅ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else f"❌ {what} not freed"
     if ctx:
-        text += f"; observe: {ctx} orphaned context(s)"
+        text = f"❌ observe: {ctx} orphaned context(s); " + text[2:]
     return text, t is None or bool(ctx)
 
 
@@ -114,14 +112,14 @@ def _waste(e: Entry) -> tuple[str, bool]:
 def _reboot(e: Entry) -> tuple[str, bool]:
     left = e["deletion"]["leftovers"]
     freed = e["metrics"]["released_at_s"] is not None
-    return ("❌ not needed" if freed and not left else f"⚠️ {len(left)} process(es) left"), bool(left) or not freed
+    return ("✅ not needed" if freed and not left else f"❌ {len(left)} process(es) left"), bool(left) or not freed
 
 
 ROWS: tuple[Row, ...] = (
     ("Zombies (좀비 수거)", ("❌ occur (1–10)", "✅ tini reaps", "✅", "✅"), (True, False, False, False), _zombies),
     (
         "Orphans (고아 발생)",
-        ("✅ (PPID=1)", "✅ but tini reaps", "✅ but reaped", "none (handler cleans up)"),
+        ("❌ occur (PPID=1)", "⚠️ occur, tini reaps", "⚠️ occur, reaped", "✅ none (handler cleans up)"),
         (True, True, True, False),
         _orphans,
     ),
@@ -133,7 +131,7 @@ ROWS: tuple[Row, ...] = (
     ),
     (
         "Orphaned CUDA ctx after kill -9",
-        ("❌ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
+        ("✅ none (driver frees)", "same (expected)", "same (expected)", "N/A"),
         (False, False, False, False),
         _kill9,
     ),
@@ -155,7 +153,7 @@ ROWS: tuple[Row, ...] = (
         (True, True, True, False),
         _waste,
     ),
-    ("Node reboot needed", ("❌ not needed", "❌", "❌", "❌"), (False, False, False, False), _reboot),
+    ("Node reboot needed", ("✅ not needed", "✅ not needed", "✅ not needed", "✅ not needed"), (False,) * 4, _reboot),
 )
 
 
@@ -168,7 +166,7 @@ def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry]
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
-    base = [scenarios.get(k) for k in BASE]
+    base = [scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in BASE]
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
     # Runs of the same kind merge into one results.json: describe the main table's own run.
     prov = (first or {}).get("provenance") or data.get("provenance", {})
@@ -204,7 +202,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         "",
         (
             "Cells show our measurement; where it disagrees with the seed's value the seed's is "
-            "beside it in bold (the seed measured S1 and expected S2–S4)."
+            "beside it in bold (the seed measured S1 and expected S2–S4). Symbols, in our cells and "
+            "in the seed's alike: ✅ the good outcome, ❌ the bad one, ⚠️ it happened but was handled."
         ),
         "",
         "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |",
@@ -252,7 +251,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                 or "—"
             ),
         ),
-        ("pod exit code (unshare)", lambda e: str(e["deletion"]["pod_exit_code"])),
+        ("pod exit code (unshare, or the container's)", lambda e: str(e["deletion"]["pod_exit_code"])),
         (
             "zombies spawn / kill / delete",
             lambda e: " / ".join(
@@ -271,7 +270,8 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     )
     for label, fn in extra:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
-    variants = [k for k in scenarios if k not in BASE]
+    lines += spread_md(scenarios)
+    variants = [k for k, e in scenarios.items() if _is_variant(k, e)]
     if variants:
         lines += [
             "",
@@ -325,6 +325,122 @@ def _observe_summary(obs: Mapping[str, Any]) -> str:
     return f"zombies {s.get('zombies')}, orphans {s.get('orphans')}, orphaned ctx {s.get('orphaned_contexts')}"
 
 
+def _is_variant(key: str, e: Entry) -> bool:
+    """A run outside the main table and the runtimes table: another init, uid, backend..."""
+    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
+
+
+SPREAD_SCENARIOS = (*BASE, "s5-sharepid")
+TIMINGS = (
+    ("deletion → free", "release_latency_s", "s"),
+    ("kill -9 → free", "kill9_to_free_s", "s"),
+    ("grace waste", "grace_waste_gib_s", "GiB·s"),
+)
+WHY_RUNTIMES_DIFFER = {
+    "release_latency_s": (
+        "the deletion's path differs: on containerd SIGTERM and the SIGKILL at the grace's end come from "
+        "the runc shim (StopContainer), a preStop hook starts through ExecSync (runc exec: a new process "
+        "joined to the container's namespaces and cgroup) and the kubelet gives StopContainer at least "
+        "2 s after a hook; on namespaces the lab signals PID 1 itself and enters the pod with nsenter"
+    ),
+    "kill9_to_free_s": (
+        "kill -9 is the same kernel path on both; a difference here is the reaping (and, on a GPU, the "
+        "driver's teardown) racing the 10 ms sampler, not the runtime"
+    ),
+    "grace_waste_gib_s": "it is memory × time held after the deletion: it follows deletion → free",
+}
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if self.n == 1:
+            return f"{self.median:.3f}"
+        return f"{self.median:.3f} ({self.low:.3f}–{self.high:.3f})"
+
+    def apart_from(self, other: Spread) -> bool:
+        """The two ranges do not overlap, and by more than 10 ms (or 1 % of the larger)."""
+        gap = max(self.low - other.high, other.low - self.high)
+        return gap > max(0.01, 0.01 * max(self.high, other.high))
+
+
+def spread(entries: Sequence[Entry], metric: str) -> Spread | None:
+    values = [e["metrics"][metric] for e in entries if e["metrics"].get(metric) is not None]
+    if not values:
+        return None
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def runtime_groups(scenarios: Mapping[str, Entry]) -> dict[tuple[str, str], list[Entry]]:
+    """(scenario, runtime) → its runs, for the five scenarios."""
+    groups: dict[tuple[str, str], list[Entry]] = {}
+    for key, e in scenarios.items():
+        variant = e.get("variant", key)
+        if variant in SPREAD_SCENARIOS:
+            groups.setdefault((variant, e.get("runtime", "namespaces")), []).append(e)
+    return groups
+
+
+def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
+    """Each scenario on each runtime: median (min–max) over the repetitions, and every difference
+    between the runtimes larger than the spread, with its cause."""
+    groups = runtime_groups(scenarios)
+    if not groups or (len(groups) <= 4 and all(len(v) == 1 for v in groups.values())):
+        return []  # one run of the seed's four on one runtime: the tables above say it all
+    lines = [
+        "",
+        "## Runtimes and spread",
+        "",
+        "Median (min–max) over the repetitions; `namespaces`: PID namespaces made by the lab; "
+        "`containerd`: real CRI pods (sandbox, container, the kubelet's calls). S5 is S1's workload with "
+        "`shareProcessNamespace: true` (the pod's pause, `catatonit -P`, is PID 1; no tini).",
+        "",
+        "| scenario | runtime | runs | "
+        + " | ".join(f"{label} ({unit})" for label, _m, unit in TIMINGS)
+        + " | zombies after kill -9 | whole grace waited |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (name, runtime), entries in sorted(groups.items()):
+        cells = [str(spread(entries, metric) or "—") for _label, metric, _unit in TIMINGS]
+        zombies = ", ".join(str(_obs(e, "after-kill").get("zombies", "—")) for e in entries)
+        waited = sum(1 for e in entries if e["metrics"]["waited_whole_grace"])
+        lines.append(
+            f"| {name} | {runtime} | {len(entries)} | "
+            + " | ".join(cells)
+            + f" | {zombies} | {waited}/{len(entries)} |"
+        )
+    lines += _differences(groups)
+    return lines
+
+
+def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
+    found = []
+    for name in SPREAD_SCENARIOS:
+        ns, ctd = groups.get((name, "namespaces")), groups.get((name, "containerd"))
+        if not ns or not ctd:
+            continue
+        for label, metric, unit in TIMINGS:
+            a, b = spread(ns, metric), spread(ctd, metric)
+            if a and b and a.apart_from(b):
+                found.append(
+                    f"- **{name}, {label}**: namespaces {a} {unit} vs containerd {b} {unit}: "
+                    + WHY_RUNTIMES_DIFFER[metric]
+                )
+    if not any(k[1] == "containerd" for k in groups) or not any(k[1] == "namespaces" for k in groups):
+        return []
+    return [
+        "",
+        "Differences between the runtimes larger than the spread (ranges apart by more than 10 ms or 1 %):",
+        "",
+        *(found or ["- none: both runtimes gave the same timings within their spread"]),
+    ]
+
+
 def notes_for(key: str, e: Entry) -> str:
     """A scenario's notes.md."""
     m, c, d = e["metrics"], e["config"], e["deletion"]
@@ -349,7 +465,8 @@ def notes_for(key: str, e: Entry) -> str:
     for label, seed, seed_yes, read in ROWS:
         text, yes = read(e)
         idx = number - 1
-        differs = "" if yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
+        seed_known = idx < len(seed)  # S5 is ours: the seed never tried shareProcessNamespace
+        differs = "" if not seed_known or yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
@@ -373,34 +490,75 @@ def notes_for(key: str, e: Entry) -> str:
 
 
 def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.0) -> None:
-    """A dotted line per event; events closer than 1 % of the axis share one label."""
+    """A dotted line per event inside the axis; events closer than 1 % of it share one label,
+    and labels in the right fifth are drawn leftwards so none runs off the figure."""
     lo, hi = ax.get_xlim()
     ymax = ax.get_ylim()[1]
     groups: list[tuple[float, list[str]]] = []
     for ev in events:
-        if ev["name"] not in MARKED_EVENTS:
-            continue
         x = ev["t"] - shift
+        if ev["name"] not in MARKED_EVENTS or not lo <= x <= hi:
+            continue
         ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey", linestyle=":", linewidth=0.8)
         if groups and x - groups[-1][0] < 0.01 * (hi - lo):
-            groups[-1][1].append(ev["name"])
+            groups[-1][1].append(MARKED_EVENTS[ev["name"]])
         else:
-            groups.append((x, [ev["name"]]))
-    for i, (x, names) in enumerate(groups):
+            groups.append((x, [MARKED_EVENTS[ev["name"]]]))
+    for x, names in groups:
+        right_edge = x > lo + 0.8 * (hi - lo)
         ax.text(
-            x,
-            ymax * 0.97,
-            " + ".join(names),
-            rotation=90,
-            fontsize=6,
-            va="top",
-            ha="right" if i % 2 else "left",
-            clip_on=True,
+            x, ymax * 0.97, " + ".join(names), rotation=90, fontsize=6, va="top", ha="right" if right_edge else "left"
         )
 
 
+def _shade_waste(ax: Any, e: Entry, shift: float = 0.0) -> None:
+    """Shade the memory held from the deletion until it was free: the grace waste (GiB·s)."""
+    delete = e["deletion"]["requested_at"]
+    m = e["metrics"]
+    end = m["released_at_s"] if m["released_at_s"] is not None else (e["samples"]["t"] or [delete])[-1]
+    pairs = [
+        (t, held) for t, held in zip(e["samples"]["t"], e["samples"]["held_mib"], strict=True) if delete <= t <= end
+    ]
+    if pairs:
+        ax.fill_between(
+            [t - shift for t, _ in pairs],
+            [held for _, held in pairs],
+            step="post",
+            color="tab:orange",
+            alpha=0.35,
+        )
+
+
+def _waste_title(e: Entry) -> str:
+    return f"grace waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s (shaded)"
+
+
+def _draw_memory(ax: Any, e: Entry, shift: float, xlim: tuple[float, float] | None = None) -> None:
+    """The memory held, its waste shaded, the events marked (inside ``xlim`` when given)."""
+    ax.plot([t - shift for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1, drawstyle="steps-post")
+    ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 2.2 + 1)  # room for labels
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    _shade_waste(ax, e, shift)
+    _mark_events(ax, e["events"], shift=shift)
+
+
+def timeline_range(scenarios: Mapping[str, Entry]) -> tuple[float, float]:
+    """One time axis for every scenario (seconds since its deletion): from just before the
+    earliest kill -9 to the latest sample, so 30 s of S1 and 0.1 s of S2 read on one scale."""
+    starts, ends = [], []
+    for e in scenarios.values():
+        delete = e["deletion"]["requested_at"]
+        kill9 = next((ev["t"] for ev in e["events"] if ev["name"] == "kill-9"), delete)
+        starts.append(kill9 - delete)
+        ends.append((e["samples"]["t"] or [delete])[-1] - delete)
+    lo, hi = min(starts, default=0.0), max(ends, default=1.0)
+    pad = 0.02 * (hi - lo) + 0.05
+    return lo - pad, hi + pad
+
+
 def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """memory.png per scenario and memory-timeline.png (every run, time 0 = deletion)."""
+    """memory.png per scenario and memory-timeline.png (every run on one time scale, 0 = deletion)."""
     try:
         import matplotlib
 
@@ -412,30 +570,27 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
     for key, e in scenarios.items():
         fig, ax = plt.subplots(figsize=(9, 3.2))
-        ax.plot(e["samples"]["t"], e["samples"]["held_mib"], linewidth=1)
-        ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
-        _mark_events(ax, e["events"])
+        _draw_memory(ax, e, shift=0.0)
         ax.set_xlabel("seconds since the pod started")
         ax.set_ylabel("memory held (MiB)")
-        ax.set_title(f"{key}: {e['memory']}", fontsize=8)
+        ax.set_title(f"{key}: {e['memory']}; {_waste_title(e)}", fontsize=8)
         fig.tight_layout()
         path = out_dir / key / "memory.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    if scenarios:
-        fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 2.6 * len(scenarios) + 0.6), squeeze=False)
-        for ax, (key, e) in zip(axes[:, 0], scenarios.items()):
-            delete = e["deletion"]["requested_at"]
-            ax.plot([t - delete for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1)
-            ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 1.8 + 1)  # room for labels
-            _mark_events(ax, e["events"], shift=delete)
+    firsts = {k: e for k, e in scenarios.items() if e.get("attempt", 1) == 1}  # one panel per group
+    if firsts:
+        xlim = timeline_range(firsts)
+        fig, axes = plt.subplots(len(firsts), 1, figsize=(10, 2.2 * len(firsts) + 0.8), squeeze=False, sharex=True)
+        for ax, (key, e) in zip(axes[:, 0], firsts.items(), strict=True):
+            _draw_memory(ax, e, shift=e["deletion"]["requested_at"], xlim=xlim)
             ax.set_ylabel("MiB", fontsize=7)
-            ax.set_title(f"{key} (waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s)", fontsize=8)
-        axes[-1, 0].set_xlabel("seconds since the deletion request")
-        first = next(iter(scenarios.values()))
-        fig.suptitle(f"memory held per scenario: {first['memory']}", fontsize=9)
+            ax.set_title(f"{key}: {_waste_title(e)}", fontsize=8, loc="left")
+        axes[-1, 0].set_xlabel("seconds since the deletion request (one scale for every scenario)")
+        first = next(iter(firsts.values()))
+        fig.suptitle(f"memory held per scenario, grace waste shaded: {first['memory']}", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.99))
         path = out_dir / "memory-timeline.png"
         fig.savefig(path, dpi=110)

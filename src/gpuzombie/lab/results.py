@@ -2,8 +2,9 @@
 
 <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
     nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
-<out>/results.json   (merged with an earlier run's: new scenarios replace old ones)
-<out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build)
+<out>/results.json   (merged with an earlier run's: a new scenario group replaces all runs of it)
+<out>/comparison.md, <out>/memory-timeline.png, <out>/<scenario>/memory.png  (report.build, which
+    reads results.json through ``load``: this module never imports the report)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,8 +39,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def run_key(run: ScenarioRun) -> str:
-    """The scenario's folder: its name, plus what makes this run a variant of the seed's."""
+def variant_key(run: ScenarioRun) -> str:
+    """The scenario's name, plus what makes this run a variant of the seed's."""
     c = run.config
     parts = [run.scenario.name]
     if c.workers != 1:
@@ -52,6 +54,16 @@ def run_key(run: ScenarioRun) -> str:
     if c.backend == "ctypes":
         parts.append("ctypes")
     return "-".join(parts)
+
+
+def group_key(run: ScenarioRun) -> str:
+    """The variant on its runtime: the repetitions of one group are summarised together."""
+    return variant_key(run) + ("" if run.config.runtime == "namespaces" else f"-{run.config.runtime}")
+
+
+def run_key(run: ScenarioRun) -> str:
+    """The run's folder: its group, and ``-runN`` for the Nth repetition (the first has none)."""
+    return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
 
 def _read_text(path: str) -> str | None:
@@ -117,6 +129,10 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
             prestop_report = None
     return {
         "scenario": _jsonable(run.scenario),
+        "variant": variant_key(run),
+        "group": group_key(run),
+        "runtime": run.config.runtime,
+        "attempt": run.attempt,
         "config": {
             **_jsonable(run.config),
             "prestop_timeout": run.config.prestop_timeout,
@@ -127,7 +143,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         else f"GPU memory through {run.config.backend}",
         "cpu_standin": run.config.backend == CPU_STANDIN,
         "init": run.init,
-        "pod_command": shlex.join(run.pod_command),
+        "pod_command": run.pod_command,
         "probe": run.probe_source,
         "metrics": dict(run.metrics),
         "sampler": dict(run.sampler),
@@ -187,6 +203,14 @@ def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
     return "gpu: " + ", ".join(sorted({d.name for d in gpus.devices}))
 
 
+def load(out_dir: Path) -> dict[str, Any]:
+    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
+    data = json.loads((out_dir / RESULTS_JSON).read_text())
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"not a {SCHEMA} file")
+    return data
+
+
 def write_results(
     runs: Sequence[ScenarioRun],
     out_dir: Path,
@@ -195,13 +219,11 @@ def write_results(
     gpus: GpuSnapshot,
     nccl: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write every scenario's files and results.json, then comparison.md, notes.md and plots.
+    """Write every scenario's files and results.json (``report.build`` renders them afterwards).
 
-    An earlier results.json of the same kind is merged (new scenarios replace old ones); one of
+    An earlier results.json of the same kind is merged (a new group replaces every run of it); one of
     another kind (GPU results, and now a CPU stand-in run) is replaced, never mixed into one table.
     """
-    from gpuzombie.lab import report
-
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULTS_JSON
     kind = results_kind(runs, gpus)
@@ -215,6 +237,8 @@ def write_results(
             data = old
     prov = provenance(command, gpus)
     data["provenance"] = prov
+    new_groups = {group_key(run) for run in runs}
+    data["scenarios"] = {k: e for k, e in data["scenarios"].items() if e.get("group", k) not in new_groups}
     for run in runs:
         key = run_key(run)
         entry = run_to_json(run)
@@ -227,5 +251,28 @@ def write_results(
     if nccl is not None:
         data["nccl"] = _jsonable(nccl)
     path.write_text(json.dumps(data, indent=1) + "\n")
-    report.build(out_dir)
+    return path
+
+
+def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
+    """Merge other lab runs' results.json (and their scenario folders) into ``dest``: runs of the
+    same kind made in separate calls (one runtime each on a machine with a time limit per call)."""
+    data = load(dest) if (dest / RESULTS_JSON).exists() else None
+    for source in sources:
+        other = load(source)
+        if data is None:
+            data = {**other, "scenarios": {}}
+        if other.get("kind") != data.get("kind"):
+            raise ValueError(f"{source}: results of another kind ({other.get('kind')} vs {data.get('kind')})")
+        for key, entry in other["scenarios"].items():
+            data["scenarios"][key] = entry
+            if (source / key).is_dir():
+                shutil.copytree(source / key, dest / key, dirs_exist_ok=True)
+        if other.get("nccl") is not None:
+            data["nccl"] = other["nccl"]
+    if data is None:
+        raise ValueError("nothing to merge")
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / RESULTS_JSON
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return path

@@ -16,7 +16,7 @@ from typing import Protocol, Self
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.observation import python_module
-from gpuzombie.lab.pod import PROCFS, Pod
+from gpuzombie.lab.pod import PROCFS, LabPod
 
 WORKER_MODULE = "gpuzombie.workloads.worker"
 
@@ -46,7 +46,7 @@ class RssProbe:
 
     source = "RSS of the pod's processes (CPU stand-in)"
 
-    def __init__(self, pod: Pod) -> None:
+    def __init__(self, pod: LabPod) -> None:
         self.pod = pod
         self._is_worker: dict[int, bool] = {}
 
@@ -75,7 +75,7 @@ class NvmlProbe:
 
     source = "NVML device used memory above the pre-pod baseline"
 
-    def __init__(self, pod: Pod, nvml: NvmlBackend, gpu_index: int, baseline_used: int) -> None:
+    def __init__(self, pod: LabPod, nvml: NvmlBackend, gpu_index: int, baseline_used: int) -> None:
         self.pod, self.nvml, self.gpu_index, self.baseline = pod, nvml, gpu_index, baseline_used
 
     def read(self) -> tuple[int, int]:

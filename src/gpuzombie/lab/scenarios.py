@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
@@ -28,11 +28,14 @@ from gpuzombie.lab.metrics import (
     scenario_metrics,
 )
 from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
-from gpuzombie.lab.pod import Deletion, Pod
+from gpuzombie.lab.pod import PAUSE, Deletion, LabPod, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.prestop.handle import read_start_and_state
 from gpuzombie.workloads.memory import CPU_STANDIN
+
+if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
+    from gpuzombie.lab.cripod import CriRuntime
 
 Progress = Callable[[str], None]
 SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.MULTILINE)
@@ -61,8 +64,12 @@ SCENARIOS: Mapping[str, Scenario] = {
         Scenario("s2-tini", 2, "tini only", "tini", prestop=False, fixed=False),
         Scenario("s3-tini-prestop", 3, "tini + preStop", "tini", prestop=True, fixed=False),
         Scenario("s4-fullfix", 4, "Full Fix", "tini", prestop=True, fixed=True),
+        Scenario("s5-sharepid", 5, "shareProcessNamespace", PAUSE, prestop=False, fixed=False),
     )
 }
+"""S1-S4 are the seed's; S5 is Kubernetes' own fix: S1's workload with ``shareProcessNamespace:
+true`` (the pod's pause is PID 1 and reaps; no tini)."""
+RUNTIMES = ("namespaces", "containerd")
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class LabConfig:
     a SIGTERM-ignoring worker, the fixed one in S4)."""
     sample_interval: float = 0.01
     ready_timeout: float = 180.0
+    runtime: str = "namespaces"
+    """``namespaces`` (PID namespaces made here) or ``containerd`` (CRI pods on a real runtime)."""
 
     @property
     def prestop_timeout(self) -> float:
@@ -105,21 +114,24 @@ class ScenarioRun:
     scenario: Scenario
     config: LabConfig
     init: str
-    pod_command: tuple[str, ...]
+    pod_command: str
     probe_source: str
     events: tuple[Event, ...]
     samples: tuple[Sample, ...]
     observations: tuple[Observation, ...]
     deletion: Deletion
     victim_reaped: bool
-    pod_ids: Mapping[str, int]
-    """Host pids of unshare and PID 1, and the PID namespace's inode: to check nothing is left."""
+    pod_ids: Mapping[str, int | str]
+    """Host pids (unshare, PID 1, the main process), the PID namespace's inode, and on a CRI runtime
+    the pod's name, UID, sandbox and container ids: to check nothing is left."""
     metrics: Mapping[str, Any]
     sampler: Mapping[str, float]
     origin_epoch: float
     """Wall-clock time of t = 0 of the events and samples."""
     logs: Mapping[str, str] = field(default_factory=dict)
     """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
+    attempt: int = 1
+    """Which repetition of the scenario this is (``--repeat``)."""
 
 
 def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
@@ -147,7 +159,7 @@ def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
 
 def main_process(scenario: Scenario, config: LabConfig) -> list[str]:
     """What the container's shell execs last (S1 always sleep: its PID 1 is sleep)."""
-    if config.main == "sleep" or scenario.init == "sleep":
+    if config.main == "sleep" or scenario.init in ("sleep", PAUSE):
         return ["sleep", "infinity"]
     module = "gpuzombie.workloads.worker_fixed" if scenario.fixed else "gpuzombie.workloads.worker"
     return [
@@ -200,11 +212,13 @@ def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool
     return cond()
 
 
-def trace_from_host(timeout: float = 60.0) -> str:
-    """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node)."""
+def trace_from_host(cri_socket: str | None = None, timeout: float = 60.0) -> str:
+    """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node); on a CRI runtime
+    it asks that runtime's socket for the pods' real names."""
     cmd = [sys.executable, "-m", "gpuzombie", "trace"]
+    env = dict(os.environ, **({"GPUZOMBIE_CRI_SOCKET": cri_socket} if cri_socket else {}))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
         return f"# gpuzombie trace timed out after {timeout:.0f} s\n"
     out = (done.stdout + done.stderr).rstrip()
@@ -215,20 +229,35 @@ class _Run:
     """One scenario while it runs: its pod, its sampler, and what it has recorded so far."""
 
     def __init__(
-        self, scenario: Scenario, config: LabConfig, nvml: NvmlBackend, progress: Progress, log: IO[str]
+        self,
+        scenario: Scenario,
+        config: LabConfig,
+        nvml: NvmlBackend,
+        progress: Progress,
+        log: IO[str],
+        runtime: CriRuntime | None,
+        attempt: int,
     ) -> None:
         self.scenario, self.config, self.nvml, self.progress, self.log = scenario, config, nvml, progress, log
+        self.attempt = attempt
         self.events = EventLog()
-        self.init = config.init if (config.init and scenario.init != "sleep") else scenario.init
+        self.init = config.init if (config.init and scenario.init not in ("sleep", PAUSE)) else scenario.init
         self.roles: dict[int, str] = {}
         self.observations: list[Observation] = []
         self.logs: dict[str, str] = {}
         self.standin = config.backend == CPU_STANDIN
         self.then = main_process(scenario, config)
-        self.pod = Pod(
-            scenario.name, self.init, parent_command(scenario, config), log=log, events=self.events, then=self.then
-        )
+        self.cri_socket = runtime.socket if runtime else None
+        self.pod = self._make_pod(runtime)
         self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
+
+    def _make_pod(self, runtime: CriRuntime | None) -> LabPod:
+        command = parent_command(self.scenario, self.config)
+        if runtime is None:
+            return Pod(self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
+        from gpuzombie.lab.cripod import CriPod
+
+        return CriPod(runtime, self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
 
     def _probe(self) -> Probe:
         """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
@@ -264,13 +293,12 @@ class _Run:
         to host pids once all are ready (a worker forked but not yet exec'd still looks like the
         parent). A ``ready`` pid that the parent did not spawn is the container's main worker.
         """
-        log_path = self.log.name
         main_worker = self.then[0] != "sleep"
         want = self.config.workers + 1 + main_worker
         spawned: list[int] = []
 
         def ready() -> bool:
-            text = _read(log_path)
+            text = self.pod.log_text()
             if "error pid=" in text or "Traceback" in text:
                 raise ScenarioError(f"{self.scenario.name}: a workload failed:\n{text[-2000:]}")
             if not spawned and (m := SPAWNED.search(text)):
@@ -281,11 +309,11 @@ class _Run:
         if not _wait(ready, self.config.ready_timeout, 0.01):
             raise ScenarioError(
                 f"{self.scenario.name}: workers not ready after "
-                f"{self.config.ready_timeout:.0f} s:\n{_read(log_path)[-2000:]}"
+                f"{self.config.ready_timeout:.0f} s:\n{self.pod.log_text()[-2000:]}"
             )
         by_pod_pid = {p.pod_pid: p.host_pid for p in host_view(self.pod, {})}
         parent_pod_pid, worker_pod_pids = spawned[0], set(spawned[1:])
-        for pod_pid in map(int, READY.findall(_read(log_path))):
+        for pod_pid in map(int, READY.findall(self.pod.log_text())):
             if pod_pid in by_pod_pid:
                 self.roles[by_pod_pid[pod_pid]] = "worker" if pod_pid in worker_pod_pids else "main"
         parent = by_pod_pid.get(parent_pod_pid)
@@ -320,7 +348,7 @@ class _Run:
 
     def run(self) -> ScenarioRun:
         s, c = self.scenario, self.config
-        self.progress(f"{s.name}: starting the pod ({self.init} as PID 1)")
+        self.progress(f"{s.name}: starting the pod on {c.runtime} ({self.init} as PID 1)")
         try:
             with self.sampler:
                 self.pod.start()
@@ -329,7 +357,7 @@ class _Run:
                 reaped = self.kill_victim()
                 self.observe("after-kill")
                 self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
-                self.logs["gpu-pod-trace.log"] = trace_from_host()
+                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
                 self.progress(
                     f"{s.name}: deleting the pod (grace {c.grace:g} s" + (", preStop first)" if s.prestop else ")")
                 )
@@ -339,7 +367,7 @@ class _Run:
                 time.sleep(0.3)  # a tail of samples after the release, for the plot
         finally:
             self.pod.kill()
-        self.logs["pod.log"] = _read(self.log.name)
+        self.logs["pod.log"] = self.pod.log_text()
         self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
         self.observe("after-delete")
         return self.finish(deletion, reaped)
@@ -365,18 +393,14 @@ class _Run:
             scenario=self.scenario,
             config=self.config,
             init=self.init,
-            pod_command=tuple(self.pod.argv),
+            pod_command=self.pod.command_line,
             probe_source=self.sampler.probe.source,
             events=tuple(self.events.events),
             samples=samples,
             observations=tuple(self.observations),
             deletion=deletion,
             victim_reaped=reaped,
-            pod_ids={
-                "unshare_pid": self.pod.proc.pid if self.pod.proc else 0,
-                "pid1": self.pod.pid1,
-                "pidns": self.pod.pidns,
-            },
+            pod_ids=self.pod.ids,
             metrics=metrics,
             sampler={
                 "cpu_seconds": round(self.sampler.cpu_seconds, 4),
@@ -385,12 +409,20 @@ class _Run:
             },
             origin_epoch=self.events.origin_epoch,
             logs=self.logs,
+            attempt=self.attempt,
         )
 
 
 def run_scenario(
-    scenario: Scenario, config: LabConfig, *, nvml: NvmlBackend | None = None, progress: Progress = lambda _: None
+    scenario: Scenario,
+    config: LabConfig,
+    *,
+    nvml: NvmlBackend | None = None,
+    progress: Progress = lambda _: None,
+    runtime: CriRuntime | None = None,
+    attempt: int = 1,
 ) -> ScenarioRun:
-    """Run one scenario end to end; the pod is gone when this returns, whatever happened."""
+    """Run one scenario end to end (as a CRI pod on ``runtime``, else as PID namespaces made here);
+    the pod is gone when this returns, whatever happened."""
     with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{scenario.name}-", suffix=".log") as log:
-        return _Run(scenario, config, nvml or default_backend(), progress, log).run()
+        return _Run(scenario, config, nvml or default_backend(), progress, log, runtime, attempt).run()

@@ -1,0 +1,408 @@
+"""A lab pod on a real container runtime, through the CRI calls the kubelet makes.
+
+``RunPodSandbox`` (a pause container, ``catatonit -P``), then ``CreateContainer`` + ``StartContainer``
+with the scenario's PID 1 as the container's command. The image is a busybox rootfs; the host's
+``/usr``, ``/lib``, ``/lib64`` (and ``/opt``), the lab's Python and the project are mounted read-only,
+so nothing is pulled from a registry. On a GPU the ``/dev/nvidia*`` devices are CRI devices and the
+driver's libraries and ``nvidia-smi`` are mounted, as the NVIDIA container toolkit does.
+
+Deletion follows the kubelet's ``killContainer``: the preStop hook by ``ExecSync`` while the kubelet
+waits at most the grace period (whole seconds) for it, then ``StopContainer`` with the grace that is
+left (at least the kubelet's 2 s minimum), then ``StopPodSandbox`` and ``RemovePodSandbox``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+from gpuzombie.k8s.containerd import (
+    BUSYBOX_IMAGE,
+    Containerd,
+    busybox_image,
+    pause_image,
+    private_containerd,
+    write_image_archive,
+)
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, ExecResult, PodSpec, RunningPod, RuntimeClient
+from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.pod import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
+
+CONTAINER = "workload"
+LAB_NAMESPACE = "gpuzombie-lab"
+KUBELET_MIN_GRACE_S = 2
+"""The kubelet's ``minimumGracePeriodInSeconds``: StopContainer never gets less after a preStop."""
+KUBELET_RUNTIME_TIMEOUT_S = 120
+"""The kubelet's ``--runtime-request-timeout`` (2 min): its only limit on the hook's ExecSync."""
+HOST_DIRS = ("/usr", "/lib", "/lib64", "/opt")
+HOST_FILES = ("/etc/ld.so.cache",)
+NVIDIA_LIB_DIRS = ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64")
+NVIDIA_LIBS = ("libnvidia-ml.so.1", "libcuda.so.1")
+IMAGE_ARCHIVES = (("pause.tar", pause_image), ("busybox.tar", busybox_image))
+"""The two images a lab run needs, as archive file names and how they are built from host files."""
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_", "TORCH_", "NVSHMEM_")
+"""Variables (or prefixes) of the lab's environment the workload container gets too."""
+
+
+def write_image_archives(directory: Path) -> list[Path]:
+    """The pause and busybox images as docker archives, to carry to a machine that cannot build them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, build in IMAGE_ARCHIVES:
+        write_image_archive(build(), directory / name)
+        written.append(directory / name)
+    return written
+
+
+@dataclass(frozen=True)
+class GpuParts:
+    """What the NVIDIA container toolkit gives a GPU container, found on this host."""
+
+    devices: tuple[str, ...]
+    mounts: tuple[str, ...]
+    library_dirs: tuple[str, ...]
+
+
+def find_gpu_parts(dev: str = "/dev") -> GpuParts:
+    """The ``/dev/nvidia*`` character devices, the driver's library directories and nvidia-smi."""
+    candidates = sorted(glob.glob(f"{dev}/nvidia*") + glob.glob(f"{dev}/nvidia-caps/*"))
+    devices = tuple(p for p in candidates if stat.S_ISCHR(os.stat(p).st_mode))
+    lib_dirs = tuple(d for d in NVIDIA_LIB_DIRS if any(os.path.exists(os.path.join(d, lib)) for lib in NVIDIA_LIBS))
+    smi = shutil.which("nvidia-smi") or next(
+        (p for p in ("/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi") if os.path.exists(p)), None
+    )
+    return GpuParts(devices=devices, mounts=lib_dirs + ((smi,) if smi else ()), library_dirs=lib_dirs)
+
+
+def _under(path: str, dirs: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == d or real.startswith(d.rstrip("/") + "/") for d in map(os.path.realpath, dirs))
+
+
+def workload_mounts(extra: Sequence[str], gpu: GpuParts | None) -> tuple[BindMount, ...]:
+    """Read-only binds at the same paths: the host's system dirs, then whatever else the workload
+    needs (the lab's Python, the project, an init binary) and is not under them already."""
+    paths = [p for p in (*HOST_DIRS, *HOST_FILES) if os.path.exists(p)]
+    base = list(paths)
+    for p in (*extra, *(gpu.mounts if gpu else ())):
+        if os.path.exists(p) and p not in paths and not _under(p, base):
+            paths.append(p)
+    return tuple(BindMount(host_path=p, container_path=p, readonly=True) for p in paths)
+
+
+def lab_environment(environ: Mapping[str, str], gpu: GpuParts | None) -> dict[str, str]:
+    """The container's environment: absolute PYTHONPATH, a PATH with busybox first, the GPU's."""
+    env = {"PATH": "/bin:/usr/local/bin:/usr/bin:/sbin:/usr/sbin", "HOME": "/tmp"}
+    if environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in environ["PYTHONPATH"].split(os.pathsep) if p)
+    env.update({k: v for k, v in environ.items() if k.startswith(PASSED_ENV)})
+    if gpu and gpu.library_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(gpu.library_dirs)
+    return env
+
+
+def python_paths(environ: Mapping[str, str]) -> list[str]:
+    """What the lab's own Python needs inside a container: its prefix, its executable's directory and
+    the PYTHONPATH entries (the project's ``src`` in a checkout)."""
+    paths = [sys.prefix, os.path.dirname(sys.executable)]
+    paths += [os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    import gpuzombie  # the package itself, wherever it is installed
+
+    paths.append(str(Path(gpuzombie.__file__).resolve().parents[1]))
+    return list(dict.fromkeys(paths))
+
+
+class SocketPods:
+    """Pod sandboxes on a runtime the lab did not start (``--cri-socket``): the same two calls as
+    ``Containerd.start_pod`` and ``stop_pod``."""
+
+    def __init__(self, client: RuntimeClient) -> None:
+        self.client = client
+
+    def start_pod(self, spec: PodSpec) -> RunningPod:
+        return RunningPod(self.client, spec, self.client.run_pod_sandbox(spec))
+
+    def stop_pod(self, pod: RunningPod) -> None:
+        self.client.stop_pod_sandbox(pod.sandbox_id)
+        self.client.remove_pod_sandbox(pod.sandbox_id)
+
+
+class PodMaker(Protocol):
+    def start_pod(self, spec: PodSpec) -> RunningPod: ...
+    def stop_pod(self, pod: RunningPod) -> None: ...
+
+
+@dataclass(frozen=True)
+class CriRuntime:
+    """Where the lab's CRI pods run: a client on the runtime's socket and what every container gets."""
+
+    client: RuntimeClient
+    pods: PodMaker
+    """Makes and removes the sandboxes (a private containerd also removes their cgroups at its end)."""
+    socket: str
+    image: str
+    mounts: tuple[BindMount, ...]
+    env: Mapping[str, str]
+    devices: tuple[str, ...]
+    private: bool
+    """A containerd of the lab's own (stopped at the end), or a runtime given by ``--cri-socket``."""
+
+
+def _import_archives(ctd: Containerd, archives: Path) -> None:
+    for name, _build in IMAGE_ARCHIVES:
+        path = archives / name
+        if not path.is_file():
+            raise CriError(f"image archive {path} missing (build it with: gpuzombie lab images {archives})")
+        ctd.ctr("images", "import", "--no-unpack=false", str(path))
+
+
+def _runtime(client: RuntimeClient, pods: PodMaker, socket: str, *, gpu: bool, private: bool) -> CriRuntime:
+    parts = find_gpu_parts() if gpu else None
+    if gpu and not (parts and parts.devices):
+        raise CriError("CreateContainer: --device cuda, but no /dev/nvidia* device on this host")
+    mounts = workload_mounts(python_paths(os.environ), parts)
+    env = lab_environment(os.environ, parts)
+    return CriRuntime(client, pods, socket, BUSYBOX_IMAGE, mounts, env, parts.devices if parts else (), private)
+
+
+def cri_runtime_on(ctd: Containerd, *, gpu: bool = False) -> CriRuntime:
+    """The lab's runtime on a private containerd that already runs (with the busybox image)."""
+    return _runtime(ctd.client, ctd, ctd.socket, gpu=gpu, private=True)
+
+
+@contextlib.contextmanager
+def cri_runtime(*, socket: str | None, gpu: bool, archives: Path | None = None) -> Iterator[CriRuntime]:
+    """A CRI runtime for the lab: a private containerd (images built here or imported from
+    ``archives``), or the runtime on ``socket`` with the lab's busybox image imported through ``ctr``."""
+    if socket is None:
+        images = () if archives is not None else (pause_image(), busybox_image())
+        with private_containerd(images=images) as ctd:
+            if archives is not None:
+                _import_archives(ctd, archives)
+            yield cri_runtime_on(ctd, gpu=gpu)
+        return
+    _import_into(socket)
+    with RuntimeClient(socket) as client:
+        client.version(timeout=5)
+        yield _runtime(client, SocketPods(client), socket, gpu=gpu, private=False)
+
+
+def _import_into(socket: str) -> None:
+    """The lab's busybox image into the containerd on ``socket`` (its own sandbox image is used)."""
+    with tempfile.TemporaryDirectory(prefix="gpuzombie-image-") as tmp:
+        archive = Path(tmp) / "busybox.tar"
+        write_image_archive(busybox_image(), archive)
+        argv = ["ctr", "--address", socket, "--namespace", "k8s.io", "images", "import", str(archive)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise CriError(f"ctr images import (into {socket}): {' '.join(done.stderr.split())[-200:]}")
+
+
+def parse_cri_log(text: str) -> str:
+    """The container's output from the CRI log format (``<time> <stream> <P|F> <text>``): partial
+    lines (P) joined with what follows, as ``kubectl logs`` shows them."""
+    out: list[str] = []
+    for line in text.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        out.append(parts[3] if len(parts) == 4 else "")
+        if parts[2] == "F":
+            out.append("\n")
+    return "".join(out)
+
+
+class CriPod:
+    """One lab pod as a CRI pod sandbox with one container; the interface of ``lab.pod.Pod``."""
+
+    def __init__(
+        self,
+        runtime: CriRuntime,
+        name: str,
+        init: str,
+        main_command: Sequence[str],
+        *,
+        log: IO[str],
+        events: EventLog,
+        then: Sequence[str] = ("sleep", "infinity"),
+    ) -> None:
+        self.runtime, self.name, self.init, self.events, self.log = runtime, name, init, events, log
+        share = init == "pause"
+        # shareProcessNamespace: the pause container is PID 1 and the container runs S1's command.
+        self.argv = init_argv("sleep" if share else init, shlex.join(main_command), shlex.join(then))
+        self.spec = PodSpec(
+            name=f"{name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
+            namespace=LAB_NAMESPACE,
+            share_process_namespace=share,
+        )
+        mounts = runtime.mounts
+        if os.path.isabs(self.argv[0]) and not any(_under(self.argv[0], [m.host_path]) for m in mounts):
+            mounts = (*mounts, BindMount(self.argv[0], self.argv[0], readonly=True))  # the init's binary
+        self.container = ContainerSpec(
+            name=CONTAINER,
+            image=runtime.image,
+            command=tuple(self.argv),
+            env=runtime.env,
+            mounts=mounts,
+            devices=runtime.devices,
+        )
+        self.sandbox: RunningPod | None = None
+        self.container_id: str | None = None
+        self.main_pid = 0
+        self.pid1 = 0
+        self.pidns = 0
+        self.log_path: str | None = None
+        self._log_text = ""
+        self._removed = False
+
+    @property
+    def command_line(self) -> str:
+        """How the pod was made, for the report."""
+        share = ", shareProcessNamespace: true (pause as PID 1)" if self.init == "pause" else ""
+        return f"CRI pod {self.spec.namespace}/{self.spec.name}{share}; container command: {shlex.join(self.argv)}"
+
+    @property
+    def ids(self) -> dict[str, int | str]:
+        return {
+            "pid1": self.pid1,
+            "main_pid": self.main_pid,
+            "pidns": self.pidns,
+            "pod": f"{self.spec.namespace}/{self.spec.name}",
+            "pod_uid": self.spec.uid,
+            "sandbox_id": self.sandbox.sandbox_id if self.sandbox else "",
+            "container_id": self.container_id or "",
+        }
+
+    def start(self, timeout: float = 30.0) -> None:
+        client = self.runtime.client
+        self.sandbox = self.runtime.pods.start_pod(self.spec)
+        self.container_id = self.sandbox.start(self.container)
+        self.log_path = client.container_status(self.container_id).status.log_path
+        self.main_pid = client.container_pid(self.container_id)
+        ns = pidns_of(self.main_pid)
+        deadline = time.monotonic() + timeout
+        while ns is not None and time.monotonic() < deadline:
+            pid1 = pod_pid1(ns)
+            if pid1 is not None:
+                self.pid1, self.pidns = pid1, ns
+                kind = "pause (shareProcessNamespace)" if self.init == "pause" else self.init
+                self.events.add("pod-start", f"{kind} as PID 1 (host pid {pid1}), pod {self.spec.name}")
+                return
+            time.sleep(0.01)
+        raise CriError(f"StartContainer: container of {self.spec.name} has no PID 1 to find")
+
+    @property
+    def running(self) -> bool:
+        return not self._removed and bool(self.pidns) and pidns_of(self.pid1) == self.pidns
+
+    def processes(self) -> list[int]:
+        pids = pids_in_pidns(self.pidns) if self.pidns else []
+        return sorted(pids, key=lambda p: (p != self.pid1, p))
+
+    def tree(self) -> list[int]:
+        return self.processes() if self.running else []
+
+    def log_text(self) -> str:
+        """The container's output so far (kept after the sandbox is removed)."""
+        if self.log_path and not self._removed:
+            with contextlib.suppress(OSError):
+                self._log_text = parse_cri_log(Path(self.log_path).read_text(errors="replace"))
+        return self._log_text
+
+    def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        """``kubectl exec``: ExecSync in the container; a runtime timeout is exit 124."""
+        assert self.container_id is not None
+        try:
+            done = self.runtime.client.exec_sync(self.container_id, list(argv), timeout=timeout)
+        except CriError as exc:
+            if exc.code != "DEADLINE_EXCEEDED":
+                raise
+            return subprocess.CompletedProcess(list(argv), 124, "", str(exc))
+        return _completed(argv, done)
+
+    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
+        """The kubelet's killContainer, then the pod sandbox's stop and removal."""
+        assert self.container_id is not None
+        client, whole = self.runtime.client, int(grace)
+        requested = self.events.add("delete", f"grace {whole} s").t
+        hook: list[subprocess.CompletedProcess[str]] = []
+        waiter = None
+        left = whole
+        if prestop:
+            self.events.add("prestop-start", "ExecSync " + shlex.join(prestop))
+            waiter = threading.Thread(
+                target=lambda: hook.append(self.exec(prestop, timeout=KUBELET_RUNTIME_TIMEOUT_S)), daemon=True
+            )
+            waiter.start()
+            waiter.join(whole)
+            if hook:
+                self.events.add("prestop-end", f"exit {hook[0].returncode}")
+            else:
+                self.events.add("prestop-cut-off", f"the kubelet stops waiting after {whole} s")
+            left = whole - int(self.events.now() - requested)
+        left = max(left, KUBELET_MIN_GRACE_S) if prestop else left
+        sigterm_at = self.events.add("sigterm", f"StopContainer(timeout={left})").t
+        client.stop_container(self.container_id, grace=left)
+        status = client.container_status(self.container_id).status
+        exited = status.finished_at / 1e9 - self.events.origin_epoch if status.finished_at else self.events.now()
+        sigkill_at = None
+        if status.exit_code == 137 and exited >= sigterm_at + left - 0.05:
+            sigkill_at = sigterm_at + left
+            self.events.add("sigkill", "grace over: the runtime SIGKILLs the container", at=sigkill_at)
+        self.events.add("pod-exit", f"container exit {status.exit_code}", at=exited)
+        if waiter is not None:
+            waiter.join(5.0)
+        self.log_text()
+        self._remove_sandbox()
+        self.events.add("sandbox-removed", "StopPodSandbox + RemovePodSandbox")
+        prestop_done = hook[0] if hook else None
+        return Deletion(
+            requested_at=requested,
+            grace_s=whole,
+            prestop_rc=None if not prestop else (prestop_done.returncode if prestop_done else 124),
+            prestop_stdout=prestop_done.stdout if prestop_done else "",
+            prestop_stderr=prestop_done.stderr if prestop_done else ("cut off at the grace's end" if prestop else ""),
+            sigterm_at=sigterm_at,
+            sigkill_at=sigkill_at,
+            exited_at=exited,
+            pod_exit_code=status.exit_code,
+            leftovers=self.leftovers(),
+        )
+
+    def leftovers(self) -> tuple[int, ...]:
+        deadline = time.monotonic() + 2.0
+        left = pids_in_pidns(self.pidns) if self.pidns else []
+        while left and time.monotonic() < deadline:
+            time.sleep(0.01)
+            left = pids_in_pidns(self.pidns)
+        return tuple(left)
+
+    def _remove_sandbox(self) -> None:
+        if self.sandbox is None or self._removed:
+            return
+        self.runtime.pods.stop_pod(self.sandbox)
+        self._removed = True
+
+    def kill(self) -> None:
+        """Backstop: stop and remove the sandbox (and so its container) if deletion did not."""
+        with contextlib.suppress(CriError):
+            self._remove_sandbox()
+
+
+def _completed(argv: Sequence[str], done: ExecResult) -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess(
+        list(argv), done.exit_code, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    )
