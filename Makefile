@@ -51,3 +51,9 @@ proto: venv  ## regenerate the kubelet PodResources stubs from $(PROTO) (grpcio-
 fix: venv  ## let ruff fix and format what it can
 	$(PYTHON) -m ruff check --fix $(LINTED)
 	$(PYTHON) -m ruff format $(LINTED)
+
+# The node agent's image as charts/gpuzombie/Chart.yaml's default names it
+# (localhost/gpu-zombie/gpuzombie-node:<appVersion>), built with podman; CD pushes the same target.
+.PHONY: image
+image:  ## build the node-agent image with podman (scripts/build-image.sh)
+	scripts/build-image.sh

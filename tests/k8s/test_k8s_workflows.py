@@ -58,15 +58,28 @@ def test_ci_runs_the_tests_then_builds_the_image_matrix_on_change():
     assert build["with"]["push"] is True
 
 
-def test_cd_packages_and_pushes_the_chart_on_v_tags():
+def test_cd_packages_and_pushes_the_charts_on_v_tags():
     cd = load("cd.yaml")
     assert cd["on"] == {"push": {"tags": ["v*"]}}
-    (job,) = cd["jobs"].values()
+    job = cd["jobs"]["chart"]
+    assert job["strategy"]["matrix"]["chart"] == ["gpuzombie", "gpu-zombie-test"]
     text = steps_text(job) + yaml.safe_dump(job.get("env", {}))
     assert "helm lint --strict" in text
     assert "helm package" in text and "helm push" in text
-    assert "oci://" in text and "charts/gpu-zombie-test" in text
+    assert "oci://" in text and "charts/${{ matrix.chart }}" in text
     for secret in SECRETS:
         assert f"secrets.{secret}" in text
     # The password reaches helm through stdin from an env var, never on a command line.
     assert "--password-stdin" in text and "${{ secrets.REGISTRY_PASSWORD }} |" not in text
+
+
+def test_cd_pushes_the_node_image_the_gpuzombie_chart_names():
+    """<registry>/<project>/gpuzombie-node:<tag version>: the chart's repository, tag = appVersion."""
+    cd = load("cd.yaml")
+    job = cd["jobs"]["node-image"]
+    assert cd["jobs"]["chart"]["needs"] == ["node-image"]
+    assert job["env"]["IMAGE"].endswith("/gpuzombie-node")
+    build = next(s for s in job["steps"] if s.get("uses", "").startswith("docker/build-push-action"))
+    assert build["with"]["target"] == "node" and build["with"]["push"] is True
+    assert build["with"]["tags"].strip() == "${{ env.IMAGE }}:${{ steps.version.outputs.version }}"
+    assert "--app-version" in steps_text(cd["jobs"]["chart"])  # the chart's appVersion is that version

@@ -54,8 +54,19 @@ def _warn_on_change(echo: Any, *, errors: bool) -> Any:
     return on_result
 
 
-def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> int:
-    server = exporter.PrometheusExporter(registry, listen=listen)
+def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any], min_interval: float) -> int:
+    listen = serving["listen"]
+    tls = None
+    if serving["tls_cert"] is not None:
+        tls = exporter.TlsFiles(serving["tls_cert"], serving["tls_key"], serving["tls_client_ca"])
+    server = exporter.PrometheusExporter(
+        registry,
+        listen=listen,
+        probes={"/healthz": collector.liveness, "/readyz": collector.readiness},
+        read_timeout=serving["read_timeout"],
+        max_connections=serving["max_connections"],
+        tls=tls,
+    )
     stop = threading.Event()
     received: list[int] = []
 
@@ -66,11 +77,14 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
     try:
         bound = server.start()
     except OSError as exc:
-        raise GpuzombieError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+        what = f"cannot listen on {listen}" if tls is None else f"cannot serve TLS on {listen}"
+        raise GpuzombieError(f"{what}: {exc.strerror or exc}") from exc
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        scheme = "http" if tls is None else "https"
         click.echo(
-            f"gpuzombie exporter: serving http://{bound}/metrics (one node scan at most every {min_interval:g} s)",
+            f"gpuzombie exporter: serving {scheme}://{bound}/metrics, /healthz and /readyz "
+            f"(one node scan at most every {min_interval:g} s)",
             err=True,
         )
         while not stop.wait(3600):
@@ -83,16 +97,77 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
     return int(ExitStatus.INTERRUPTED if received[0] == signal.SIGINT else ExitStatus.OK)
 
 
+def _tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--tls-cert and --tls-key come together; --tls-client-ca needs them."""
+    params = ctx.params
+    if param.name == "tls_client_ca" and value is not None and params.get("tls_cert") is None:
+        raise click.BadParameter("needs --tls-cert and --tls-key")
+    if param.name == "tls_key" and (value is None) != (params.get("tls_cert") is None):
+        raise click.BadParameter("give --tls-cert and --tls-key together")
+    return value
+
+
+def serving_options(fn: Any) -> Any:
+    """Where and how /metrics, /healthz and /readyz are served."""
+    pem = click.Path(dir_okay=False)
+    for option in reversed(
+        (
+            click.option(
+                "--listen",
+                default=lambda: _import_exporter().DEFAULT_LISTEN,
+                show_default="127.0.0.1:9844",  # the exporter's DEFAULT_LISTEN; --help must work without the extra
+                callback=_listen,
+                metavar="HOST:PORT",
+                envvar="GPUZOMBIE_EXPORTER_LISTEN",
+                help="Address to serve on (loopback unless asked; a pod: its pod IP). Env: GPUZOMBIE_EXPORTER_LISTEN.",
+            ),
+            click.option(
+                "--read-timeout",
+                type=click.FloatRange(min=0.1),
+                default=10.0,
+                show_default=True,
+                metavar="S",
+                help="A connection must send its whole request within S seconds (slow senders are cut).",
+            ),
+            click.option(
+                "--max-connections",
+                type=click.IntRange(min=1),
+                default=32,
+                show_default=True,
+                metavar="N",
+                help="Serve at most N connections at once; at the bound a new one evicts the oldest "
+                "still sending its request.",
+            ),
+            click.option(
+                "--tls-cert", type=pem, default=None, metavar="PEM", help="Serve HTTPS with this certificate."
+            ),
+            click.option(
+                "--tls-key", type=pem, default=None, metavar="PEM", callback=_tls_pair, help="Its private key."
+            ),
+            click.option(
+                "--tls-client-ca",
+                type=pem,
+                default=None,
+                metavar="PEM",
+                callback=_tls_pair,
+                help="Require client certificates signed by this CA (mutual TLS).",
+            ),
+            click.option(
+                "--unhealthy-after",
+                type=click.IntRange(min=1),
+                default=5,
+                show_default=True,
+                metavar="N",
+                help="/healthz answers 503 after N failed scans in a row (/readyz: 503 while the last failed).",
+            ),
+        )
+    ):
+        fn = option(fn)
+    return fn
+
+
 @click.command()
-@click.option(
-    "--listen",
-    default="127.0.0.1:9400",
-    show_default=True,
-    callback=_listen,
-    metavar="HOST:PORT",
-    envvar="GPUZOMBIE_EXPORTER_LISTEN",
-    help="Address to serve /metrics on (loopback unless asked). Env: GPUZOMBIE_EXPORTER_LISTEN.",
-)
+@serving_options
 @procfs_option
 @click.option(
     "--min-interval",
@@ -121,7 +196,6 @@ def _serve(exporter: Any, registry: Any, listen: Any, min_interval: float) -> in
 )
 @ghost_options
 def command(
-    listen: Any,
     procfs: str,
     min_interval: float,
     once: bool,
@@ -131,12 +205,14 @@ def command(
     ghost_threshold_mib: int,
     baseline_mib: int | None,
     nvml_replay: str | None,
+    **serving: Any,
 ) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
     holders, ghost memory per GPU and GPU memory at grace-period risk.
 
-    Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use
-    or an unreadable /proc, 130 on Ctrl-C.
+    /metrics is the exposition, /healthz the liveness probe, /readyz the readiness probe.
+    Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use,
+    an unreadable TLS file or /proc, 130 on Ctrl-C.
     """
     exporter = _import_exporter()
     from prometheus_client import CollectorRegistry, generate_latest
@@ -165,7 +241,10 @@ def command(
         return click.echo(line, err=True)
 
     collector = exporter.NodeCollector(
-        scan, min_interval=float("inf") if once else min_interval, on_result=_warn_on_change(echo, errors=not once)
+        scan,
+        min_interval=float("inf") if once else min_interval,
+        on_result=_warn_on_change(echo, errors=not once),
+        unhealthy_after=serving["unhealthy_after"],
     )
     registry = CollectorRegistry()
     registry.register(collector)
@@ -175,4 +254,4 @@ def command(
             raise GpuzombieError(f"cannot scan {procfs}: {result.error}")
         click.echo(generate_latest(registry).decode(), nl=False)
         return int(ExitStatus.OK)
-    return _serve(exporter, registry, listen, min_interval)
+    return _serve(exporter, registry, collector, serving, min_interval)

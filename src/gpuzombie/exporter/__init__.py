@@ -8,20 +8,24 @@ from gpuzombie.exporter.collector import DEFAULT_MIN_INTERVAL, NodeCollector, Sc
 from gpuzombie.exporter.scan import NodeScan, PodLabels, scan_node
 from gpuzombie.exporter.server import (
     DEFAULT_LISTEN,
+    DEFAULT_PORT,
     ListenAddress,
     PrometheusExporter,
+    TlsFiles,
     parse_listen,
 )
 
 __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_MIN_INTERVAL",
+    "DEFAULT_PORT",
     "ListenAddress",
     "NodeCollector",
     "NodeScan",
     "PodLabels",
     "PrometheusExporter",
     "ScanResult",
+    "TlsFiles",
     "parse_listen",
     "scan_node",
 ]

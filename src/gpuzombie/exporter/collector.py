@@ -1,7 +1,9 @@
 """The Prometheus collector: one node scan per scrape at most every ``min_interval`` seconds.
 
 A scrape storm (several Prometheus replicas, a dashboard refreshing) then reads the cached scan
-instead of walking /proc again; a failed scan is cached the same way and counted.
+instead of walking /proc again; a failed scan is cached the same way and counted. The health probes
+read the same results: ready once a scan has read the node (and while the last one did), live until
+``unhealthy_after`` scans in a row have failed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gpuzombie.exporter.metrics import node_metrics
 from gpuzombie.exporter.scan import NodeScan
 
 DEFAULT_MIN_INTERVAL = 10.0
+DEFAULT_UNHEALTHY_AFTER = 5
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class NodeCollector(Collector):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_result: Callable[[ScanResult], None] | None = None,
+        unhealthy_after: int = DEFAULT_UNHEALTHY_AFTER,
     ) -> None:
         self._scan = scan
         self.min_interval = min_interval
@@ -49,8 +53,11 @@ class NodeCollector(Collector):
         self._on_result = on_result
         self._lock = threading.Lock()
         self._last: ScanResult | None = None
+        self._last_good_at: float | None = None
+        self.unhealthy_after = unhealthy_after
         self.scans = 0
         self.errors = 0
+        self.errors_in_a_row = 0
 
     def latest(self) -> ScanResult:
         """The cached result while it is younger than ``min_interval``, else a new scan. Scrapes that
@@ -64,11 +71,29 @@ class NodeCollector(Collector):
                 result = ScanResult(now, self._wall_clock(), self._scan(), None)
             except Exception as exc:  # noqa: BLE001  an unreadable /proc or a driver bug: a metric, never a 500
                 self.errors += 1
+                self.errors_in_a_row += 1
                 result = ScanResult(now, self._wall_clock(), None, f"{type(exc).__name__}: {exc}")
+            else:
+                self.errors_in_a_row = 0
+                self._last_good_at = result.taken_at
             self._last = result
         if self._on_result is not None:
             self._on_result(result)
         return result
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready while the latest scan (made now when the cached one is stale) read the node."""
+        result = self.latest()
+        if result.scan is None:
+            return False, f"not ready: the last scan failed: {result.error}"
+        return True, f"ready: last scan {result.scan.duration_s:.3f} s"
+
+    def liveness(self) -> tuple[bool, str]:
+        """Live until ``unhealthy_after`` scans in a row failed; never scans (a probe must be cheap)."""
+        failed, last = self.errors_in_a_row, self._last  # no lock: a scan in progress must not block the probe
+        if failed >= self.unhealthy_after and last is not None:
+            return False, f"unhealthy: {failed} scans in a row failed, the last: {last.error}"
+        return True, f"live: {failed} failed scans in a row (unhealthy at {self.unhealthy_after})"
 
     def describe(self) -> list[Metric]:
         return []  # registering must not scan the node
@@ -86,6 +111,12 @@ class NodeCollector(Collector):
             "Wall time of the last scan (cached for --min-interval seconds).",
             value=result.taken_at,
         )
+        if self._last_good_at is not None:
+            yield GaugeMetricFamily(
+                "gpuzombie_last_successful_scan_timestamp_seconds",
+                "Wall time of the last scan that read the node (absent until one has).",
+                value=self._last_good_at,
+            )
         if result.scan is not None:
             yield GaugeMetricFamily(
                 "gpuzombie_scan_duration_seconds", "How long the last scan took.", value=result.scan.duration_s

@@ -1,0 +1,65 @@
+{{/* The chart's name, and the release-scoped name of every object. */}}
+{{- define "gpuzombie.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuzombie.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpuzombie.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuzombie.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuzombie.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuzombie.labels" -}}
+{{ include "gpuzombie.selectorLabels" . }}
+app.kubernetes.io/component: node-agent
+app.kubernetes.io/part-of: gpuzombie
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- define "gpuzombie.image" -}}
+{{- $i := .Values.image -}}
+{{- printf "%s/%s:%s" $i.registry $i.repository (default .Chart.AppVersion $i.tag) | trimPrefix "/" -}}
+{{- end -}}
+
+{{- define "gpuzombie.scheme" -}}
+{{- ternary "HTTPS" "HTTP" .Values.exporter.tls.enabled -}}
+{{- end -}}
+
+{{/*
+The scrape's relabeling, the same for the ServiceMonitor and the PodMonitor: `node` from the pod's
+node; the operator's own namespace/pod/container/service/endpoint target labels dropped, so the
+exporter's namespace, pod and container labels (the workload's, not the agent's) stay as they are.
+*/}}
+{{- define "gpuzombie.relabelings" -}}
+honorLabels: true
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
+    action: replace
+  - regex: (namespace|pod|container|service|endpoint)
+    action: labeldrop
+{{- end -}}
+
+{{- define "gpuzombie.tlsConfig" -}}
+{{- if .Values.exporter.tls.enabled }}
+scheme: https
+{{- with .Values.exporter.tls.scrapeTlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build the node agent's image (docker/Dockerfile, target node) with podman, tagged as the
+# gpuzombie chart's default image: localhost/gpu-zombie/gpuzombie-node:<Chart.yaml appVersion>.
+# The Dockerfile's pinned base (python:3.12-slim-bookworm) is used when it can be pulled; where no
+# registry is reachable, a Debian bookworm rootfs with python3 made by debootstrap stands in (as
+# docker/local-smoke.sh does), imported once as localhost/gz-debian-base:bookworm.
+# Usage: scripts/build-image.sh [IMAGE]   Env: NODE_BASE (force a base), CRICTL_VERSION (default none).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' charts/gpuzombie/Chart.yaml)
+IMAGE=${1:-localhost/gpu-zombie/gpuzombie-node:$version}
+PINNED=$(sed -n 's/^ARG NODE_BASE=//p' docker/Dockerfile)
+LOCAL_BASE=localhost/gz-debian-base:bookworm
+PODMAN=(podman)
+[ -x /usr/sbin/runc ] && PODMAN+=(--runtime /usr/sbin/runc)  # crun fails on hybrid cgroups
+
+base=${NODE_BASE:-}
+if [ -z "$base" ]; then
+  if "${PODMAN[@]}" image exists "$PINNED" || "${PODMAN[@]}" pull -q "$PINNED" >/dev/null 2>&1; then
+    base=$PINNED
+  else
+    base=$LOCAL_BASE
+    echo "build-image: $PINNED cannot be pulled; using the local Debian base $LOCAL_BASE" >&2
+  fi
+fi
+if [ "$base" = "$LOCAL_BASE" ] && ! "${PODMAN[@]}" image exists "$LOCAL_BASE"; then
+  command -v debootstrap >/dev/null || { echo "build-image: needs debootstrap (apt-get install debootstrap)" >&2; exit 2; }
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates bookworm \
+    "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" \
+    || { tail -5 "$work/debootstrap.log" >&2; exit 1; }
+  rm -f "$work"/rootfs/usr/lib/python3*/EXTERNALLY-MANAGED
+  cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
+  tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$LOCAL_BASE" >/dev/null
+fi
+"${PODMAN[@]}" build --network host --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+  -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
+  --build-arg CRICTL_VERSION="${CRICTL_VERSION:-}" \
+  --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
+  -t "$IMAGE" .
+echo "built $IMAGE (base $base); push: podman tag $IMAGE REGISTRY/gpu-zombie/gpuzombie-node:$version && podman push ..." >&2

@@ -1,0 +1,81 @@
+"""The alert rules (charts/gpuzombie/files/gpuzombie-alerts.yaml, also the chart's PrometheusRule)
+through the real promtool: `check rules`, and `test rules` with promtool/gpuzombie-alerts.test.yaml,
+where each alert has a case that fires and one that must not. Every alert has a severity, a summary,
+a description and a runbook_url whose anchor docs/cluster.md has."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
+
+import yaml
+from cluster_support import ALERTS, DOCS
+
+UNIT_TESTS = pathlib.Path(__file__).resolve().parent / "promtool" / "gpuzombie-alerts.test.yaml"
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus; make test installs it)")
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+
+
+def rules() -> list[dict]:
+    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+
+
+def test_promtool_checks_the_rules():
+    got = promtool("check", "rules", str(ALERTS))
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in got.stdout
+
+
+def test_promtool_unit_tests_pass():
+    got = promtool("test", "rules", str(UNIT_TESTS))
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "SUCCESS" in got.stdout
+
+
+def test_every_alert_is_tested_firing_and_not_firing():
+    cases = [c for t in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for c in t["alert_rule_test"]]
+    for rule in rules():
+        mine = [c for c in cases if c["alertname"] == rule["alert"]]
+        assert any(c.get("exp_alerts") for c in mine), f"{rule['alert']}: no case where it fires"
+        assert any(not c.get("exp_alerts") for c in mine), f"{rule['alert']}: no case where it must not fire"
+
+
+def test_ghost_alert_keys_on_the_exporters_verdict():
+    """The 291 MiB NCCL peer-context ghost fires: no fixed byte threshold, the exporter's own verdict."""
+    (ghost,) = [r for r in rules() if r["alert"] == "GpuzombieGhostGpuMemory"]
+    assert 'gpuzombie_gpu_memory_verdict{verdict="ghost"} == 1' in ghost["expr"]
+    assert not re.search(r"[<>]=?\s*\d", ghost["expr"])
+    assert "305135616" in UNIT_TESTS.read_text()  # 291 MiB, in the firing case
+
+
+def test_every_alert_has_severity_text_and_a_runbook_anchor_in_the_docs():
+    headings = re.findall(r"^#+ (.+)$", DOCS.read_text(), re.MULTILINE)
+    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in headings}
+    for rule in rules():
+        assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
+        annotations = rule["annotations"]
+        assert annotations["summary"] and annotations["description"], rule["alert"]
+        page, _, anchor = annotations["runbook_url"].partition("#")
+        assert page.endswith("docs/cluster.md") and anchor == rule["alert"].lower(), rule["alert"]
+        assert anchor in anchors, f"docs/cluster.md has no heading for {rule['alert']}"
+
+
+def test_pod_alerts_keep_node_namespace_pod_container():
+    """An aggregation may only drop labels the alert does not need: pod alerts keep all four."""
+    for rule in rules():
+        for by in re.findall(r"by \(([^)]*)\)", rule["expr"]):
+            kept = {label.strip() for label in by.split(",")}
+            assert "node" in kept, rule["alert"]
+            if "gpuzombie_unreadable_processes" not in rule["expr"]:
+                assert {"namespace", "pod", "container"} <= kept, rule["alert"]
