@@ -238,3 +238,11 @@ def test_a_failed_cri_call_is_one_line_naming_the_call(tmp_path, capsys):
     status = main([*argv, "--image-archives", str(archives), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and err.startswith("gpuzombie: error: CreateContainer: ") and "not found" in err, err
+
+
+def test_cri_socket_makes_the_pods_on_a_running_containerd_and_removes_them(containerd, tmp_path):  # noqa: F811
+    argv = ["lab", "run", "--runtime", "containerd", "--cri-socket", containerd.socket, "--scenario", "s4-fullfix"]
+    assert main([*argv, "--grace", "2", "--size-mib", "16", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["scenarios"]["s4-fullfix-containerd"]["deletion"]["leftovers"] == []
+    assert containerd.client.list_pod_sandboxes() == [] and containerd.client.list_containers() == []

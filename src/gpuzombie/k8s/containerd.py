@@ -296,21 +296,8 @@ class Containerd:
     def _remove_cgroups(self) -> list[str]:
         """The cgroups ``_claim_cgroups`` recorded, deepest first, in every hierarchy."""
         problems = []
-        for root in _cgroup_roots():
-            for relative in sorted(self._cgroups, key=lambda p: p.count("/"), reverse=True):
-                path = Path(root + relative)
-                if not path.is_dir():
-                    continue
-                for child in sorted(
-                    (p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-                ):
-                    with contextlib.suppress(OSError):  # a container's cgroup runc left (killed shim)
-                        child.rmdir()
-                try:
-                    path.rmdir()
-                except OSError as exc:
-                    if os.path.basename(relative).startswith("pod"):  # a shared parent may hold others' pods
-                        problems.append(f"cannot remove cgroup {path}: {exc.strerror}")
+        for relative in sorted(self._cgroups, key=lambda p: p.count("/"), reverse=True):
+            problems += remove_cgroup(relative)
         return problems
 
     def close(self) -> list[str]:
@@ -325,6 +312,26 @@ class Containerd:
         if self.workdir.exists():
             problems.append(f"cannot remove {self.workdir}")
         return problems
+
+
+def remove_cgroup(relative: str) -> list[str]:
+    """Remove the cgroup ``relative`` (e.g. a pod's ``/kubepods/besteffort/pod<uid>``) and the empty
+    cgroups under it in every hierarchy; what could not be removed (only a pod's own cgroup counts:
+    a shared parent may hold others' pods). Pods made on a runtime without a kubelet need it."""
+    problems = []
+    for root in _cgroup_roots():
+        path = Path(root + relative)
+        if not path.is_dir():
+            continue
+        for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):  # a container's cgroup runc left (killed shim)
+                child.rmdir()
+        try:
+            path.rmdir()
+        except OSError as exc:
+            if os.path.basename(relative).startswith("pod"):
+                problems.append(f"cannot remove cgroup {path}: {exc.strerror}")
+    return problems
 
 
 def _cgroup_roots(base: str = "/sys/fs/cgroup") -> list[str]:

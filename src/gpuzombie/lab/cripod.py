@@ -35,6 +35,7 @@ from gpuzombie.k8s.containerd import (
     busybox_image,
     pause_image,
     private_containerd,
+    remove_cgroup,
     write_image_archive,
 )
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, ExecResult, PodSpec, RunningPod, RuntimeClient
@@ -131,13 +132,30 @@ class SocketPods:
 
     def __init__(self, client: RuntimeClient) -> None:
         self.client = client
+        self.uids: set[str] = set()
+        """Every pod asked for, also one whose RunPodSandbox an interruption cut short."""
 
     def start_pod(self, spec: PodSpec) -> RunningPod:
+        self.uids.add(spec.uid)
         return RunningPod(self.client, spec, self.client.run_pod_sandbox(spec))
 
     def stop_pod(self, pod: RunningPod) -> None:
+        """RemovePodSandbox, then the pod's cgroup: a kubelet removes it, and there is none for these."""
         self.client.stop_pod_sandbox(pod.sandbox_id)
         self.client.remove_pod_sandbox(pod.sandbox_id)
+        self.uids.discard(pod.spec.uid)
+        remove_cgroup(pod.spec.cgroup_parent)
+
+    def remove_left(self) -> None:
+        """Stop and remove the sandboxes of this run that are still there (after an interruption)."""
+        if not self.uids:
+            return
+        for sandbox in self.client.list_pod_sandboxes():
+            if sandbox.metadata.uid in self.uids:
+                self.client.stop_pod_sandbox(sandbox.id)
+                self.client.remove_pod_sandbox(sandbox.id)
+        for uid in self.uids:
+            remove_cgroup(PodSpec(name="left", uid=uid).cgroup_parent)
 
 
 class PodMaker(Protocol):
@@ -197,7 +215,11 @@ def cri_runtime(*, socket: str | None, gpu: bool, archives: Path | None = None) 
     _import_into(socket)
     with RuntimeClient(socket) as client:
         client.version(timeout=5)
-        yield _runtime(client, SocketPods(client), socket, gpu=gpu, private=False)
+        pods = SocketPods(client)
+        try:
+            yield _runtime(client, pods, socket, gpu=gpu, private=False)
+        finally:
+            pods.remove_left()
 
 
 def _import_into(socket: str) -> None:
