@@ -85,6 +85,15 @@ def test_s4_frees_memory_within_a_second_of_deletion(lab):
     assert "released pid=" in (lab[0] / "s4-fullfix" / "pod.log").read_text()
 
 
+def test_s5_share_process_namespace_pause_reaps_and_the_grace_is_not_wasted(lab):
+    e = scenario(lab, "s5-sharepid")
+    assert e["init"] == "pause" and e["victim_reaped"]  # catatonit -P, PID 1, reaped the killed worker
+    assert obs(e, "after-kill")["zombies"] == 1  # the parent's: its parent is the container's sleep
+    names = [ev["name"] for ev in e["events"]]
+    assert names.index("sigterm") < names.index("runtime-kill-all") < names.index("sandbox-removed")
+    assert not e["metrics"]["waited_whole_grace"] and e["metrics"]["release_latency_s"] < 1.0
+
+
 def test_observe_inside_the_pod_agrees_with_the_host_count(lab):
     for name in ("s1-nofix", "s2-tini"):
         for point in ("after-spawn", "after-kill"):
@@ -97,7 +106,7 @@ def test_results_layout_is_the_seeds_and_labelled(lab):
     out, data = lab
     assert data["schema"] == "gpuzombie.lab/1"
     assert data["provenance"]["kernel"].startswith("Linux") and "lab run" in data["provenance"]["command"]
-    for name in ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix"):
+    for name in ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid"):
         for f in SEED_FILES:
             assert (out / name / f).stat().st_size > 0, f"{name}/{f}"
         assert "CPU STAND-IN" in (out / name / "nvidia-smi-before-delete.log").read_text()
