@@ -22,9 +22,10 @@ DEFAULT_OUT = Path("lab-out")
 """Not results/: that folder holds the committed GPU run, which a CPU run must not replace."""
 
 
-@click.group(short_help="Run the seed's scenarios as PID namespaces and measure them.")
+@click.group(short_help="Run the seed's scenarios as pods on this machine and measure them.")
 def command() -> None:
-    """Run the seed's scenarios as PID namespaces on this machine and write their results."""
+    """Run the seed's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
+    namespaces or real CRI pods on containerd, and write their results."""
 
 
 def exact_command() -> list[str]:
@@ -195,9 +196,15 @@ def run_command(
     SIGTERM, SIGKILL when the grace ends) -> observe.
 
     \b
+    --runtime containerd: each pod a CRI sandbox + container on a private
+    containerd (or --cri-socket), deleted with the kubelet's calls:
+    preStop by ExecSync, StopContainer, StopPodSandbox, RemovePodSandbox.
+
+    \b
     Exit codes: 0 every pod left nothing behind, 1 processes were left
-    after a deletion, 2 usage or environment error, 130 interrupted
-    (Ctrl-C stops the pods; nothing is left running).
+    after a deletion, 2 usage or environment error or a failed CRI call,
+    130 interrupted (Ctrl-C or SIGTERM stops the pods and a private
+    containerd; nothing is left running).
     """
     console = Console(stderr=True, log_path=False)
     config = LabConfig(workers=workers, grace=grace, size_mib=size_mib, uid=uid, init=init, main=main_process)
