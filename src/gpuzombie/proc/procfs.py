@@ -38,19 +38,6 @@ from gpuzombie.proc.read import (
     unreadable,
 )
 
-__all__ = [  # the parsers are imported from here by older callers (prestop, graceful)
-    "NVIDIA_DEVICE_PREFIX",
-    "ProcessInfo",
-    "ProcessTable",
-    "Procfs",
-    "fd_targets",
-    "parse_cgroup",
-    "parse_cmdline",
-    "parse_ns_link",
-    "parse_stat",
-    "parse_status",
-]
-
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
 DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
 """Files whose loss can hide a finding: the state and parent (stat), a /dev/nvidia* fd (fd), the
