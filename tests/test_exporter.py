@@ -65,9 +65,9 @@ def signals(d: Path, *, blk=NONE_MASK, ign=NONE_MASK, cgt=NONE_MASK) -> None:
 
 
 def container(root: Path, inode: int, uid: str, cid: str, procs: list[dict]) -> None:
-    """A container's processes on the node (host pids) and in its own /proc under <pid1>/root/proc.
-    Each proc: host, local, ppid_local, comm, and optional state, fds, sig."""
-    local_root = root / str(procs[0]["host"]) / "root" / "proc"
+    """A container's processes as the node's procfs shows them (host pids, NSpid down to the local
+    pid): all the exporter reads. Each proc: host, local, ppid_local, comm, and optional state, fds,
+    sig."""
     host_of = {p["local"]: p["host"] for p in procs}
     for p in procs:
         kw = {
@@ -80,12 +80,7 @@ def container(root: Path, inode: int, uid: str, cid: str, procs: list[dict]) -> 
         }
         host = make_fake_proc(root, p["host"], ppid=host_of.get(p["ppid"], 50), nspid=(p["host"], p["local"]), **kw)
         (host / "cgroup").write_text(cgroup(uid, cid))
-        if p is procs[0]:
-            local_root.mkdir(parents=True)
-            make_fake_root(local_root)
-        local = make_fake_proc(local_root, p["local"], ppid=p["ppid"], nspid=(p["local"],), **kw)
-        for d in (host, local):
-            signals(d, **p.get("sig", {}))
+        signals(host, **p.get("sig", {}))
 
 
 def build_node(root: Path) -> None:

@@ -126,3 +126,16 @@ def test_the_deadline_leaves_the_rest_unread(tmp_path):
     tree = _tree(tmp_path)
     table = Procfs(str(tree), deadline_s=0).snapshot(now=time.time())
     assert table.processes == {} and table.unread == (1, 7)
+
+
+def test_failures_are_classified_access_denied_told_apart():
+    import errno
+
+    from gpuzombie.proc.read import reason_of, unreadable
+
+    assert reason_of(PermissionError(errno.EACCES, "denied")) is Reason.ACCESS_DENIED
+    assert reason_of(OSError(errno.EPERM, "not permitted")) is Reason.ACCESS_DENIED
+    assert reason_of(FileNotFoundError(errno.ENOENT, "gone")) is Reason.MISSING
+    assert reason_of(OSError(errno.ELOOP, "a symlink")) is Reason.NOT_REGULAR
+    assert reason_of(OSError(errno.EIO, "i/o")) is Reason.ERROR
+    assert unreadable("status", ValueError("NSpid is not a number")).reason is Reason.MALFORMED

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from fakeproc import make_fake_proc
-from gpuzombie.proc.procfs import Procfs, parse_cmdline, parse_ns_link, parse_stat, parse_status
+from gpuzombie.proc.parse import parse_cmdline, parse_ns_link, parse_stat, parse_status
+from gpuzombie.proc.procfs import Procfs
 from gpuzombie.proc.read import Reason, Unreadable
 
 STAT_WITH_PARENS = (

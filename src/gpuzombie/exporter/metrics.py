@@ -108,9 +108,9 @@ GAUGES = {
         Gauge(
             "gpuzombie_unreadable_processes",
             ("reason",),
-            "Processes the last scan could not fully read, by reason: access_denied, or incomplete (a "
-            "file missing, not a regular file, over its size cap or malformed, or the scan's deadline "
-            "passed first). A GPU holder, zombie or orphan among them is missing from the other gauges.",
+            "Processes the last scan could not read where that could hide a GPU holder, zombie or "
+            "orphan from the other gauges, by reason: access_denied, or incomplete (a file missing, not "
+            "a regular file, over its size cap or malformed, or the scan's deadline passed first).",
         ),
     )
 }
@@ -189,12 +189,14 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
 
 
 def unreadable_metrics(scan: NodeScan) -> Values:
-    """Processes of the node's table that could not be fully read, access-denied told apart."""
-    incomplete = scan.table.incomplete
-    denied = sum(p.access_denied for p in incomplete)
+    """Processes of the node that could not be read where that could hide a finding (the same ones
+    that keep trace from saying healthy), access-denied told apart."""
+    shown = {row.pid for row in scan.trace.rows if row.pid is not None}
+    unverified = scan.table.unverified(shown)
+    denied = sum(p.access_denied for p in unverified)
     return {
         ("access_denied",): float(denied),
-        ("incomplete",): float(len(incomplete) - denied + len(scan.table.unread)),
+        ("incomplete",): float(len(unverified) - denied + len(scan.table.unread)),
     }
 
 

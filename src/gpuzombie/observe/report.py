@@ -33,7 +33,7 @@ from gpuzombie.observe.orphans import (
     reader_chain,
 )
 from gpuzombie.observe.pid1 import Pid1, find_pid1
-from gpuzombie.proc.pidns import ROOT_PIDNS_INODE, procfs_is_own
+from gpuzombie.proc.pidns import is_root_pidns, procfs_is_own
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.units import mib
 
@@ -208,7 +208,7 @@ def default_view(procfs: Procfs, table: ProcessTable) -> ReaderView:
     """
     view = current_view()
     init = table.get(1)
-    tree_is_root = init is None or init.pidns is None or init.pidns == ROOT_PIDNS_INODE
+    tree_is_root = init is None or init.pidns is None or is_root_pidns(init.pidns)
     own = procfs_is_own(procfs.root) is True
     return ReaderView(in_root_pidns=view.in_root_pidns and tree_is_root, own_pid=view.own_pid if own else None)
 

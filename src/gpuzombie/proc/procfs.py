@@ -9,7 +9,6 @@ marked incomplete with the file and the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,19 +37,6 @@ from gpuzombie.proc.read import (
     read_text,
     unreadable,
 )
-
-__all__ = [  # the parsers are imported from here by older callers (prestop, graceful)
-    "NVIDIA_DEVICE_PREFIX",
-    "ProcessInfo",
-    "ProcessTable",
-    "Procfs",
-    "fd_targets",
-    "parse_cgroup",
-    "parse_cmdline",
-    "parse_ns_link",
-    "parse_stat",
-    "parse_status",
-]
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
 DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
@@ -423,24 +409,37 @@ class Procfs:
             fds = self._nvidia_fds(f"{base}/fd")
         except OSError as exc:
             reading.failed("fd", exc)
-        proc = self._process(
-            pid, stat, owner, boot_time, nspid=status.nspid or (pid,), pidns=pidns, fds=fds, incomplete=()
-        )
+        nspid = status.nspid or (pid,)
+        if detail is not None:
+            missing = tuple(reading.missing)
+            brief = self._process(pid, stat, owner, boot_time, nspid=nspid, pidns=pidns, fds=fds, incomplete=missing)
+            if not detail(brief, tree_pidns):
+                return None if reading.gone else brief
         cmdline: tuple[str, ...] = ()
         cgroup: tuple[str, ...] = ()
-        if detail is None or detail(proc, tree_pidns):
+        try:
+            cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
+        except OSError as exc:
+            reading.failed("cmdline", exc)
+        if with_cgroup:
             try:
-                cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
+                cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
             except OSError as exc:
-                reading.failed("cmdline", exc)
-            if with_cgroup:
-                try:
-                    cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
-                except OSError as exc:
-                    reading.failed("cgroup", exc)
+                reading.failed("cgroup", exc)
         if reading.gone:
             return None  # exited mid-read: drop it rather than report half a process
-        return dataclasses.replace(proc, cmdline=cmdline, cgroup=cgroup, incomplete=tuple(reading.missing))
+        return self._process(
+            pid,
+            stat,
+            owner,
+            boot_time,
+            nspid=nspid,
+            pidns=pidns,
+            fds=fds,
+            cmdline=cmdline,
+            cgroup=cgroup,
+            incomplete=tuple(reading.missing),
+        )
 
     def _unknown(
         self, pid: int, boot_time: float, why: tuple[Unreadable, ...], *, uid: int | None = None

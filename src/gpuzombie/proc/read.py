@@ -50,8 +50,6 @@ class Reason(str, Enum):
     """Read, but its content does not parse."""
     ERROR = "error"
     """Any other I/O error."""
-    DEADLINE = "deadline"
-    """The scan's deadline passed before the process was read."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +96,9 @@ def unreadable(file: str, exc: OSError | ValueError) -> Unreadable:
     return Unreadable(file, reason_of(exc), exc.strerror or str(exc))
 
 
-def _read(path: str, kind: str, dir_fd: int | None) -> tuple[bytes, os.stat_result]:
+def _read(path: str, kind: str) -> tuple[bytes, os.stat_result]:
     cap = CAPS[kind]
-    fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+    fd = os.open(path, _OPEN_FLAGS)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -116,24 +114,24 @@ def _read(path: str, kind: str, dir_fd: int | None) -> tuple[bytes, os.stat_resu
     return data, info
 
 
-def read_capped(path: str, kind: str, *, dir_fd: int | None = None) -> bytes:
+def read_capped(path: str, kind: str) -> bytes:
     """The bytes of a regular file, at most ``CAPS[kind]`` of them.
 
     Raises OSError: the kernel's (ENOENT, EACCES, ELOOP for a symlink, ...) or HostileFile for a
     non-regular file or one over its cap (cmdline is truncated instead).
     """
-    return _read(path, kind, dir_fd)[0]
+    return _read(path, kind)[0]
 
 
 def read_owned(path: str, kind: str) -> tuple[bytes, int]:
     """``read_capped`` and the file's owner (for /proc/<pid>/* the process's effective uid)."""
-    data, info = _read(path, kind, None)
+    data, info = _read(path, kind)
     return data, info.st_uid
 
 
-def read_text(path: str, kind: str, *, dir_fd: int | None = None) -> str:
+def read_text(path: str, kind: str) -> str:
     """``read_capped`` decoded (undecodable bytes replaced: a process names itself as it likes)."""
-    return read_capped(path, kind, dir_fd=dir_fd).decode(errors="replace")
+    return read_capped(path, kind).decode(errors="replace")
 
 
 @dataclass
