@@ -47,7 +47,8 @@ LAB_NAMESPACE = "gpuzombie-lab"
 KUBELET_MIN_GRACE_S = 2
 """The kubelet's ``minimumGracePeriodInSeconds``: StopContainer never gets less after a preStop."""
 KUBELET_RUNTIME_TIMEOUT_S = 120
-"""The kubelet's ``--runtime-request-timeout`` (2 min): its only limit on the hook's ExecSync."""
+"""The kubelet's ``--runtime-request-timeout`` (2 min): its only limit on the hook's ExecSync, and its
+margin beyond the grace for StopContainer (a loaded node's runtime can take seconds to answer)."""
 HOST_DIRS = ("/usr", "/lib", "/lib64", "/opt")
 HOST_FILES = ("/etc/ld.so.cache",)
 NVIDIA_LIB_DIRS = ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64")
@@ -377,7 +378,7 @@ class CriPod:
             left = whole - int(self.events.now() - requested)
         left = max(left, KUBELET_MIN_GRACE_S) if prestop else left
         sigterm_at = self.events.add("sigterm", f"StopContainer(timeout={left})").t
-        client.stop_container(self.container_id, grace=left)
+        client.stop_container(self.container_id, grace=left, timeout=KUBELET_RUNTIME_TIMEOUT_S)
         status = client.container_status(self.container_id).status
         exited = status.finished_at / 1e9 - self.events.origin_epoch if status.finished_at else self.events.now()
         sigkill_at = None
