@@ -329,6 +329,7 @@ def main() -> int:
         print("bench_exporter_soak: needs root (PID namespaces, the whole /proc)", file=sys.stderr)
         return 2
     header = f"# {platform.node()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still clean up (run's finally)
     result = run(args)
     print(json.dumps(result, indent=2) if args.json else header + "\n" + report(result))
     return 0

@@ -280,7 +280,4 @@ def test_every_exporter_flag_the_chart_passes_exists(helm_binary):
         check=True,
     ).stdout
     flags = [a for a in c["args"] if a.startswith("--")]
-    missing = [f for f in flags if f not in help_text]
-    if missing == ["--cri-socket"]:
-        pytest.xfail("--cri-socket comes with the CRI client (issue 11), not merged here yet")
-    assert not missing
+    assert [f for f in flags if f not in help_text] == []
