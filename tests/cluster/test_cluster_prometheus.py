@@ -189,7 +189,7 @@ def test_every_alert_expression_parses_and_finds_the_fake_nodes_conditions_and_t
             assert series["metric"]["node"] == NODE, alert
             if "gpu" not in series["metric"]:
                 # namespace and pod are "" (so absent) here: no container runtime names the pods
-                assert "container" in series["metric"], (alert, series["metric"])
+                assert {"pod_uid", "container"} <= set(series["metric"]), (alert, series["metric"])
     (ghost,) = api(base, "query", query=alert_rules()["GpuzombieGhostGpuMemory"])["result"]
     assert ghost["metric"]["gpu"] == "0" and float(ghost["value"][1]) == 1000 * 1024 * 1024
     rules = [r for g in api(base, "rules")["groups"] for r in g["rules"]]
