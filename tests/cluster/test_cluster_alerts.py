@@ -72,10 +72,11 @@ def test_every_alert_has_severity_text_and_a_runbook_anchor_in_the_docs():
 
 
 def test_pod_alerts_keep_node_namespace_pod_container():
-    """An aggregation may only drop labels the alert does not need: pod alerts keep all four."""
+    """An aggregation may only drop labels the alert does not need: pod alerts keep the pod's (pod_uid
+    too: it tells apart the pods no runtime named)."""
     for rule in rules():
         for by in re.findall(r"by \(([^)]*)\)", rule["expr"]):
             kept = {label.strip() for label in by.split(",")}
             assert "node" in kept, rule["alert"]
             if "gpuzombie_unreadable_processes" not in rule["expr"]:
-                assert {"namespace", "pod", "container"} <= kept, rule["alert"]
+                assert {"namespace", "pod", "pod_uid", "container"} <= kept, rule["alert"]

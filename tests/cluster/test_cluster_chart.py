@@ -280,7 +280,20 @@ def test_every_exporter_flag_the_chart_passes_exists(helm_binary):
         check=True,
     ).stdout
     flags = [a for a in c["args"] if a.startswith("--")]
-    missing = [f for f in flags if f not in help_text]
-    if missing == ["--cri-socket"]:
-        pytest.xfail("--cri-socket comes with the CRI client (issue 11), not merged here yet")
-    assert not missing
+    assert [f for f in flags if f not in help_text] == []
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"exporter": {"prot": 9844}}, "additional properties 'prot'"),
+        ({"serviceMonitor": {"enable": True}}, "additional properties 'enable'"),
+        ({"exporter": {"port": 0}}, "minimum"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "value must be one of"),
+    ],
+    ids=["typo-in-exporter", "typo-in-monitor", "port-0", "bad-pull-policy"],
+)
+def test_values_schema_rejects_mistakes(helm_binary, values, complaint):
+    """values.schema.json: a typo fails the install instead of being silently ignored."""
+    got = helm(helm_binary, "template", "x", str(CHART), values=values)
+    assert got.returncode != 0 and complaint in got.stderr, got.stderr

@@ -5,6 +5,7 @@ into a fresh venv (its dependencies from the package index) runs `gpuzombie --he
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -81,4 +82,4 @@ def test_the_wheel_runs_from_a_fresh_venv(dist, tmp_path):
     assert once.returncode == 0, once.stderr
     assert "gpuzombie_scan_success 1.0" in once.stdout
     assert "gpuzombie_nvml_available 0.0" in once.stdout  # no NVML here: a metric, not a failure
-    assert 'gpuzombie_zombies{container="",namespace="",pod=""} 1.0' in once.stdout
+    assert re.search(r'^gpuzombie_zombies\{container="",namespace="",pod="",pod_uid=""\} 1\.0$', once.stdout, re.M)

@@ -1,0 +1,339 @@
+"""Soak: `gpuzombie exporter` on this node's real /proc for N minutes under churn and a connection flood.
+
+    sudo python3 benchmarks/bench_exporter_soak.py [--minutes 10] [--json]
+
+While the exporter (a subprocess, default serving options) runs:
+
+* churn: a helper process spawns ``/bin/true`` at 200 processes/s and reaps them in batches every
+  0.5 s, so ~100 host zombies come and go all the time;
+* PID namespaces come and go: every 2 s a new one (``unshare --pid``) whose PID 1 is ``sleep`` with a
+  zombie and an orphan under it; at most 10 live, the oldest killed;
+* 2,000 connections are held open against the exporter and every connection it cuts (evicted at its
+  bound, or past its read deadline) is opened again, at most 100 per second: a persistent attacker;
+* a scraper reads /metrics 5 times a second, timing each answer.
+
+Prints scrape latency (p50, p99, max), errors, the exporter's RSS, fds and threads (after a 10 s
+warm-up and at the end), its CPU use, and the churn actually reached. Not run in CI (root, minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import selectors
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHURN = """
+import os, sys, time
+period = 1 / float(sys.argv[1])
+spawned, next_at, reaped_at = 0, time.monotonic(), time.monotonic()
+while True:
+    os.posix_spawn("/bin/true", ["true"], {})
+    spawned += 1
+    now = time.monotonic()
+    if now - reaped_at >= 0.5:  # reap in batches: the exited children are zombies until then
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        reaped_at = now
+        print(spawned, flush=True)
+    next_at += period
+    time.sleep(max(0.0, next_at - time.monotonic()))
+"""
+NAMESPACE_SCRIPT = "sleep 0.05 & (sleep 1000 &); exec sleep 1000"
+
+
+@dataclass
+class ExporterSample:
+    at_s: float
+    rss_kib: int
+    peak_rss_kib: int
+    fds: int
+    threads: int
+    cpu_s: float
+
+
+@dataclass
+class Soak:
+    scrape_ms: list[float] = field(default_factory=list)
+    scrape_errors: dict[str, int] = field(default_factory=dict)
+    samples: list[ExporterSample] = field(default_factory=list)
+    namespaces_started: int = 0
+    reconnects: int = 0
+    connect_failures: int = 0
+    held_at_end: int = 0
+    processes_spawned: int = 0
+    exporter_counters: dict[str, float] = field(default_factory=dict)
+
+
+def sample(pid: int, started: float) -> ExporterSample:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return ExporterSample(
+        at_s=round(time.monotonic() - started, 1),
+        rss_kib=int(status["VmRSS"].split()[0]),
+        peak_rss_kib=int(status["VmHWM"].split()[0]),
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+        threads=int(status["Threads"]),
+        cpu_s=(int(fields[11]) + int(fields[12])) / ticks,
+    )
+
+
+def start_exporter(args: argparse.Namespace) -> tuple[subprocess.Popen[str], int]:
+    """The exporter under an address-space limit: a scan that reads an endless file (a tenant's
+    /dev/zero link, issue 10) fails with MemoryError instead of taking the machine's memory."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    limit = args.memory_limit_mib * 1024 * 1024
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie",
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--min-interval",
+            str(args.min_interval),
+            "--max-connections",
+            str(args.max_connections),
+            "--read-timeout",
+            str(args.read_timeout),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=limit_memory,
+    )
+    first = exporter.stderr.readline()  # type: ignore[union-attr]
+    port = int(first.split("127.0.0.1:")[1].split("/")[0])
+    threading.Thread(target=exporter.stderr.read, daemon=True).start()  # type: ignore[union-attr]  # drain
+    return exporter, port
+
+
+def scrape_loop(port: int, hz: float, stop: threading.Event, soak: Soak) -> None:
+    while not stop.wait(1 / hz):
+        started = time.perf_counter()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            body = response.read()
+            conn.close()
+            for name, value in re.findall(rb"^(gpuzombie_scans_total|gpuzombie_scan_errors_total) (\S+)$", body, re.M):
+                soak.exporter_counters[name.decode()] = float(value)
+            if response.status != 200 or b"gpuzombie_scan_success 1.0" not in body:
+                kind = f"status {response.status}" if response.status != 200 else "scan failed"
+                soak.scrape_errors[kind] = soak.scrape_errors.get(kind, 0) + 1
+                continue
+        except (OSError, http.client.HTTPException) as exc:
+            kind = type(exc).__name__
+            soak.scrape_errors[kind] = soak.scrape_errors.get(kind, 0) + 1
+            continue
+        soak.scrape_ms.append((time.perf_counter() - started) * 1000)
+
+
+def hold_connections(port: int, count: int, rate: float, stop: threading.Event, soak: Soak) -> None:
+    """Keep ``count`` idle connections open; reopen the ones the exporter cuts, ``rate`` a second."""
+    selector = selectors.DefaultSelector()
+
+    def connect() -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            soak.connect_failures += 1
+            return
+        s.setblocking(False)
+        selector.register(s, selectors.EVENT_READ)
+
+    for _ in range(count):
+        if stop.is_set():
+            break
+        connect()
+    budget, last = 0.0, time.monotonic()
+    while not stop.is_set():
+        for key, _ in selector.select(timeout=0.2):  # readable: EOF or reset, the server cut it
+            selector.unregister(key.fileobj)
+            key.fileobj.close()  # type: ignore[union-attr]
+        now = time.monotonic()
+        budget = min(rate, budget + (now - last) * rate)
+        last = now
+        while len(selector.get_map()) < count and budget >= 1 and not stop.is_set():
+            budget -= 1
+            soak.reconnects += 1
+            connect()
+    soak.held_at_end = len(selector.get_map())
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+
+
+def namespaces_loop(stop: threading.Event, soak: Soak) -> None:
+    live: list[subprocess.Popen[bytes]] = []
+    try:
+        while not stop.wait(2):
+            live.append(
+                subprocess.Popen(
+                    ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", NAMESPACE_SCRIPT],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            soak.namespaces_started += 1
+            if len(live) > 10:
+                oldest = live.pop(0)
+                oldest.kill()  # --kill-child: the namespace's PID 1 dies with it
+                oldest.wait()
+    finally:
+        for p in live:
+            p.kill()
+            p.wait()
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else float("nan")
+
+
+def run(args: argparse.Namespace) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, args.connections + 1024)), hard))
+    soak = Soak()
+    exporter, port = start_exporter(args)
+    churn = subprocess.Popen([sys.executable, "-c", CHURN, str(args.churn_rate)], stdout=subprocess.PIPE, text=True)
+    last_count = ["0"]
+    threading.Thread(
+        target=lambda: [last_count.__setitem__(0, line.strip()) for line in churn.stdout], daemon=True
+    ).start()  # type: ignore[union-attr]
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=scrape_loop, args=(port, args.scrape_hz, stop, soak)),
+        threading.Thread(target=hold_connections, args=(port, args.connections, args.reconnect_rate, stop, soak)),
+        threading.Thread(target=namespaces_loop, args=(stop, soak)),
+    ]
+    started = time.monotonic()
+    churn_started = started
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(10)  # warm-up: the first scans, the flood established
+        soak.samples.append(sample(exporter.pid, started))
+        deadline = started + args.minutes * 60
+        while time.monotonic() < deadline:
+            time.sleep(min(30.0, max(0.0, deadline - time.monotonic())))
+            soak.samples.append(sample(exporter.pid, started))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        churn.send_signal(signal.SIGTERM)
+        churn.wait(timeout=10)
+        exporter.send_signal(signal.SIGTERM)
+        exporter_rc = exporter.wait(timeout=30)
+    soak.processes_spawned = int(last_count[0] or 0)
+    elapsed = time.monotonic() - churn_started
+    first, last = soak.samples[0], soak.samples[-1]
+    ms = soak.scrape_ms
+    return {
+        "minutes": args.minutes,
+        "scrapes_ok": len(ms),
+        "scrape_errors": soak.scrape_errors,
+        "scrape_ms": {
+            "p50": round(statistics.median(ms), 2) if ms else None,
+            "p99": round(percentile(ms, 99), 2) if ms else None,
+            "max": round(max(ms), 2) if ms else None,
+        },
+        "exporter": {
+            "rss_kib": {
+                "after_warmup": first.rss_kib,
+                "end": last.rss_kib,
+                "peak": last.peak_rss_kib,
+            },
+            "fds": {"after_warmup": first.fds, "end": last.fds, "max": max(s.fds for s in soak.samples)},
+            "threads": {
+                "after_warmup": first.threads,
+                "end": last.threads,
+                "max": max(s.threads for s in soak.samples),
+            },
+            "cpu_percent_of_one_core": round(100 * (last.cpu_s - first.cpu_s) / max(1e-9, last.at_s - first.at_s), 1),
+            "exit_code_on_sigterm": exporter_rc,
+            "scans": soak.exporter_counters.get("gpuzombie_scans_total"),
+            "scan_errors": soak.exporter_counters.get("gpuzombie_scan_errors_total"),
+        },
+        "churn": {
+            "processes_per_s": round(soak.processes_spawned / elapsed, 1),
+            "pid_namespaces_started": soak.namespaces_started,
+            "held_connections_at_end": soak.held_at_end,
+            "reconnects_after_cuts": soak.reconnects,
+            "connect_failures": soak.connect_failures,
+        },
+        "options": vars(args),
+        "samples": [asdict(s) for s in soak.samples],
+    }
+
+
+def report(result: dict) -> str:
+    e, c, ms = result["exporter"], result["churn"], result["scrape_ms"]
+    errors = sum(result["scrape_errors"].values())
+    return "\n".join(
+        [
+            f"exporter soak, {result['minutes']} min: {c['processes_per_s']} processes/s spawned, "
+            f"{c['pid_namespaces_started']} PID namespaces (zombie + orphan each), "
+            f"{result['options']['connections']} held connections ({c['reconnects_after_cuts']} reopened after cuts, "
+            f"{c['connect_failures']} connects failed, {c['held_connections_at_end']} open at the end)",
+            f"scrapes: {result['scrapes_ok']} ok, {errors} errors {result['scrape_errors'] or ''}".rstrip(),
+            f"scrape latency ms: p50 {ms['p50']}  p99 {ms['p99']}  max {ms['max']}",
+            f"exporter RSS KiB: {e['rss_kib']['after_warmup']} after warm-up -> {e['rss_kib']['end']} at the end "
+            f"(peak {e['rss_kib']['peak']}, VmHWM)",
+            f"exporter fds: {e['fds']['after_warmup']} -> {e['fds']['end']} (max {e['fds']['max']}); "
+            f"threads: {e['threads']['after_warmup']} -> {e['threads']['end']} (max {e['threads']['max']})",
+            f"exporter CPU: {e['cpu_percent_of_one_core']}% of one core; scans {e['scans']}, failed {e['scan_errors']}; "
+            f"exit code on SIGTERM {e['exit_code_on_sigterm']}",
+        ]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--churn-rate", type=float, default=200, help="processes spawned per second")
+    parser.add_argument("--connections", type=int, default=2000, help="connections held open")
+    parser.add_argument("--reconnect-rate", type=float, default=100, help="cut connections reopened per second")
+    parser.add_argument("--scrape-hz", type=float, default=5)
+    parser.add_argument("--min-interval", type=float, default=1, help="the exporter's --min-interval")
+    parser.add_argument("--max-connections", type=int, default=32, help="the exporter's --max-connections")
+    parser.add_argument("--read-timeout", type=float, default=10, help="the exporter's --read-timeout")
+    parser.add_argument("--memory-limit-mib", type=int, default=3072, help="the exporter's address-space limit")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_exporter_soak: needs root (PID namespaces, the whole /proc)", file=sys.stderr)
+        return 2
+    header = f"# {platform.node()} {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still clean up (run's finally)
+    result = run(args)
+    print(json.dumps(result, indent=2) if args.json else header + "\n" + report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
