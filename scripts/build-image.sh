@@ -4,7 +4,7 @@
 # The Dockerfile's pinned base (python:3.12-slim-bookworm) is used when it can be pulled; where no
 # registry is reachable, a Debian bookworm rootfs with python3 made by debootstrap stands in (as
 # docker/local-smoke.sh does), imported once as localhost/gz-debian-base:bookworm.
-# Usage: scripts/build-image.sh [IMAGE]   Env: NODE_BASE (force a base), CRICTL_VERSION (default none).
+# Usage: scripts/build-image.sh [IMAGE]   Env: NODE_BASE (force a base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' charts/gpuzombie/Chart.yaml)
@@ -36,7 +36,6 @@ if [ "$base" = "$LOCAL_BASE" ] && ! "${PODMAN[@]}" image exists "$LOCAL_BASE"; t
 fi
 "${PODMAN[@]}" build --network host --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
   -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
-  --build-arg CRICTL_VERSION="${CRICTL_VERSION:-}" \
   --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
   -t "$IMAGE" .
 echo "built $IMAGE (base $base); push: podman tag $IMAGE REGISTRY/gpu-zombie/gpuzombie-node:$version && podman push ..." >&2
