@@ -120,7 +120,7 @@ def test_argocd_application_syncs_the_chart_from_oci():
 
 def _readme_section() -> str:
     text = (REPO / "README.md").read_text()
-    start = text.index("## On a cluster: images, pods, Helm chart, ArgoCD, CI/CD")
+    start = text.index("## The experiment on a cluster")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
 
