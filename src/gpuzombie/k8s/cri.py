@@ -96,6 +96,8 @@ class ContainerSpec:
     mounts: tuple[BindMount, ...] = ()
     devices: tuple[str, ...] = ()
     """Host device nodes given to the container at the same path (``rwm``), as device plugins do."""
+    run_as_user: int | None = None
+    """The uid its processes run as (``securityContext.runAsUser``); the image's user when None."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
         log_path=f"{container.name}/0.log",
         linux=pb.LinuxContainerConfig(
             security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=_namespaces(host_network, pod.share_process_namespace)
+                namespace_options=_namespaces(host_network, pod.share_process_namespace),
+                run_as_user=None if container.run_as_user is None else pb.Int64Value(value=container.run_as_user),
             ),
         ),
     )

@@ -196,12 +196,15 @@ def build_table(
 
 
 def fd_targets(fd_dir: str) -> list[str]:
-    """The link targets in a /proc/<pid>/fd directory; raises OSError when it cannot be opened.
+    """The link targets in a /proc/<pid>/fd directory; raises OSError when it cannot be opened or
+    a link cannot be read.
 
     The directory is opened once and each link read relative to it: the kernel then resolves one
     name per fd instead of the whole /proc/<pid>/fd/<n> path (most of a node's syscalls). An fd
-    closed between the listing and its readlink is skipped. A list, not a generator: resuming a
-    generator per fd cost more than the early stop a caller could gain.
+    closed between the listing and its readlink is skipped; a denied link is not (a reader without
+    SYS_PTRACE lists the fds of a root process that has more capabilities, but reads none of them).
+    A list, not a generator: resuming a generator per fd cost more than the early stop a caller
+    could gain.
     """
     dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -209,8 +212,9 @@ def fd_targets(fd_dir: str) -> list[str]:
         for name in os.listdir(dir_fd):
             try:
                 targets.append(os.readlink(name, dir_fd=dir_fd))
-            except OSError:
-                continue
+            except OSError as exc:
+                if exc.errno not in GONE_ERRNOS:
+                    raise
         return targets
     finally:
         os.close(dir_fd)
