@@ -8,8 +8,6 @@ library only: ~0.1 s instead of the full CLI's ~0.6 s of imports) and needs noth
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import resource
@@ -20,6 +18,7 @@ from typing import NoReturn, TextIO
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.prestop.pid1log import Pid1Log
 from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
 from gpuzombie.prestop.scope import Scope
@@ -34,8 +33,8 @@ MAX_OPEN_FILES = 1 << 20
 
 
 def report_json(report: PrestopReport, pid1_log: str) -> str:
-    """The report as JSON (Outcome is a str enum, so it serialises as its value)."""
-    return json.dumps({**dataclasses.asdict(report), "pid1_log": pid1_log}, indent=2)
+    """The report as JSON, through the library's one serializer, with where the live log's copy went."""
+    return dumps({**to_jsonable(report), "pid1_log": pid1_log})
 
 
 def open_pid1_log(procfs: str, wanted: bool, dry_run: bool) -> tuple[Pid1Log | None, str]:
