@@ -24,6 +24,7 @@ from gpuzombie import __version__
 from gpuzombie.gpu.nvml import MIB, GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.scenarios import ScenarioRun
+from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 SCHEMA = "gpuzombie.lab/1"
@@ -57,14 +58,6 @@ def run_key(run: ScenarioRun) -> str:
     return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
     """Machine, GPU, driver, kernel, date and the exact command."""
     uname = platform.uname()
@@ -81,7 +74,7 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
         "hostname": uname.node,
         "kernel": f"{uname.system} {uname.release}",
         "machine": uname.machine,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "gpuzombie": __version__,
@@ -99,15 +92,8 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
             }
             for d in gpus.devices
         ],
-        "cgroup": "v2 only" if (_read_text("/proc/self/cgroup") or "").startswith("0::") else "v1 or hybrid",
+        "cgroup": "v2 only" if cgroup_v2_only() else "v1 or hybrid",
     }
-
-
-def _cpu_model() -> str | None:
-    for line in (_read_text("/proc/cpuinfo") or "").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return None
 
 
 def run_to_json(run: ScenarioRun) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
 from gpuzombie.lab.pod import PAUSE, Deletion, LabPod, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
-from gpuzombie.prestop.handle import read_start_and_state
+from gpuzombie.proc.own import PROCFS
+from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
@@ -192,14 +193,9 @@ def prestop_command(config: LabConfig) -> list[str]:
     ]
 
 
-def _read(path: str) -> str:
-    with open(path, errors="replace") as f:
-        return f.read()
-
-
 def _state(pid: int) -> str | None:
     """The process state letter (``Z`` for a zombie); None once the pid is gone."""
-    found = read_start_and_state("/proc", pid)
+    found = read_start_and_state(PROCFS, pid)
     return found[1] if found else None
 
 

@@ -23,6 +23,7 @@ from gpuzombie.prestop.pid1log import Pid1Log
 from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
@@ -69,7 +70,7 @@ def raise_open_file_limit() -> None:
 
 def run_hook(
     *,
-    procfs: str = "/proc",
+    procfs: str = PROCFS,
     timeout: float = DEFAULT_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = False,
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"),
     )
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", "/proc"))
+    ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", PROCFS))
     try:
         args = ap.parse_args(argv)
     except _UsageError as exc:
