@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie import __version__
-from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.scenarios import ScenarioRun
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
+from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 SCHEMA = "gpuzombie.lab/1"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
+from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
 from gpuzombie.lab.metrics import (
     kill_drop,
@@ -33,6 +33,7 @@ from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidfd import read_start_and_state
+from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
