@@ -44,12 +44,13 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
+from gpuzombie.units import MIB
 
 SEED_SH = r"""
 P="$1"; CRICTL="$2"

@@ -24,8 +24,9 @@ import pytest
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
-from gpuzombie.gpu.nvml import MIB, GpuDevice, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot
 from gpuzombie.k8s.names import DEFAULT_SOCKETS, RuntimeNames, find_socket
+from gpuzombie.units import MIB
 from markers import needs_root
 from pidns import wait_until
 

@@ -30,12 +30,13 @@ from gpuzombie.exporter import (
 )
 from gpuzombie.exporter.metrics import GAUGES
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import survey
 from gpuzombie.proc.parse import parse_sigterm
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.units import MIB
 from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
 

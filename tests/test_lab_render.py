@@ -7,10 +7,11 @@ import os
 import time
 from pathlib import Path
 
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.lab.sampler import NvmlProbe
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.units import MIB
 
 
 def snapshot(used_mib: int, pids: tuple[int, ...]) -> GpuSnapshot:

@@ -14,9 +14,10 @@ import pytest
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.units import MIB
 
 HOST = ReaderView(in_root_pidns=True)
 INSIDE = ReaderView(in_root_pidns=False)

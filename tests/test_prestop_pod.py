@@ -132,13 +132,15 @@ def scenario_cascade() -> dict:
     return result
 
 
-def wait_for_fd(pid: int, fd: int, limit: float = 5.0) -> None:
-    """Until ``pid`` has ``fd`` open (a shell's ``3</dev/nvidia0`` happens after the fork)."""
-    deadline = time.monotonic() + limit
-    while not os.path.exists(f"/proc/{pid}/fd/{fd}"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pid {pid} never opened fd {fd}")
-        time.sleep(0.005)
+def start_holder() -> subprocess.Popen:
+    """``sleep 120`` holding /dev/nvidia0. Popen returns once the child runs sleep, so no scan meets
+    it half-way through an exec (as one could a shell's ``exec sleep 120 3</dev/nvidia0``: then it
+    was, rarely, read without its /dev/nvidia0 fd and not planned)."""
+    device = os.open("/dev/nvidia0", os.O_RDONLY)
+    try:
+        return subprocess.Popen(["sleep", "120"], pass_fds=(device,))
+    finally:
+        os.close(device)
 
 
 def start_ticks(pid: int) -> int:
@@ -166,8 +168,7 @@ def reuse_trial() -> dict:
     from gpuzombie.proc import Procfs
     from gpuzombie.proc.pidfd import ProcessHandle
 
-    victim = subprocess.Popen(["sh", "-c", "exec sleep 120 3</dev/nvidia0"])
-    wait_for_fd(victim.pid, 3)
+    victim = start_holder()
     plan, pins = plan_prestop(procfs=Procfs("/proc"), include_orphans=False)
     target = next((t for t in plan.targets if t.pid == victim.pid), None)
     victim.kill()
@@ -247,8 +248,7 @@ def scenario_host_scope() -> dict:
         for path in groups.values():
             os.makedirs(path)
         for name in (*groups, "outside"):
-            holders[name] = subprocess.Popen(["sh", "-c", "exec sleep 120 3</dev/nvidia0"])
-            wait_for_fd(holders[name].pid, 3)
+            holders[name] = start_holder()
             if name in groups:
                 with open(f"{groups[name]}/cgroup.procs", "w") as f:
                     f.write(str(holders[name].pid))

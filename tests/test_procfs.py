@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from fakeproc import make_fake_proc
-from gpuzombie.proc.parse import parse_cmdline, parse_ns_link, parse_stat, parse_status
+from gpuzombie.proc.own import cgroup_v2_only, cpu_model, open_pid1_stdout
+from gpuzombie.proc.parse import parse_cmdline, parse_cpu_model, parse_ns_link, parse_stat, parse_status
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.proc.read import Reason, Unreadable
 
@@ -110,3 +112,38 @@ def test_kernel_threads_are_read_from_stat_alone(tmp_path):
     proc = Procfs(str(tmp_path)).snapshot(now=time.time()).get(90)
     assert proc is not None and proc.command == "[kworker/0:1]" and proc.nspid == (90,)
     assert parse_stat(STAT_WITH_PARENS).is_kernel_thread is False
+
+
+CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 1\n"
+
+
+def test_parse_cpu_model_takes_the_first_model_name():
+    assert parse_cpu_model(CPUINFO + "model name\t: other\n") == "Intel(R) Xeon(R) Platinum 8480+"
+    assert parse_cpu_model("processor\t: 0\nCPU implementer\t: 0x41\n") is None  # arm64 names none
+
+
+def test_machine_facts_from_a_tree_and_never_from_a_fifo(tmp_path):
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "cgroup").write_text("0::/user.slice/session-1.scope\n")
+    (tmp_path / "cpuinfo").write_text(CPUINFO * 3000)  # larger than its cap: truncated, still read
+    assert cgroup_v2_only(str(tmp_path)) and cpu_model(str(tmp_path)) == "Intel(R) Xeon(R) Platinum 8480+"
+    (tmp_path / "self" / "cgroup").write_text("12:pids:/user.slice\n0::/user.slice\n")
+    assert not cgroup_v2_only(str(tmp_path))
+    for name in ("cpuinfo", "self/cgroup"):
+        (tmp_path / name).unlink()
+        os.mkfifo(tmp_path / name)  # would block a plain open() forever
+    assert cpu_model(str(tmp_path)) is None and not cgroup_v2_only(str(tmp_path))
+
+
+def test_pid1_stdout_is_opened_non_blocking_or_says_why_not(tmp_path):
+    assert open_pid1_stdout(str(tmp_path / "absent"))[1].startswith("cannot stat ")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no reader: a blocking open would hang, a non-blocking one fails with ENXIO
+    assert open_pid1_stdout(str(fifo))[1].startswith("cannot open ")
+    log = tmp_path / "log"
+    log.write_text("")
+    fd, why_not = open_pid1_stdout(str(log))
+    assert why_not is None and fd is not None
+    os.write(fd, b"line\n")
+    os.close(fd)
+    assert log.read_text() == "line\n"

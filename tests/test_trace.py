@@ -19,12 +19,13 @@ from docs import doc
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import MIB, FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
+from gpuzombie.units import MIB
 
 CID_A = "a" * 64
 CID_B = "b" * 64

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.proc.own import PROCFS
+
 if TYPE_CHECKING:  # imported lazily below: commands without GPU options skip loading the NVML layer
     from gpuzombie.gpu.nvml import NvmlBackend
 
@@ -16,7 +18,7 @@ CommandFn = TypeVar("CommandFn", bound=Callable[..., Any])
 
 procfs_option = click.option(
     "--procfs",
-    default="/proc",
+    default=PROCFS,
     show_default=True,
     envvar="GPUZOMBIE_PROCFS",
     type=click.Path(file_okay=False),

@@ -13,9 +13,9 @@ import click
 from gpuzombie.cli.common import check_node_inputs, cri_socket_option, ghost_options, nvml_backend, procfs_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.nvml import MIB
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
+from gpuzombie.units import MIB
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:

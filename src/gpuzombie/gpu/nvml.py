@@ -13,8 +13,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuzombie.units import MIB, mib  # noqa: F401  re-exported: the lab imports them from here
-
 
 @dataclass(frozen=True)
 class GpuProcess:

@@ -68,7 +68,7 @@ def role_of(proc: ProcessInfo, pid1: int, roles: Mapping[int, str]) -> str:
 
 
 def pod_table(pod: LabPod) -> ProcessTable:
-    return Procfs("/proc").snapshot(pids=pod.processes(), now=time.time())
+    return Procfs().snapshot(pids=pod.processes(), now=time.time())
 
 
 def host_view(pod: LabPod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:

@@ -3,13 +3,13 @@ scenario's notes.md, and the memory-over-time plots. ``gpuzombie lab report DIR`
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuzombie.jsonout import dumps
 from gpuzombie.lab.results import load
 
 Entry = Mapping[str, Any]
@@ -306,7 +306,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         if isinstance(nccl, dict) and nccl.get("table_md"):
             lines.append(str(nccl["table_md"]).rstrip())
         else:
-            lines += ["```json", json.dumps(nccl, indent=1)[:6000], "```"]
+            lines += ["```json", dumps(nccl, indent=1)[:6000], "```"]
     lines += [
         "",
         (
@@ -470,7 +470,7 @@ def notes_for(key: str, e: Entry) -> str:
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
-    lines += ["", "## Numbers", "", "```json", json.dumps(m, indent=1), "```", "", f"Sampler: {e['sampler']}", ""]
+    lines += ["", "## Numbers", "", "```json", dumps(m, indent=1), "```", "", f"Sampler: {e['sampler']}", ""]
     if d.get("prestop_log"):
         lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
     if e["init"] != "sleep" and not e["scenario"]["prestop"] and not m["waited_whole_grace"]:

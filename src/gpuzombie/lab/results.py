@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import os
@@ -22,21 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie import __version__
-from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuSnapshot
+from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.scenarios import ScenarioRun
+from gpuzombie.proc.own import cgroup_v2_only, cpu_model
+from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 SCHEMA = "gpuzombie.lab/1"
 RESULTS_JSON = "results.json"
-
-
-def _jsonable(value: Any) -> Any:
-    """Dataclasses (and tuples of them) to plain JSON types."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def variant_key(run: ScenarioRun) -> str:
@@ -66,14 +59,6 @@ def run_key(run: ScenarioRun) -> str:
     return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
     """Machine, GPU, driver, kernel, date and the exact command."""
     uname = platform.uname()
@@ -90,7 +75,7 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
         "hostname": uname.node,
         "kernel": f"{uname.system} {uname.release}",
         "machine": uname.machine,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "gpuzombie": __version__,
@@ -108,15 +93,8 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
             }
             for d in gpus.devices
         ],
-        "cgroup": "v2 only" if (_read_text("/proc/self/cgroup") or "").startswith("0::") else "v1 or hybrid",
+        "cgroup": "v2 only" if cgroup_v2_only() else "v1 or hybrid",
     }
-
-
-def _cpu_model() -> str | None:
-    for line in (_read_text("/proc/cpuinfo") or "").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return None
 
 
 def run_to_json(run: ScenarioRun) -> dict[str, Any]:
@@ -128,13 +106,13 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         except ValueError:
             prestop_report = None
     return {
-        "scenario": _jsonable(run.scenario),
+        "scenario": to_jsonable(run.scenario),
         "variant": variant_key(run),
         "group": group_key(run),
         "runtime": run.config.runtime,
         "attempt": run.attempt,
         "config": {
-            **_jsonable(run.config),
+            **to_jsonable(run.config),
             "prestop_timeout": run.config.prestop_timeout,
             "prestop_kill_wait": run.config.prestop_kill_wait,
         },
@@ -149,7 +127,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         "sampler": dict(run.sampler),
         "victim_reaped": run.victim_reaped,
         "pod": dict(run.pod_ids),
-        "observations": _jsonable(run.observations),
+        "observations": to_jsonable(run.observations),
         "deletion": {
             "grace_s": d.grace_s,
             "requested_at": round(d.requested_at, 4),
@@ -203,6 +181,12 @@ def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
     return "gpu: " + ", ".join(sorted({d.name for d in gpus.devices}))
 
 
+def _write(path: Path, data: Mapping[str, Any]) -> Path:
+    """Write results.json with one space of indent, as the committed results/ have it."""
+    path.write_text(dumps(data, indent=1) + "\n")
+    return path
+
+
 def load(out_dir: Path) -> dict[str, Any]:
     """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
     data = json.loads((out_dir / RESULTS_JSON).read_text())
@@ -249,9 +233,8 @@ def write_results(
         for name, text in run.logs.items():
             (folder / name).write_text(text)
     if nccl is not None:
-        data["nccl"] = _jsonable(nccl)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+        data["nccl"] = to_jsonable(nccl)
+    return _write(path, data)
 
 
 def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
@@ -274,5 +257,4 @@ def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
         raise ValueError("nothing to merge")
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / RESULTS_JSON
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    return _write(path, data)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from gpuzombie.gpu.nvml import MIB, NvmlBackend, default_backend
+from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
 from gpuzombie.lab.metrics import (
     kill_drop,
@@ -31,7 +31,9 @@ from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
 from gpuzombie.lab.pod import PAUSE, Deletion, LabPod, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
-from gpuzombie.prestop.handle import read_start_and_state
+from gpuzombie.proc.own import PROCFS
+from gpuzombie.proc.pidfd import read_start_and_state
+from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
@@ -192,14 +194,9 @@ def prestop_command(config: LabConfig) -> list[str]:
     ]
 
 
-def _read(path: str) -> str:
-    with open(path, errors="replace") as f:
-        return f.read()
-
-
 def _state(pid: int) -> str | None:
     """The process state letter (``Z`` for a zombie); None once the pid is gone."""
-    found = read_start_and_state("/proc", pid)
+    found = read_start_and_state(PROCFS, pid)
     return found[1] if found else None
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.proc.procfs import ProcessInfo
+from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN_LABEL
 
 WIDTH = 91

@@ -33,6 +33,7 @@ from gpuzombie.observe.orphans import (
     reader_chain,
 )
 from gpuzombie.observe.pid1 import Pid1, find_pid1
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, procfs_is_own
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.units import mib
@@ -231,7 +232,7 @@ def observe(
     """
     procfs = procfs or Procfs()
     now = time.time() if now is None else now
-    if os.path.realpath(procfs.root) == "/proc" and procfs_is_own(procfs.root) is False:
+    if os.path.realpath(procfs.root) == PROCFS and procfs_is_own(procfs.root) is False:
         raise GpuzombieError(
             "/proc is not this PID namespace's procfs (entered with nsenter --pid but not --mount?): "
             "it shows another namespace's processes; enter the mount namespace too (nsenter --mount)",

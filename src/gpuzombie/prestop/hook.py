@@ -8,8 +8,6 @@ library only: ~0.1 s instead of the full CLI's ~0.6 s of imports) and needs noth
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import resource
@@ -20,10 +18,12 @@ from typing import NoReturn, TextIO
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.prestop.pid1log import Pid1Log
 from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
@@ -34,8 +34,8 @@ MAX_OPEN_FILES = 1 << 20
 
 
 def report_json(report: PrestopReport, pid1_log: str) -> str:
-    """The report as JSON (Outcome is a str enum, so it serialises as its value)."""
-    return json.dumps({**dataclasses.asdict(report), "pid1_log": pid1_log}, indent=2)
+    """The report as JSON, through the library's one serializer, with where the live log's copy went."""
+    return dumps({**to_jsonable(report), "pid1_log": pid1_log})
 
 
 def open_pid1_log(procfs: str, wanted: bool, dry_run: bool) -> tuple[Pid1Log | None, str]:
@@ -70,7 +70,7 @@ def raise_open_file_limit() -> None:
 
 def run_hook(
     *,
-    procfs: str = "/proc",
+    procfs: str = PROCFS,
     timeout: float = DEFAULT_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = False,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"),
     )
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", "/proc"))
+    ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", PROCFS))
     try:
         args = ap.parse_args(argv)
     except _UsageError as exc:

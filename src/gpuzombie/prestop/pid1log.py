@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-PID1_STDOUT = "/proc/1/fd/1"
+from gpuzombie.proc.own import PID1_STDOUT, open_pid1_stdout
 
 
 class Pid1Log:
@@ -18,24 +18,7 @@ class Pid1Log:
 
     def __init__(self, path: str = PID1_STDOUT) -> None:
         self.path = path
-        self.fd: int | None = None
-        self.why_not: str | None = None
-        try:
-            target = os.stat(path)
-        except OSError as exc:
-            self.why_not = f"cannot stat {path}: {exc.strerror}"
-            return
-        try:
-            mine = os.fstat(1)
-            if (mine.st_dev, mine.st_ino) == (target.st_dev, target.st_ino):
-                self.why_not = "PID 1's stdout is our own stdout"
-                return
-        except OSError:
-            pass
-        try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            self.why_not = f"cannot open {path}: {exc.strerror}"
+        self.fd, self.why_not = open_pid1_stdout(path)
 
     def write_line(self, line: str) -> None:
         if self.fd is None:

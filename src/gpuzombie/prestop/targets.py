@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import GpuProcessRef, ReaderView, Verdict, attribute_processes
-from gpuzombie.gpu.nvml import MIB, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.observe.orphans import CANNOT_TELL, Orphan, find_orphans
 from gpuzombie.observe.pid1 import find_pid1
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.proc.pidfd import ProcessIdentity
 from gpuzombie.proc.pidns import is_root_pidns
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
+from gpuzombie.units import MIB
 
 
 @dataclass(frozen=True)

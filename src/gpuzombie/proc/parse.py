@@ -136,6 +136,14 @@ def parse_cgroup(text: str) -> tuple[str, ...]:
     return tuple(line for line in text.splitlines() if line)
 
 
+def parse_cpu_model(cpuinfo_text: str) -> str | None:
+    """The first ``model name`` of /proc/cpuinfo; None when there is none."""
+    for line in cpuinfo_text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
 def parse_ns_link(target: str) -> int | None:
     """``pid:[4026531836]`` -> 4026531836. Cached: a node's thousands of processes share a few

@@ -22,6 +22,7 @@ from enum import Enum
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import parse_stat
 from gpuzombie.proc.read import read_text
 
@@ -94,7 +95,7 @@ class ProcessHandle:
         self.pidfd: int | None = pidfd
 
     @classmethod
-    def open(cls, identity: ProcessIdentity, procfs_root: str = "/proc") -> tuple[ProcessHandle | None, Liveness]:
+    def open(cls, identity: ProcessIdentity, procfs_root: str = PROCFS) -> tuple[ProcessHandle | None, Liveness]:
         """Pin a process known from an earlier read; (None, why) when it is gone or its pid was reused.
 
         ``procfs_root`` must be this process's own PID namespace's procfs (pidfd_open takes our pids)."""

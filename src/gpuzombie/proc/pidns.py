@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import parse_ns_link
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table
 
@@ -35,7 +36,7 @@ def is_root_pidns(inode: int | None) -> bool:
     return inode == ROOT_PIDNS_INODE
 
 
-def reader_pidns(procfs_root: str = "/proc") -> int | None:
+def reader_pidns(procfs_root: str = PROCFS) -> int | None:
     """The inode of this process's PID namespace, through ``<procfs_root>/self``; None when unreadable."""
     try:
         return parse_ns_link(os.readlink(os.path.join(procfs_root, "self", "ns", "pid")))
@@ -43,7 +44,7 @@ def reader_pidns(procfs_root: str = "/proc") -> int | None:
         return None
 
 
-def reader_in_root_pidns(procfs_root: str = "/proc") -> bool:
+def reader_in_root_pidns(procfs_root: str = PROCFS) -> bool:
     """Is this process in the initial (host) PID namespace?
 
     When the ns/pid link is unreadable, a one-level NSpid is the best remaining evidence.
@@ -55,7 +56,7 @@ def reader_in_root_pidns(procfs_root: str = "/proc") -> bool:
     return status is None or len(status.nspid) <= 1
 
 
-def own_pid_in(procfs_root: str = "/proc") -> int:
+def own_pid_in(procfs_root: str = PROCFS) -> int:
     """This process's pid as ``procfs_root`` sees it (os.getpid() only when it is our namespace's)."""
     try:
         return int(os.readlink(os.path.join(procfs_root, "self")))

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import (
     DEAD_STATES,
     UNKNOWN_DISPOSITION,
@@ -123,7 +124,7 @@ class ProcessTable:
     processes: Mapping[int, ProcessInfo]
     boot_time: float
     taken_at: float
-    procfs_root: str = "/proc"
+    procfs_root: str = PROCFS
     children_of: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     unread: tuple[int, ...] = ()
     """Pids listed but not read: the scan's deadline passed first."""
@@ -241,7 +242,7 @@ class Procfs:
 
     def __init__(
         self,
-        root: str = "/proc",
+        root: str = PROCFS,
         *,
         device_prefix: str = NVIDIA_DEVICE_PREFIX,
         deadline_s: float = DEFAULT_SCAN_DEADLINE_S,

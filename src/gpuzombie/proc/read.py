@@ -29,10 +29,11 @@ CAPS: dict[str, int] = {
     "boot_id": 64,  # a UUID and a newline
     "children": 64 * KIB,
     "proc_stat": 4 * 1024 * KIB,  # /proc/stat: a line per CPU and one per interrupt source
+    "cpuinfo": 64 * KIB,  # truncated: only the first CPU's lines are used
 }
-"""The most bytes read from each kind of file. Larger is refused (``too_large``), except cmdline."""
+"""The most bytes read from each kind of file. Larger is refused (``too_large``), except the truncated kinds."""
 
-TRUNCATED_KINDS = frozenset({"cmdline"})
+TRUNCATED_KINDS = frozenset({"cmdline", "cpuinfo"})
 
 
 class Reason(str, Enum):
@@ -118,7 +119,7 @@ def read_capped(path: str, kind: str) -> bytes:
     """The bytes of a regular file, at most ``CAPS[kind]`` of them.
 
     Raises OSError: the kernel's (ENOENT, EACCES, ELOOP for a symlink, ...) or HostileFile for a
-    non-regular file or one over its cap (cmdline is truncated instead).
+    non-regular file or one over its cap (the ``TRUNCATED_KINDS`` are truncated instead).
     """
     return _read(path, kind)[0]
 

@@ -15,12 +15,8 @@ from pathlib import Path
 from typing import IO
 
 from gpuzombie.lab.nccl.cases import CaseSpec
-from gpuzombie.prestop.handle import (
-    Liveness,
-    ProcessHandle,
-    ProcessIdentity,
-    read_start_and_state,
-)
+from gpuzombie.proc.own import PROCFS
+from gpuzombie.proc.pidfd import Liveness, ProcessHandle, ProcessIdentity, read_start_and_state
 
 RANK_MODULE = "gpuzombie.lab.nccl.rank"
 MULTI_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -85,10 +81,10 @@ class CaseLaunch:
         for path in self.ready_files:
             info = json.loads(path.read_text())
             pid = int(info["pid"])
-            start = read_start_and_state("/proc", pid)
+            start = read_start_and_state(PROCFS, pid)
             handle = None
             if start is not None:
-                handle, _ = ProcessHandle.open(ProcessIdentity(pid, start[0]), "/proc")
+                handle, _ = ProcessHandle.open(ProcessIdentity(pid, start[0]))
             popen = next((p for p in self.procs if p.pid == pid), None)
             self.ranks.append(
                 RankProc(rank=int(info["rank"]), pid=pid, gpu=info.get("gpu"), handle=handle, popen=popen)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gpuzombie.jsonout import dumps
 from gpuzombie.lab.nccl.sampling import MemorySample
 
 
@@ -99,8 +98,7 @@ def print_comparison(summary: dict[str, Any]) -> None:
 
 def write_results(nccl_dir: Path, summary: dict[str, Any], samples: list[MemorySample]) -> None:
     nccl_dir.mkdir(parents=True, exist_ok=True)
-    data = {**summary, "samples": [asdict(s) for s in samples]}
-    (nccl_dir / "results.json").write_text(json.dumps(data, indent=1, default=str))
+    (nccl_dir / "results.json").write_text(dumps({**summary, "samples": samples}, indent=1))
     (nccl_dir / "comparison.md").write_text(summary["table_md"])
     try:
         plot(nccl_dir / "memory.png", summary, samples)

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuzombie.gpu.nvml import MIB, NvmlBackend
+from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.sampler import rss_bytes
 from gpuzombie.lab.series import settled_from, value_at
+from gpuzombie.units import MIB
 
 
 @dataclass(frozen=True)
