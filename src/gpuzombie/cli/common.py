@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
 
 if TYPE_CHECKING:  # imported lazily below: commands without GPU options skip loading the NVML layer
@@ -31,6 +32,13 @@ cri_socket_option = click.option(
     envvar="GPUZOMBIE_CRI_SOCKET",
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
     "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
+)
+pod_resources_socket_option = click.option(
+    "--pod-resources-socket",
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    metavar="PATH",
+    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 

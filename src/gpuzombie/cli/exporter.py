@@ -10,11 +10,17 @@ from typing import Any
 
 import click
 
-from gpuzombie.cli.common import check_node_inputs, cri_socket_option, ghost_options, nvml_backend, procfs_option
+from gpuzombie.cli.common import (
+    check_node_inputs,
+    cri_socket_option,
+    ghost_options,
+    nvml_backend,
+    pod_resources_socket_option,
+    procfs_option,
+)
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.names import RuntimeNames
-from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.units import MIB
 
 
@@ -187,13 +193,7 @@ def serving_options(fn: Any) -> Any:
     metavar="NAME",
     help="The Hostname label of the GPU series (dcgm-exporter's label for the node). Env: NODE_NAME.",
 )
-@click.option(
-    "--pod-resources-socket",
-    default=DEFAULT_SOCKET,
-    show_default=True,
-    metavar="PATH",
-    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
-)
+@pod_resources_socket_option
 @ghost_options
 def command(
     procfs: str,

@@ -13,13 +13,14 @@ from gpuzombie.cli.common import (
     ghost_options,
     json_option,
     nvml_backend,
+    pod_resources_socket_option,
     procfs_option,
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.k8s import names as cri_names
-from gpuzombie.k8s.podresources import DEFAULT_SOCKET, list_pod_resources
+from gpuzombie.k8s.podresources import list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
@@ -38,13 +39,7 @@ from gpuzombie.units import MIB
     metavar="S",
     help="Give up on the CRI runtime after S seconds (ids only, a warning).",
 )
-@click.option(
-    "--pod-resources-socket",
-    default=DEFAULT_SOCKET,
-    show_default=True,
-    metavar="PATH",
-    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
-)
+@pod_resources_socket_option
 @ghost_options
 def command(
     procfs: str,

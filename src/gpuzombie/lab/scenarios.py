@@ -136,13 +136,9 @@ class ScenarioRun:
     """Which repetition of the scenario this is (``--repeat``)."""
 
 
-def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        PARENT,
-        "--workers",
-        str(config.workers + 1),
+def _memory_flags(config: LabConfig) -> list[str]:
+    """How much each worker holds and where: the flags the parent and a worker-as-main share."""
+    return [
         "--size-mib",
         str(config.size_mib),
         "--device",
@@ -151,6 +147,17 @@ def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
         "auto" if config.backend == CPU_STANDIN else config.backend,
         "--gpu-index",
         str(config.gpu_index),
+    ]
+
+
+def parent_command(scenario: Scenario, config: LabConfig) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        PARENT,
+        "--workers",
+        str(config.workers + 1),
+        *_memory_flags(config),
     ]
     if scenario.fixed:
         cmd.append("--fixed")
@@ -168,14 +175,7 @@ def main_process(scenario: Scenario, config: LabConfig) -> list[str]:
         sys.executable,
         "-m",
         module,
-        "--size-mib",
-        str(config.size_mib),
-        "--device",
-        config.device,
-        "--backend",
-        "auto" if config.backend == CPU_STANDIN else config.backend,
-        "--gpu-index",
-        str(config.gpu_index),
+        *_memory_flags(config),
     ]
 
 
