@@ -1,6 +1,6 @@
 """Benchmark: names for a node of real containerd pods through the gRPC client, against the seed's way.
 
-A private containerd (``gpuzombie.k8s.containerd``) runs --pods kubelet-style pods of two busybox
+A private containerd (``gpuzombie.lab.runtime.containerd``) runs --pods kubelet-style pods of two busybox
 containers each. Then, side by side in the same run, --repeat times in alternating order:
 
 * gpuzombie: a fresh ``RuntimeNames`` (a new channel, ListPodSandbox + ListContainers, what one
@@ -31,9 +31,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from gpuzombie.k8s.containerd import BUSYBOX_IMAGE, Containerd, private_containerd
 from gpuzombie.k8s.cri import ContainerSpec, PodSpec, RuntimeClient
 from gpuzombie.k8s.names import RuntimeNames
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, private_containerd
 
 CONTAINERS = ("main", "sidecar")
 
@@ -81,7 +81,7 @@ def main() -> int:
     args = ap.parse_args()
     version = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=False).stdout.strip()
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}")
-    print(f"runtime: {version}, private instance (gpuzombie.k8s.containerd), runc, cgroupfs")
+    print(f"runtime: {version}, private instance (gpuzombie.lab.runtime.containerd), runc, cgroupfs")
     print(f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     print(f"command: python3 benchmarks/bench_cri.py --pods {args.pods} --repeat {args.repeat}")
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)

@@ -1,4 +1,4 @@
-"""Fixtures on a real, private containerd (``gpuzombie.k8s.containerd``): import them into a test
+"""Fixtures on a real, private containerd (``gpuzombie.lab.runtime.containerd``): import them into a test
 module with ``from containerd_fixture import containerd, kube_pods  # noqa: F401``.
 
 ``containerd`` is one instance per test (it starts in about 0.3 s; the autouse ``reap_children``
@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuzombie.k8s.containerd import Containerd, ContainerdError, private_containerd
 from gpuzombie.k8s.cri import PodSpec, RunningPod
+from gpuzombie.lab.runtime.containerd import Containerd, ContainerdError, private_containerd
 
 HAVE_CONTAINERD = all(shutil.which(exe) for exe in ("containerd", "ctr", "runc", "catatonit", "busybox"))
 

@@ -19,7 +19,7 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1.api_pb2_grpc import RuntimeServiceServicer, add_RuntimeServiceServicer_to_server
 
-from gpuzombie.k8s.names import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
+from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from containerd_fixture import needs_containerd
-from gpuzombie.k8s import containerd as ctd_lib
 from gpuzombie.k8s.cgroup import parse_cgroup_lines
-from gpuzombie.k8s.containerd import BUSYBOX_IMAGE, ImageSpec, private_containerd, write_image_archive
-from gpuzombie.k8s.cri import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID, ContainerSpec, PodSpec, sandbox_config
+from gpuzombie.k8s.cri import ContainerSpec, PodSpec, sandbox_config
+from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
+from gpuzombie.lab.runtime import containerd as ctd_lib
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, ImageSpec, private_containerd, write_image_archive
 from gpuzombie.proc.procfs import Procfs
 from pidns import wait_until
 
@@ -162,7 +163,7 @@ def test_pods_of_the_raw_client_leave_no_cgroup():
 
 FAILING_TEST = """
 import json, os
-from gpuzombie.k8s.containerd import BUSYBOX_IMAGE
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
 from gpuzombie.k8s.cri import ContainerSpec, PodSpec
 
 def test_fails_with_a_running_pod(containerd, kube_pods):

@@ -14,8 +14,8 @@ import pytest
 
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
-from gpuzombie.k8s.containerd import BUSYBOX_IMAGE, Containerd
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from pidns import wait_until
 
 pytestmark = needs_containerd

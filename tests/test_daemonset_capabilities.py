@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from containerd_fixture import needs_containerd
-from gpuzombie.k8s.containerd import BUSYBOX_IMAGE, Containerd
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from markers import needs_root
 from pidns import wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuzombie.cli.main import main
-from gpuzombie.lab.pod import pids_in_pidns
+from gpuzombie.lab.runtime.pidns import pids_in_pidns
 from markers import needs_root, needs_tini
 
 GRACE = 2.0

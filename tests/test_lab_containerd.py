@@ -88,7 +88,7 @@ def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
 
 def test_a_hook_longer_than_the_grace_is_cut_off(containerd):  # noqa: F811  (the fixture)
     """The kubelet waits at most the grace for preStop, then StopContainer gets its 2 s minimum."""
-    from gpuzombie.lab.cripod import CriPod, cri_runtime_on
+    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on
 
     events = EventLog()
     with open(os.devnull, "w") as log:
@@ -198,7 +198,7 @@ def _char_device(path: Path) -> str:
 
 
 def test_gpu_parts_are_the_char_devices_and_the_driver_files(tmp_path):
-    from gpuzombie.lab.cripod import find_gpu_parts
+    from gpuzombie.lab.runtime.cri import find_gpu_parts
 
     (tmp_path / "nvidia-caps").mkdir()
     devices = [_char_device(tmp_path / n) for n in ("nvidia0", "nvidiactl", "nvidia-uvm")]
@@ -210,7 +210,7 @@ def test_gpu_parts_are_the_char_devices_and_the_driver_files(tmp_path):
 
 def test_a_device_given_to_the_container_is_there(containerd, tmp_path):  # noqa: F811  (the fixture)
     """The CRI Device plumbing of a GPU container, with a stand-in device node (no GPU here)."""
-    from gpuzombie.lab.cripod import CriPod, cri_runtime_on
+    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on
 
     device = _char_device(tmp_path / "nvidia0")
     runtime = dataclasses.replace(cri_runtime_on(containerd), devices=(device,))
@@ -228,7 +228,7 @@ def test_a_device_given_to_the_container_is_there(containerd, tmp_path):  # noqa
 
 def test_a_failed_cri_call_is_one_line_naming_the_call(tmp_path, capsys):
     """An image that is not there (the busybox archive holds another name): CreateContainer fails."""
-    from gpuzombie.k8s.containerd import ImageSpec, pause_image, write_image_archive
+    from gpuzombie.lab.runtime.containerd import ImageSpec, pause_image, write_image_archive
 
     archives = tmp_path / "images"
     archives.mkdir()

@@ -10,7 +10,7 @@ import pytest
 
 from gpuzombie.cli.main import main
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.pod import Pod, absolute_pythonpath, children_of, init_argv, pids_in_pidns
+from gpuzombie.lab.runtime.pidns import Pod, absolute_pythonpath, children_of, init_argv, pids_in_pidns
 from markers import needs_root, needs_tini
 from pidns import wait_until
 

@@ -162,7 +162,7 @@ def test_ctrl_c_during_start_up_leaves_no_rank_and_no_temp_dir(tmp_path):
 
     import psutil
 
-    from gpuzombie.lab.pod import children_of
+    from gpuzombie.lab.runtime.pidns import children_of
 
     ranks: list[psutil.Process] = []
     ready_dirs: set[Path] = set()

@@ -12,7 +12,7 @@ import pytest
 
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.pod import Pod, children_of
+from gpuzombie.lab.runtime.pidns import Pod, children_of
 from gpuzombie.workloads.memory import (
     CPU_STANDIN,
     CPU_STANDIN_LABEL,

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gpuzombie.gpu.nvml import default_backend, read_gpus
-from gpuzombie.lab.pod import absolute_pythonpath
+from gpuzombie.lab.runtime.pidns import absolute_pythonpath
 from markers import needs_root
 from pidns import PidNamespace, wait_until
 

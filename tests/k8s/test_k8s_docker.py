@@ -140,7 +140,7 @@ def test_pid1_is_the_scenario_init():
 @pytest.mark.parametrize(("target", "init"), [("nofix", "sleep"), ("tini", "tini"), ("fullfix", "tini")])
 def test_image_command_is_the_lab_pod_command(target, init):
     """The image runs what `gpuzombie lab` runs for the scenario (tini's path and -s aside)."""
-    lab_pod = pytest.importorskip("gpuzombie.lab.pod", reason="the lab is not built yet")
+    lab_pod = pytest.importorskip("gpuzombie.lab.runtime.pidns", reason="the lab is not built yet")
     argv = (effective(target, "ENTRYPOINT") or []) + effective(target, "CMD")
     main = re.search(r"python3 -m [\w.]+( --fixed)?", argv[-1]).group(0)
     lab = lab_pod.init_argv(init, main)

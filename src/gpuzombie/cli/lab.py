@@ -10,10 +10,10 @@ from rich.table import Table
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.lab.pod import INITS
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
+from gpuzombie.lab.runtime.pidns import INITS
 from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
@@ -261,8 +261,8 @@ def images_command(directory: Path) -> int:
     Exit codes: 0 written, 2 catatonit or busybox missing here, or DIRECTORY not writable.
     """
     try:
-        from gpuzombie.k8s.containerd import ContainerdError
-        from gpuzombie.lab.cripod import write_image_archives
+        from gpuzombie.lab.runtime.containerd import ContainerdError
+        from gpuzombie.lab.runtime.cri import write_image_archives
     except ImportError as exc:
         raise GpuzombieError(f"lab images needs the cri extra ({exc})") from exc
     try:

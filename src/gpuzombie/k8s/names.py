@@ -18,15 +18,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID, SANDBOX_CONTAINER
+
 if TYPE_CHECKING:  # gRPC is imported at the first scan: names are optional, the node extra too
     from gpuzombie.k8s.cri import RuntimeClient
 
-POD_NAME = "io.kubernetes.pod.name"
-POD_NAMESPACE = "io.kubernetes.pod.namespace"
-POD_UID = "io.kubernetes.pod.uid"
-CONTAINER_NAME = "io.kubernetes.container.name"
-SANDBOX_CONTAINER = "POD"
-"""The container name a pod's sandbox (pause) gets, as in ``docker ps`` of a dockershim node."""
 SOCKET_ENV = "GPUZOMBIE_CRI_SOCKET"
 DEFAULT_SOCKETS = ("/run/containerd/containerd.sock", "/run/crio/crio.sock", "/var/run/cri-dockerd.sock")
 """crictl's default endpoints, in its order: containerd, CRI-O, cri-dockerd."""

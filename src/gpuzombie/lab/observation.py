@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuzombie.lab.pod import LabPod
+from gpuzombie.lab.runtime.pidns import LabPod
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
-from gpuzombie.lab.pod import PodError
 from gpuzombie.lab.results import write_results
+from gpuzombie.lab.runtime.pidns import PodError
 from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, ScenarioRun, run_scenario
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 if TYPE_CHECKING:
-    from gpuzombie.lab.cripod import CriRuntime
+    from gpuzombie.lab.runtime.cri import CriRuntime
 
 Progress = Callable[[str], None]
 NCCL = "nccl"
@@ -143,9 +143,9 @@ def lab_runtime(request: LabRequest, runtime: str, gpu: bool) -> Iterator[CriRun
         yield None
         return
     try:  # grpcio and the CRI stubs are an extra
-        from gpuzombie.k8s.containerd import ContainerdError
         from gpuzombie.k8s.cri import CriError
-        from gpuzombie.lab.cripod import cri_runtime
+        from gpuzombie.lab.runtime.containerd import ContainerdError
+        from gpuzombie.lab.runtime.cri import cri_runtime
     except ImportError as exc:
         raise GpuzombieError(f"--runtime containerd needs the cri extra ({exc})") from exc
     try:

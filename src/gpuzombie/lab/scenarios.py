@@ -28,7 +28,7 @@ from gpuzombie.lab.metrics import (
     scenario_metrics,
 )
 from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
-from gpuzombie.lab.pod import PAUSE, Deletion, LabPod, Pod
+from gpuzombie.lab.runtime.pidns import PAUSE, Deletion, LabPod, Pod
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.own import PROCFS
@@ -37,7 +37,7 @@ from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
-    from gpuzombie.lab.cripod import CriRuntime
+    from gpuzombie.lab.runtime.cri import CriRuntime
 
 Progress = Callable[[str], None]
 SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.MULTILINE)
@@ -252,7 +252,7 @@ class _Run:
         command = parent_command(self.scenario, self.config)
         if runtime is None:
             return Pod(self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
-        from gpuzombie.lab.cripod import CriPod
+        from gpuzombie.lab.runtime.cri import CriPod
 
         return CriPod(runtime, self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
 

@@ -121,7 +121,7 @@ def write_image_archive(spec: ImageSpec, path: str | os.PathLike[str]) -> None:
             "Cmd": list(spec.cmd) or None,
         },
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
-        "history": [{"created_by": "gpuzombie.k8s.containerd.write_image_archive"}],
+        "history": [{"created_by": "gpuzombie.lab.runtime.containerd.write_image_archive"}],
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = f"{hashlib.sha256(config_bytes).hexdigest()}.json"

@@ -133,7 +133,7 @@ class Deletion:
 
 
 class LabPod(Protocol):
-    """What a scenario needs of a pod, on either runtime (``Pod`` here, ``cripod.CriPod``)."""
+    """What a scenario needs of a pod, on either runtime (``Pod`` here, ``runtime.cri.CriPod``)."""
 
     init: str
     pid1: int

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from gpuzombie.k8s.containerd import (
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, ExecResult, PodSpec, RunningPod, RuntimeClient
+from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.runtime.containerd import (
     BUSYBOX_IMAGE,
     Containerd,
     busybox_image,
@@ -38,9 +40,7 @@ from gpuzombie.k8s.containerd import (
     remove_cgroup,
     write_image_archive,
 )
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, ExecResult, PodSpec, RunningPod, RuntimeClient
-from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.pod import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
+from gpuzombie.lab.runtime.pidns import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
 
 CONTAINER = "workload"
 LAB_NAMESPACE = "gpuzombie-lab"
@@ -249,7 +249,7 @@ def parse_cri_log(text: str) -> str:
 
 
 class CriPod:
-    """One lab pod as a CRI pod sandbox with one container; the interface of ``lab.pod.Pod``."""
+    """One lab pod as a CRI pod sandbox with one container; the interface of ``lab.runtime.pidns.Pod``."""
 
     def __init__(
         self,
