@@ -217,6 +217,7 @@ def test_json_schema_top_level(proc):
         "fd_holders",
         "ghosts",
         "orphaned_contexts",
+        "d_state_holders",
         "summary",
     ]
     assert set(data["summary"]) == {
@@ -228,6 +229,7 @@ def test_json_schema_top_level(proc):
         "incomplete",
         "access_denied",
         "unverified",
+        "d_state_holders",
         "healthy",
     }
     assert data["gpu"]["available"] is True and data["gpu"]["devices"][0]["memory_reserved_mib"] == 615.0

@@ -18,6 +18,8 @@ import yaml
 from cluster_support import ALERTS, DOCS
 
 UNIT_TESTS = pathlib.Path(__file__).resolve().parent / "promtool" / "gpuzombie-alerts.test.yaml"
+ALL_UNIT_TESTS = sorted(UNIT_TESTS.parent.glob("*.test.yaml"))
+"""Every promtool test file: one per concern beside the main one (gpuzombie-dstate.test.yaml, ...)."""
 SEVERITIES = {"critical", "warning", "info"}
 
 
@@ -38,13 +40,13 @@ def test_promtool_checks_the_rules():
 
 
 def test_promtool_unit_tests_pass():
-    got = promtool("test", "rules", str(UNIT_TESTS))
+    got = promtool("test", "rules", *map(str, ALL_UNIT_TESTS))
     assert got.returncode == 0, got.stdout + got.stderr
     assert "SUCCESS" in got.stdout
 
 
 def test_every_alert_is_tested_firing_and_not_firing():
-    cases = [c for t in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for c in t["alert_rule_test"]]
+    cases = [c for f in ALL_UNIT_TESTS for t in yaml.safe_load(f.read_text())["tests"] for c in t["alert_rule_test"]]
     for rule in rules():
         mine = [c for c in cases if c["alertname"] == rule["alert"]]
         assert any(c.get("exp_alerts") for c in mine), f"{rule['alert']}: no case where it fires"

@@ -38,6 +38,7 @@ HEALTHY_HERE = {
     "GpuzombieNvmlUnavailable": "the NVML snapshot answers",
     "GpuzombieScansFailing": "every scan reads the fake /proc",
     "GpuzombieUnreadableProcesses": "every fake process is readable",
+    "GpuzombieDStateGpuHolder": "no fake process is in state D",
 }
 
 

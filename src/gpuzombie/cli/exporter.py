@@ -218,12 +218,14 @@ def command(
     from prometheus_client import CollectorRegistry, generate_latest
 
     from gpuzombie.gpu.attribution import current_view
+    from gpuzombie.gpu.dstate import DStateTracker
     from gpuzombie.k8s.podresources import list_pod_resources
     from gpuzombie.proc.procfs import Procfs
 
     check_node_inputs(procfs, who="the exporter")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
     names = RuntimeNames(cri_socket)  # one for the process: names are kept across scans
+    dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
 
     def scan() -> Any:
         return exporter.scan_node(
@@ -235,6 +237,7 @@ def command(
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
             node_name=node_name,
+            dstate=dstate,
         )
 
     def echo(line):

@@ -112,6 +112,23 @@ GAUGES = {
             "orphan from the other gauges, by reason: access_denied, or incomplete (a file missing, not "
             "a regular file, over its size cap or malformed, or the scan's deadline passed first).",
         ),
+        # D-state GPU holders (issue 20, item 3).
+        Gauge(
+            "gpuzombie_dstate_gpu_holders",
+            POD,
+            "Processes in state D (uninterruptible) that NVML lists with GPU memory or that hold /dev/nvidia*, by pod.",
+        ),
+        Gauge(
+            "gpuzombie_dstate_gpu_memory_bytes",
+            POD,
+            "GPU memory NVML attributes to processes in state D, by pod: freed only when they leave D.",
+        ),
+        Gauge(
+            "gpuzombie_dstate_seconds",
+            (*POD, "pid", "comm"),
+            "How long each D-state GPU holder has been seen in D across the exporter's scans (a process is its "
+            "pid and start time; 0 at the first scan that sees it, anew when it leaves D or its pid is reused).",
+        ),
     )
 }
 
@@ -200,9 +217,22 @@ def unreadable_metrics(scan: NodeScan) -> Values:
     }
 
 
+def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
+    """The D-state GPU holders by pod, their memory, and how long each has been seen in D."""
+    out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
+    rows = {row.pid: row for row in scan.trace.rows if row.pid is not None}
+    for h in scan.trace.d_state:
+        pod = _pod(PodLabels.of_row(rows[h.pid])) if h.pid in rows else ("", "", "", "")
+        out["gpuzombie_dstate_gpu_holders"][pod] += 1
+        out["gpuzombie_dstate_gpu_memory_bytes"][pod] += h.gpu_memory
+        since = scan.d_state_since.get(h.identity, scan.trace.taken_at)
+        out["gpuzombie_dstate_seconds"][(*pod, str(h.pid), h.comm)] = max(0.0, scan.trace.taken_at - since)
+    return out
+
+
 def node_metrics(scan: NodeScan) -> Iterator[Metric]:
     """Every gauge of GAUGES, in its order; those with no sample still carry HELP and TYPE."""
-    values = {**process_metrics(scan), **namespace_metrics(scan), **gpu_metrics(scan)}
+    values = {**process_metrics(scan), **namespace_metrics(scan), **gpu_metrics(scan), **dstate_metrics(scan)}
     values["gpuzombie_scan_warnings"] = {(): float(len(scan.trace.warnings) + len(scan.namespaces.warnings))}
     values["gpuzombie_pid_namespaces"] = {(): float(len(scan.namespaces.namespaces))}
     values["gpuzombie_unreadable_processes"] = unreadable_metrics(scan)

@@ -6,10 +6,11 @@ naming the containers of both."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
+from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
@@ -66,6 +67,8 @@ class NodeScan:
     """The node's processes as read, once, for both."""
     node_name: str = ""
     """The node's name: the ``Hostname`` label of GPU series, as dcgm-exporter's."""
+    d_state_since: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    """Wall time each D-state GPU holder of ``trace.d_state`` was first seen in D, by (pid, start ticks)."""
 
     def labels(self, ns: NamespaceScan) -> PodLabels:
         return PodLabels.of_namespace(ns, self.names)
@@ -83,9 +86,11 @@ def scan_node(
     threshold: int = DEFAULT_GHOST_THRESHOLD,
     clock: Callable[[], float] = time.perf_counter,
     node_name: str = "",
+    dstate: DStateTracker | None = None,
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
-    containers. Raises OSError or ValueError when the procfs itself cannot be read."""
+    containers; ``dstate`` (kept across scans) times the D-state GPU holders. Raises OSError or
+    ValueError when the procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
     gpus = read_gpus(nvml)
@@ -114,6 +119,7 @@ def scan_node(
         baseline=baseline,
         threshold=threshold,
     )
+    since = (dstate or DStateTracker()).update(trace.d_state, now)
     return NodeScan(
         trace=trace,
         namespaces=namespaces,
@@ -121,4 +127,5 @@ def scan_node(
         duration_s=clock() - started,
         table=table,
         node_name=node_name,
+        d_state_since=since,
     )

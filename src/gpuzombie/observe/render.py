@@ -70,6 +70,7 @@ def render_text(report: ObserveReport) -> str:
 
     marks = {z.pid: "  <- zombie" for z in r.zombies}
     marks.update({o.pid: f"  <- {'orphan' if o.verdict == ORPHAN else 'orphan? cannot tell'}" for o in r.orphans})
+    marks.update({h.pid: "  <- D state, holds the GPU" for h in r.d_state_holders})
     marks.update(dict.fromkeys(r.view.excluded_pids, "  (this observer)"))
     out += _section(2, "Process tree")
     out += _table(("PID", "PPID", "STAT", "UID", "AGE", "COMMAND"), _tree_rows(r.table, now, marks))
@@ -137,11 +138,20 @@ def render_text(report: ObserveReport) -> str:
         out.append(line)
         out += [f"      likely: {escape(c, 1000)}" for c in gh.likely_causes]
 
+    for h in r.d_state_holders:
+        held = f"{_mib(h.gpu_memory)} on GPU {','.join(map(str, h.gpus))}" if h.gpus else "no memory NVML lists"
+        out.append(
+            f"  D STATE: pid {h.pid} ({escape(h.comm, 100)}) holds {held}"
+            + (f" and {escape(' '.join(h.devices), 300)}" if h.devices else "")
+            + ": uninterruptible, SIGKILL waits; if it stays in D only a drain or reboot frees the GPU"
+        )
+
     verdict = "HEALTHY" if s.healthy else "FINDINGS" if s.findings else "INCOMPLETE (not verified)"
     out += [
         "",
         f"summary: {s.zombies} zombies, {s.orphans} orphans, {s.orphaned_contexts} orphaned "
         f"contexts, {s.ghost_gpus} GPUs with ghost memory"
+        + (f", {s.d_state_holders} GPU holders in D state" if s.d_state_holders else "")
         + (f", {s.unverified} unreadable processes" if s.unverified else "")
         + f" -> {verdict}",
     ]

@@ -22,6 +22,7 @@ from gpuzombie.gpu.attribution import (
     attribute,
     current_view,
 )
+from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, default_backend, read_gpus
 from gpuzombie.jsonout import to_jsonable
 from gpuzombie.observe.orphans import (
@@ -68,6 +69,8 @@ class Summary:
     access_denied: int = 0
     unverified: int = 0
     """Of the incomplete, those that could hide a finding: while any is left, never HEALTHY."""
+    d_state_holders: int = 0
+    """GPU holders in state D: named, not a finding (a short D is normal; the exporter times them)."""
 
     @property
     def findings(self) -> bool:
@@ -96,6 +99,11 @@ class ObserveReport:
         return tuple(r for r in self.attribution.processes if r.verdict in (Verdict.GONE, Verdict.ZOMBIE))
 
     @property
+    def d_state_holders(self) -> tuple[DStateHolder, ...]:
+        """Processes in state D holding GPU memory or /dev/nvidia*."""
+        return d_state_holders(self.table, self.attribution)
+
+    @property
     def summary(self) -> Summary:
         return Summary(
             zombies=len(self.zombies),
@@ -106,6 +114,7 @@ class ObserveReport:
             incomplete=len(self.table.incomplete) + len(self.table.unread),
             access_denied=sum(p.access_denied for p in self.table.incomplete),
             unverified=len(self.table.unverified((1,))) + len(self.table.unread),
+            d_state_holders=len(self.d_state_holders),
         )
 
     @property
@@ -133,6 +142,7 @@ class ObserveReport:
             "fd_holders": to_jsonable(self.attribution.fd_holders),
             "ghosts": [{**to_jsonable(g), "threshold_mib": mib(self.ghost_threshold)} for g in self.attribution.ghosts],
             "orphaned_contexts": [_gpu_process_dict(r) for r in self.orphaned_contexts],
+            "d_state_holders": to_jsonable(self.d_state_holders),
             "summary": {**to_jsonable(summary), "healthy": summary.healthy},
         }
 

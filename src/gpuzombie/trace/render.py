@@ -42,6 +42,22 @@ def _cells(row: TraceRow) -> tuple[str, ...]:
     )
 
 
+def _d_state_lines(report: TraceReport) -> list[str]:
+    """One line per GPU holder in state D, with its pod from its row."""
+    rows = {r.pid: r for r in report.rows if r.pid is not None}
+    out = []
+    for h in report.d_state:
+        row = rows.get(h.pid)
+        where = f" in pod {row.namespace}/{row.pod or row.pod_uid}" if row and (row.pod or row.pod_uid) else ""
+        held = f"{_mib(h.gpu_memory)} on GPU {','.join(map(str, h.gpus))}" if h.gpus else "no memory NVML lists"
+        devices = f", holds {' '.join(h.devices)}" if h.devices else ""
+        out.append(
+            f"D state: pid {h.pid} ({escape(h.comm)}){escape(where, 300)}: {held}{escape(devices, 300)}; "
+            "uninterruptible, SIGKILL waits; if it stays in D only a drain or reboot frees the GPU"
+        )
+    return out
+
+
 def table(rows: list[tuple[str, ...]]) -> str:
     rows = [tuple(escape(c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -54,6 +70,7 @@ def render_text(report: TraceReport) -> str:
         out.append(table([COLUMNS, *(_cells(r) for r in report.rows)]))
     else:
         out.append("no GPU process, /dev/nvidia* holder or zombie on this node")
+    out += _d_state_lines(report)
     if report.gpu.available:
         out.append("")
         for g in report.gpus:
@@ -77,6 +94,7 @@ def render_text(report: TraceReport) -> str:
     out.append(
         f"summary: {s.gpu_processes} GPU processes, {s.fd_only} fd-only holders, {s.zombies} "
         f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs"
+        + (f", {s.d_state} in D state" if s.d_state else "")
         + (f", {s.unverified} unreadable" if s.unverified else "")
         + f" -> {verdict}"
     )

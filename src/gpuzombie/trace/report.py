@@ -26,6 +26,7 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
+from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
@@ -136,6 +137,8 @@ class TraceSummary:
     """Of those, the ones that could hide a finding (a holder, a zombie, a row's pod): while any
     is left the node is not called healthy."""
     healthy: bool
+    d_state: int = 0
+    """GPU holders in state D (named, not a finding: a short D is normal; the exporter times them)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class TraceReport:
     baseline_note: str
     warnings: tuple[str, ...]
     summary: TraceSummary
+    d_state: tuple[DStateHolder, ...] = ()
+    """Processes in state D holding GPU memory or /dev/nvidia* (their rows say the pod)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, schema ``gpuzombie.trace/1`` (memory in MiB)."""
@@ -371,6 +376,7 @@ def build_trace(
     gone = sum(r.verdict == Verdict.GONE.value for r in rows)
     ghost_gpus = sum(m.flagged for m in memory)
     not_verified = len(table.unverified(shown_pids)) + len(table.unread)
+    d_state = d_state_holders(table, att)
     summary = TraceSummary(
         rows=len(rows),
         gpu_processes=sum(r.nsmi for r in rows),
@@ -383,6 +389,7 @@ def build_trace(
         access_denied=sum(p.access_denied for p in incomplete),
         unverified=not_verified,
         healthy=not (zombies or gone or ghost_gpus or not_verified),
+        d_state=len(d_state),
     )
     return TraceReport(
         schema=SCHEMA,
@@ -394,6 +401,7 @@ def build_trace(
         baseline_note=baseline_note(gpus),
         warnings=tuple(warnings),
         summary=summary,
+        d_state=d_state,
     )
 
 
