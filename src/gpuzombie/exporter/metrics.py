@@ -11,12 +11,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import LABEL_LIMIT, escape
 from gpuzombie.exporter.scan import NodeScan, PodLabels
+from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.trace.report import GpuMemory
 
 POD = ("namespace", "pod", "pod_uid", "container")
 """Names as kube-state-metrics has them (join ``on(namespace, pod)``), and the pod's UID."""
 GPU = ("gpu", "UUID", "Hostname")
 """dcgm-exporter's names: NVML index, ``GPU-…`` id, node name (join ``on(UUID)``)."""
+MIG = ("GPU_I_ID", "GPU_I_PROFILE")
+"""dcgm-exporter's names of a MIG GPU instance (join ``on(UUID, GPU_I_ID)``); absent without MIG, as
+there: a sample whose MIG labels are empty leaves them out."""
 VERDICTS = ("ok", "ghost", "cannot_tell")
 Values = dict[tuple[str, ...], float]
 
@@ -34,12 +38,12 @@ GAUGES = {
         Gauge("gpuzombie_zombies", POD, "Processes in state Z on the node, by pod."),
         Gauge(
             "gpuzombie_gpu_processes",
-            (*POD, *GPU, "verdict"),
+            (*POD, *GPU, *MIG, "verdict"),
             "Processes NVML lists, by pod, GPU and verdict (live, zombie, gone, unresolved).",
         ),
         Gauge(
             "gpuzombie_gpu_process_memory_bytes",
-            (*POD, *GPU, "verdict"),
+            (*POD, *GPU, *MIG, "verdict"),
             "GPU memory NVML attributes to processes, by pod, GPU and verdict.",
         ),
         Gauge(
@@ -78,24 +82,30 @@ GAUGES = {
             (),
             "1 when NVML answered the last scan, 0 when not (no driver, no library, no GPU).",
         ),
-        Gauge("gpuzombie_gpu_memory_total_bytes", (*GPU, "model"), "GPU memory size."),
-        Gauge("gpuzombie_gpu_memory_used_bytes", GPU, "GPU memory used (total - free, driver reservation included)."),
+        Gauge("gpuzombie_gpu_memory_total_bytes", (*GPU, *MIG, "model"), "GPU (or MIG instance) memory size."),
+        Gauge(
+            "gpuzombie_gpu_memory_used_bytes",
+            (*GPU, *MIG),
+            "GPU memory used (total - free, driver reservation included).",
+        ),
         Gauge(
             "gpuzombie_gpu_baseline_bytes",
-            (*GPU, "source"),
+            (*GPU, *MIG, "source"),
             "Memory used with no process at all: the driver's reservation (NVML v2 'reserved'), or --baseline-mib.",
         ),
         Gauge(
-            "gpuzombie_gpu_listed_process_memory_bytes", GPU, "Sum of the memory NVML attributes to listed processes."
+            "gpuzombie_gpu_listed_process_memory_bytes",
+            (*GPU, *MIG),
+            "Sum of the memory NVML attributes to listed processes.",
         ),
         Gauge(
             "gpuzombie_gpu_unexplained_memory_bytes",
-            GPU,
+            (*GPU, *MIG),
             "used - baseline - listed processes: ghost memory when above the threshold.",
         ),
         Gauge(
             "gpuzombie_gpu_memory_verdict",
-            (*GPU, "verdict"),
+            (*GPU, *MIG, "verdict"),
             "1 for the GPU's current verdict: ok, ghost (unexplained above the threshold) or cannot_tell.",
         ),
         Gauge(
@@ -137,8 +147,13 @@ def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamil
     spec = GAUGES[name]
     family = GaugeMetricFamily(name, spec.doc, labels=list(spec.labels))
     for key, value in sorted(values.items()):
-        family.add_metric([escape(v, LABEL_LIMIT) for v in key], value)
+        labels = {k: escape(v, LABEL_LIMIT) for k, v in zip(spec.labels, key, strict=True)}
+        family.add_sample(name, {k: v for k, v in labels.items() if v or k not in MIG}, value)
     return family
+
+
+def _mig(mig: MigInstance | None) -> tuple[str, str]:
+    return (str(mig.gpu_instance_id), mig.profile) if mig else ("", "")
 
 
 def _pod(labels: PodLabels) -> tuple[str, str, str, str]:
@@ -153,7 +168,7 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
         if row.state == "Z":
             out["gpuzombie_zombies"][pod] += 1
         if row.nsmi:
-            key = (*pod, str(row.gpu_index), row.gpu_uuid or "", scan.node_name, row.verdict)
+            key = (*pod, str(row.gpu_index), row.gpu_uuid or "", scan.node_name, *_mig(row.mig), row.verdict)
             out["gpuzombie_gpu_processes"][key] += 1
             out["gpuzombie_gpu_process_memory_bytes"][key] += row.gpu_memory or 0
         elif row.verdict == "fd-only":
@@ -194,7 +209,7 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     out["gpuzombie_nvml_available"][()] = float(scan.trace.gpu.available)
     for g in scan.trace.gpus:
-        key = (str(g.index), g.uuid, scan.node_name)
+        key = (str(g.index), g.uuid, scan.node_name, *_mig(g.mig))
         out["gpuzombie_gpu_memory_total_bytes"][(*key, g.name)] = g.total
         out["gpuzombie_gpu_memory_used_bytes"][key] = g.used
         out["gpuzombie_gpu_baseline_bytes"][(*key, _baseline_source(g))] = g.baseline

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance
 from gpuzombie.jsonout import IN_MIB
 from gpuzombie.proc.pidns import reader_in_root_pidns
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
@@ -69,6 +69,8 @@ class GpuProcessRef:
     evidence: str
     reader_pid: int | None = None
     """The pid in the procfs that was read (None when no process there is it)."""
+    mig: MigInstance | None = None
+    """The MIG GPU instance NVML lists it on (None without MIG)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,10 @@ class GhostMemory:
     likely_causes: tuple[str, ...]
     verdict: str = "ok"
     """"ok" (within the threshold), "ghost" (flagged), or "cannot_tell": over the threshold inside a
-    PID namespace with no local evidence, where other namespaces' processes are invisible."""
+    PID namespace with no local evidence, where other namespaces' processes are invisible, or where
+    NVML would not list the device's processes (a MIG GPU read as a whole)."""
+    mig: MigInstance | None = None
+    """The MIG GPU instance accounted for (None: the whole GPU)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,7 @@ def _ref(
         comm=proc.comm if proc else None,
         evidence=evidence,
         reader_pid=proc.pid if proc else None,
+        mig=device.mig,
     )
 
 
@@ -320,7 +326,7 @@ def ghost_memory(
         base, source = baseline or 0, "given baseline" if baseline else "none (driver reports no reservation)"
     unexplained = max(0, device.memory_used - base - device.process_memory)
     local: list[str] = []  # causes this reader can see for itself
-    mine = [r for r in refs if r.gpu_index == device.index]
+    mine = [r for r in refs if r.gpu_index == device.index and r.mig == device.mig]
     if any(r.verdict is Verdict.GONE for r in mine):
         local.append("memory attributed to pids that no longer exist (orphaned context)")
     # /dev/nvidiactl and /dev/nvidia-uvm are opened by any NVML client (nvidia-smi, exporters);
@@ -352,6 +358,8 @@ def ghost_memory(
         )
     if unexplained <= threshold:
         verdict, causes = "ok", []
+    elif not device.processes_read:
+        verdict, causes = "cannot_tell", [_unlisted_reason(device)]
     elif view.in_root_pidns or local:
         verdict = "ghost"
     else:
@@ -367,7 +375,17 @@ def ghost_memory(
         flagged=verdict == "ghost",
         likely_causes=tuple(causes),
         verdict=verdict,
+        mig=device.mig,
     )
+
+
+def _unlisted_reason(device: GpuDevice) -> str:
+    if device.mig_mode and device.mig is None:
+        return (
+            "MIG mode is on and no GPU instance could be read: NVML lists a MIG GPU's processes per "
+            "instance (the whole GPU's only to a privileged caller), so an empty list proves nothing"
+        )
+    return "NVML would not list this GPU's processes: memory without a listed process proves nothing"
 
 
 def attribute(

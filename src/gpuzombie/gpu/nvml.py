@@ -9,6 +9,9 @@ processes is the job of ``gpuzombie.gpu.attribution``.
 
 from __future__ import annotations
 
+import importlib
+import math
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,7 +28,25 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG GPU instance, read through NVML's MIG device handles: its memory and processes are its
+    own, so the ghost arithmetic is done per instance. Named as dcgm-exporter names it."""
+
+    gpu_instance_id: int
+    """dcgm-exporter's ``GPU_I_ID`` (NVML's GPU instance id)."""
+    profile: str
+    """dcgm-exporter's ``GPU_I_PROFILE``: ``1g.18gb``, ``3g.71gb``, ..."""
+    compute_instance_ids: tuple[int, ...]
+    uuids: tuple[str, ...]
+    """``MIG-…`` of its MIG devices (one per compute instance): the ids PodResources assigns."""
+
+
+@dataclass(frozen=True)
 class GpuDevice:
+    """A GPU, or with MIG mode on one GPU instance of it (``mig``): then ``index``, ``uuid``, ``name``
+    and ``device_node`` are the parent GPU's, as in dcgm-exporter's series, and memory and processes
+    the instance's."""
+
     index: int
     uuid: str
     name: str
@@ -36,6 +57,18 @@ class GpuDevice:
     processes: tuple[GpuProcess, ...] = ()
     minor_number: int | None = None
     """N of the device node /dev/nvidiaN (usually, not always, the index)."""
+    mig_mode: bool = False
+    """MIG mode is on for the (parent) GPU."""
+    mig: MigInstance | None = None
+    """The GPU instance this entry is; None for a whole GPU (with ``mig_mode``: one whose instances
+    could not be read, whose process list proves nothing)."""
+    processes_read: bool = True
+    """False when NVML would not list the processes: an empty ``processes`` is then unknown."""
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        """The ids the kubelet's PodResources gives for it: the GPU's UUID, or the instance's MIG-…"""
+        return self.mig.uuids if self.mig else (self.uuid,)
 
     @property
     def device_node(self) -> str:
@@ -78,10 +111,27 @@ class FakeNvml:
     def from_dict(cls, data: dict[str, Any]) -> FakeNvml:
         """A snapshot recorded as JSON (``dataclasses.asdict`` of a GpuSnapshot, memory in bytes)."""
         devices = tuple(
-            GpuDevice(**{**d, "processes": tuple(GpuProcess(**p) for p in d.get("processes", ()))})
+            GpuDevice(
+                **{
+                    **d,
+                    "processes": tuple(GpuProcess(**p) for p in d.get("processes", ())),
+                    "mig": _mig_from_dict(d.get("mig")),
+                }
+            )
             for d in data.get("devices", ())
         )
         return cls(GpuSnapshot(**{**data, "devices": devices}))
+
+
+def _mig_from_dict(data: dict[str, Any] | None) -> MigInstance | None:
+    if data is None:
+        return None
+    return MigInstance(
+        gpu_instance_id=data["gpu_instance_id"],
+        profile=data["profile"],
+        compute_instance_ids=tuple(data.get("compute_instance_ids", ())),
+        uuids=tuple(data.get("uuids", ())),
+    )
 
 
 NO_GPU = GpuSnapshot(available=False, reason="no NVML backend")
@@ -92,7 +142,8 @@ class PynvmlBackend:
 
     _lock = threading.Lock()
 
-    def __init__(self) -> None:
+    def __init__(self, module: Any = None) -> None:
+        self._module = module  # pynvml itself, or a stand-in with its names (tests)
         self._pynvml: Any = None
         self._init_error: str | None = None
 
@@ -100,7 +151,7 @@ class PynvmlBackend:
         with self._lock:
             if self._pynvml is None and self._init_error is None:
                 try:
-                    import pynvml
+                    pynvml = self._module or importlib.import_module("pynvml")
                 except ImportError:
                     self._init_error = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
                     return None
@@ -121,7 +172,7 @@ class PynvmlBackend:
             return GpuSnapshot(available=False, reason=self._init_error)
         try:
             count = nv.nvmlDeviceGetCount()
-            devices = tuple(self._read_device(nv, i) for i in range(count))
+            devices = tuple(d for i in range(count) for d in self._read_gpu(nv, i))
             driver = _text(nv.nvmlSystemGetDriverVersion())
             cuda = _optional(nv, nv.nvmlSystemGetCudaDriverVersion)
         except (nv.NVMLError, OSError, AttributeError) as exc:
@@ -129,43 +180,137 @@ class PynvmlBackend:
             return GpuSnapshot(available=False, reason=f"NVML query failed: {type(exc).__name__}: {exc}")
         return GpuSnapshot(available=True, driver_version=driver, cuda_driver_version=cuda, devices=devices)
 
-    def _read_device(self, nv: Any, index: int) -> GpuDevice:
+    def _read_gpu(self, nv: Any, index: int) -> tuple[GpuDevice, ...]:
+        """The GPU, or with MIG mode on each of its GPU instances (the whole GPU when none can be read)."""
         handle = nv.nvmlDeviceGetHandleByIndex(index)
-        # v2 splits the driver's reservation out of "used" (H200, driver 580: idle v1 used 615 MiB =
-        # v2 used 0 + reserved 615). We keep "used" in v1's sense, total - free, and report reserved
-        # beside it, so ghost = used - reserved - Σ process memory holds with either version.
+        gpu: dict[str, Any] = {
+            "index": index,
+            "uuid": _text(nv.nvmlDeviceGetUUID(handle)),
+            "name": _text(nv.nvmlDeviceGetName(handle)),
+            "minor_number": _optional(nv, nv.nvmlDeviceGetMinorNumber, handle),
+        }
+        if not _mig_enabled(nv, handle):
+            processes, read = _processes(nv, handle)
+            return (GpuDevice(**gpu, **_memory(nv, handle), processes=processes, processes_read=read),)
+        # In MIG mode NVML gives the whole GPU's processes (and memory) only to a privileged caller:
+        # each GPU instance is read through its own MIG device handles.
         try:
-            mem = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
-            reserved: int | None = int(mem.reserved)
-        except (nv.NVMLError, AttributeError):
-            mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            reserved = None
-        processes = []
-        for kind, getter in (
-            ("compute", nv.nvmlDeviceGetComputeRunningProcesses),
-            ("graphics", nv.nvmlDeviceGetGraphicsRunningProcesses),
-        ):
-            for p in _optional(nv, getter, handle) or ():
-                used = p.usedGpuMemory
-                processes.append(
-                    GpuProcess(
-                        pid=int(p.pid),
-                        used_memory=_known_memory(used),
-                        kind=kind,
-                        name=_optional(nv, lambda pid=p.pid: _text(nv.nvmlSystemGetProcessName(pid))),
-                    )
+            instances = _mig_instances(nv, handle, gpu)
+        except nv.NVMLError:
+            instances = ()
+        return instances or (GpuDevice(**gpu, **_memory(nv, handle), mig_mode=True, processes_read=False),)
+
+
+def _memory(nv: Any, handle: Any) -> dict[str, Any]:
+    """total, used, free and the driver's reservation of a device or MIG device handle, in bytes."""
+    # v2 splits the driver's reservation out of "used" (H200, driver 580: idle v1 used 615 MiB =
+    # v2 used 0 + reserved 615). We keep "used" in v1's sense, total - free, and report reserved
+    # beside it, so ghost = used - reserved - Σ process memory holds with either version.
+    try:
+        mem = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+        reserved: int | None = int(mem.reserved)
+    except (nv.NVMLError, AttributeError):
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        reserved = None
+    return {
+        "memory_total": int(mem.total),
+        "memory_used": int(mem.total) - int(mem.free),
+        "memory_free": int(mem.free),
+        "memory_reserved": reserved,
+    }
+
+
+def _processes(nv: Any, handle: Any) -> tuple[tuple[GpuProcess, ...], bool]:
+    """The compute and graphics processes of a handle, and whether the compute list could be read
+    (graphics lists are refused on compute-only GPUs, which says nothing)."""
+    processes = []
+    read = True
+    for kind, getter in (
+        ("compute", nv.nvmlDeviceGetComputeRunningProcesses),
+        ("graphics", nv.nvmlDeviceGetGraphicsRunningProcesses),
+    ):
+        try:
+            listed = getter(handle)
+        except nv.NVMLError:
+            read = read and kind != "compute"
+            continue
+        for p in listed:
+            processes.append(
+                GpuProcess(
+                    pid=int(p.pid),
+                    used_memory=_known_memory(p.usedGpuMemory),
+                    kind=kind,
+                    name=_optional(nv, lambda pid=p.pid: _text(nv.nvmlSystemGetProcessName(pid))),
                 )
-        return GpuDevice(
-            index=index,
-            uuid=_text(nv.nvmlDeviceGetUUID(handle)),
-            name=_text(nv.nvmlDeviceGetName(handle)),
-            memory_total=int(mem.total),
-            memory_used=int(mem.total) - int(mem.free),
-            memory_free=int(mem.free),
-            memory_reserved=reserved,
-            processes=tuple(processes),
-            minor_number=_optional(nv, nv.nvmlDeviceGetMinorNumber, handle),
+            )
+    return tuple(processes), read
+
+
+def _mig_enabled(nv: Any, handle: Any) -> bool:
+    """MIG mode is on now (not only pending); False where the GPU or the binding has no MIG."""
+    get_mode = getattr(nv, "nvmlDeviceGetMigMode", None)
+    if get_mode is None:
+        return False
+    mode = _optional(nv, get_mode, handle)  # [current, pending]; NOT_SUPPORTED without MIG
+    return mode is not None and mode[0] == nv.NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_instances(nv: Any, handle: Any, gpu: dict[str, Any]) -> tuple[GpuDevice, ...]:
+    """One entry per GPU instance: its memory (that of its first MIG device: all of a GPU instance's
+    compute instances share it) and the processes of all its MIG devices, once each."""
+    by_instance: dict[int, list[tuple[int, Any]]] = {}
+    for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nv.NVMLError as exc:
+            if exc.value == nv.NVML_ERROR_NOT_FOUND:  # an empty slot: the maximum is not the count
+                continue
+            raise
+        gi = nv.nvmlDeviceGetGpuInstanceId(mig)
+        by_instance.setdefault(gi, []).append((nv.nvmlDeviceGetComputeInstanceId(mig), mig))
+    found = []
+    for gi, members in sorted(by_instance.items()):
+        members.sort(key=lambda m: m[0])
+        first = members[0][1]
+        processes: dict[tuple[int, str], GpuProcess] = {}
+        read = True
+        for _, mig in members:
+            listed, ok = _processes(nv, mig)
+            read = read and ok
+            for p in listed:
+                processes.setdefault((p.pid, p.kind), p)
+        instance = MigInstance(
+            gpu_instance_id=gi,
+            profile=_mig_profile(nv, first),
+            compute_instance_ids=tuple(ci for ci, _ in members),
+            uuids=tuple(_text(nv.nvmlDeviceGetUUID(mig)) for _, mig in members),
         )
+        found.append(
+            GpuDevice(
+                **gpu,
+                **_memory(nv, first),
+                processes=tuple(processes.values()),
+                mig_mode=True,
+                mig=instance,
+                processes_read=read,
+            )
+        )
+    return tuple(found)
+
+
+_PROFILE_IN_NAME = re.compile(r"\bMIG (?:\d+c\.)?(\d+g\.\d+gb\S*)$")
+"""The GPU instance profile at the end of a MIG device's name ("NVIDIA H200 MIG 1g.18gb"; a compute
+instance smaller than its GPU instance: "... MIG 1c.2g.35gb", whose GPU instance is 2g.35gb)."""
+
+
+def _mig_profile(nv: Any, mig: Any) -> str:
+    """The GPU instance profile as dcgm-exporter labels it (GPU_I_PROFILE): from the MIG device's name,
+    else from its slice count and memory size."""
+    match = _PROFILE_IN_NAME.search(_text(nv.nvmlDeviceGetName(mig)))
+    if match:
+        return match.group(1)
+    attributes = nv.nvmlDeviceGetAttributes(mig)
+    return f"{attributes.gpuInstanceSliceCount}g.{math.ceil(attributes.memorySizeMB / 1024)}gb"
 
 
 NOT_AVAILABLE_MIN = 1 << 63

@@ -7,6 +7,7 @@ results/ file.
 from __future__ import annotations
 
 from gpuzombie.escape import escape
+from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.observe.report import ObserveReport
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
@@ -15,6 +16,11 @@ from gpuzombie.units import MIB
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / MIB:.0f} MiB"
+
+
+def _gpu(index: int, mig: MigInstance | None) -> str:
+    """A GPU, or one of its MIG GPU instances: ``0`` or ``0/GI1``."""
+    return f"{index}/GI{mig.gpu_instance_id}" if mig else str(index)
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> list[str]:
@@ -98,7 +104,14 @@ def render_text(report: ObserveReport) -> str:
         out += _table(
             ("GPU", "NAME", "TOTAL", "USED", "RESERVED", "UUID"),
             [
-                (d.index, d.name, _mib(d.memory_total), _mib(d.memory_used), _mib(d.memory_reserved), d.uuid)
+                (
+                    _gpu(d.index, d.mig),
+                    d.name + (f" MIG {d.mig.profile}" if d.mig else " (MIG mode)" if d.mig_mode else ""),
+                    _mib(d.memory_total),
+                    _mib(d.memory_used),
+                    _mib(d.memory_reserved),
+                    d.uuid,
+                )
                 for d in r.gpu.devices
             ],
         )
@@ -107,7 +120,16 @@ def render_text(report: ObserveReport) -> str:
     out += _table(
         ("GPU", "NVML_PID", "LOCAL_PID", "HOST_PID", "COMM", "MEMORY", "VERDICT", "EVIDENCE"),
         [
-            (g.gpu_index, g.nvml_pid, g.local_pid, g.host_pid, g.comm, _mib(g.used_memory), g.verdict.value, g.evidence)
+            (
+                _gpu(g.gpu_index, g.mig),
+                g.nvml_pid,
+                g.local_pid,
+                g.host_pid,
+                g.comm,
+                _mib(g.used_memory),
+                g.verdict.value,
+                g.evidence,
+            )
             for g in r.attribution.processes
         ],
     )
@@ -131,7 +153,7 @@ def render_text(report: ObserveReport) -> str:
         out.append("  orphaned contexts: none (no GPU memory attributed to a dead pid)")
     for gh in r.attribution.ghosts:
         line = (
-            f"  GPU {gh.gpu_index}: used {_mib(gh.used)} - baseline {_mib(gh.baseline)} "
+            f"  GPU {_gpu(gh.gpu_index, gh.mig)}: used {_mib(gh.used)} - baseline {_mib(gh.baseline)} "
             f"({gh.baseline_source}) - processes {_mib(gh.process_memory)} = "
             f"{_mib(gh.unexplained)} unexplained -> {gh.verdict.upper()}"
         )

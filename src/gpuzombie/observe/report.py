@@ -178,6 +178,8 @@ def _device_dict(d: GpuDevice) -> dict[str, Any]:
         "memory_free_mib": _mib(d.memory_free),
         "memory_reserved_mib": _mib(d.memory_reserved),
         "processes": len(d.processes),
+        "mig_mode": d.mig_mode,
+        "mig": to_jsonable(d.mig),
     }
 
 
@@ -193,6 +195,7 @@ def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
         "used_memory_mib": _mib(r.used_memory),
         "verdict": r.verdict.value,
         "evidence": r.evidence,
+        "mig": to_jsonable(r.mig),
     }
 
 

@@ -15,7 +15,7 @@ def _mib(value: int | None) -> str:
 
 def _gpu(row: TraceRow) -> str:
     if row.gpu_index is not None:
-        return str(row.gpu_index)
+        return str(row.gpu_index) + (f"/GI{row.mig.gpu_instance_id}" if row.mig else "")
     nodes = [d.removeprefix("/dev/nvidia") for d in row.devices if d.removeprefix("/dev/nvidia").isdigit()]
     return ",".join(nodes) or "-"
 
@@ -75,8 +75,9 @@ def render_text(report: TraceReport) -> str:
         out.append("")
         for g in report.gpus:
             mark = {"ok": "ok", "ghost": "GHOST", "cannot_tell": "cannot tell"}.get(g.verdict, g.verdict)
+            instance = f" MIG {escape(g.mig.profile)} (GI {g.mig.gpu_instance_id})" if g.mig else ""
             out.append(
-                f"GPU {g.index} {escape(g.name)} ({escape(g.uuid)}): used {_mib(g.used)} = baseline "
+                f"GPU {g.index}{instance} {escape(g.name)} ({escape(g.uuid)}): used {_mib(g.used)} = baseline "
                 f"{_mib(g.baseline)} + processes {_mib(g.process_memory)} + unexplained "
                 f"{_mib(g.unexplained)}  [{mark}]"
             )

@@ -27,7 +27,7 @@ from gpuzombie.gpu.attribution import (
     attribute,
 )
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.names import CriNames
@@ -73,6 +73,8 @@ class TraceRow:
     evidence: str
     unread: tuple[str, ...] = ()
     """Files of the process that could not be used (``cgroup``: the pod is unknown, not absent)."""
+    mig: MigInstance | None = None
+    """The MIG GPU instance NVML lists it on (None without MIG)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class GpuMemory:
     flagged: bool
     likely_causes: tuple[str, ...]
     allocated_to: tuple[Allocation, ...]
+    mig: MigInstance | None = None
+    """With MIG mode on: the GPU instance this is (its memory, its processes); the rest is the GPU's."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ def _row(
     nsmi: bool,
     verdict: str,
     evidence: str,
+    mig: MigInstance | None = None,
 ) -> TraceRow:
     cnames = names.container(ref.container_id) if ref else None
     pnames = names.pod(ref.pod_uid) if ref else None
@@ -203,6 +208,7 @@ def _row(
         devices=proc.nvidia_fds if proc else (),
         evidence=evidence,
         unread=tuple(dict.fromkeys(u.file for u in proc.incomplete)) if proc else (),
+        mig=mig,
     )
 
 
@@ -230,6 +236,7 @@ def build_rows(
                 nsmi=True,
                 verdict=r.verdict.value,
                 evidence=r.evidence,
+                mig=r.mig,
             )
         )
         if pid is not None:
@@ -293,7 +300,7 @@ def account_memory(
         causes = _peer_evidence(device, rows) + causes
     allocated = tuple(
         sorted(
-            {Allocation(a.namespace, a.pod, a.container) for a in resources.for_device(device.uuid)},
+            {Allocation(a.namespace, a.pod, a.container) for i in device.device_ids for a in resources.for_device(i)},
             key=lambda a: (a.namespace, a.pod, a.container),
         )
     )
@@ -316,6 +323,7 @@ def account_memory(
         flagged=ghost.flagged,
         likely_causes=tuple(causes),
         allocated_to=allocated,
+        mig=device.mig,
     )
 
 
