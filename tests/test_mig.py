@@ -66,16 +66,19 @@ def read(gpus: list[nv.Gpu], **kwargs):
     return PynvmlBackend(nv.module(gpus, **kwargs)).read()
 
 
-@pytest.fixture
-def node(tmp_path):
+def build_node(root):
     """4242 in GPU instance 1 of GPU 0 (holds /dev/nvidia0 and its MIG capability), 5151 on GPU 1."""
-    root = tmp_path / "proc"
     root.mkdir()
     make_fake_root(root)
     make_fake_proc(root, 1, ppid=0, comm="systemd")
     make_fake_proc(root, 4242, ppid=1, fds=("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidiactl"))
     make_fake_proc(root, 5151, ppid=1, fds=("/dev/nvidia1", "/dev/nvidiactl"))
     return root
+
+
+@pytest.fixture
+def node(tmp_path):
+    return build_node(tmp_path / "proc")
 
 
 def test_each_gpu_instance_is_read_through_its_mig_handles():
@@ -214,7 +217,8 @@ def test_kubelet_allocations_by_mig_uuid(node, tmp_path):
     assert gi2.allocated_to == ()
 
 
-def series(node) -> dict[str, list[dict[str, str]]]:
+def exposition(node) -> str:
+    """The exporter's exposition of ``node`` with ``machine(extra=2 GiB)``: instance 1 has a ghost."""
     scan = scan_node(
         procfs=Procfs(str(node)),
         nvml=PynvmlBackend(nv.module(machine(extra=2 * GIB))),
@@ -225,8 +229,12 @@ def series(node) -> dict[str, list[dict[str, str]]]:
     )
     registry = CollectorRegistry()
     registry.register(NodeCollector(lambda: scan, min_interval=60))
+    return generate_latest(registry).decode()
+
+
+def series(node) -> dict[str, list[dict[str, str]]]:
     found: dict[str, list[dict[str, str]]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(exposition(node)):
         for s in family.samples:
             found.setdefault(s.name, []).append({**s.labels, "value": s.value})
     return found

@@ -141,3 +141,62 @@ def test_docs_show_the_tested_joins():
     flat = " ".join(text.split())
     for expr in (FB_OF_GHOST_GPUS, GHOST_SHARE, ZOMBIES_WITH_OWNER, ZOMBIES_BY_UID):
         assert " ".join(expr.split()) in flat, expr
+
+
+# Under MIG dcgm-exporter has one series per GPU instance, all with the GPU's UUID: on(UUID) alone
+# would match many to many. GPU_I_ID is absent on both sides without MIG, so these also join whole GPUs.
+MIG_FB_OF_GHOSTS = 'gpuzombie_gpu_memory_verdict{verdict="ghost"} * on(UUID, GPU_I_ID) group_left DCGM_FI_DEV_FB_USED'
+MIG_GHOST_SHARE = (
+    "gpuzombie_gpu_unexplained_memory_bytes / on(UUID, GPU_I_ID) group_left(modelName) "
+    "(DCGM_FI_DEV_FB_USED * 1024 * 1024)"
+)
+
+
+def test_mig_instances_join_dcgm_exporter_on_uuid_and_gpu_i_id(tmp_path):
+    import test_mig
+
+    ours = [
+        s
+        for s in _series(test_mig.exposition(test_mig.build_node(tmp_path / "proc")))
+        if s["series"].startswith("gpuzombie_")
+    ]
+    gi1 = _gpu("0", "GPU-0000", GPU_I_ID="1", GPU_I_PROFILE="1g.18gb")
+    gi2 = _gpu("0", "GPU-0000", GPU_I_ID="2", GPU_I_PROFILE="3g.71gb")
+    whole = _gpu("1", "GPU-1111")
+    model = {"modelName": "NVIDIA H200"}
+    unexplained = 13 * MIB + 2048 * MIB
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": ours + _recorded("dcgm-exporter-mig.prom"),
+            "promql_expr_test": [
+                {
+                    "expr": MIG_FB_OF_GHOSTS,
+                    "eval_time": "1m",
+                    "exp_samples": [
+                        _sample({**gi1, "verdict": "ghost"}, 12301),
+                        _sample({**gi2, "verdict": "ghost"}, 0),
+                        _sample({**whole, "verdict": "ghost"}, 0),
+                    ],
+                },
+                {
+                    "expr": MIG_GHOST_SHARE,
+                    "eval_time": "1m",
+                    "exp_samples": [
+                        _sample({**gi1, **model}, unexplained / (12301 * MIB)),
+                        _sample({**gi2, **model}, 13 * MIB / (13 * MIB)),
+                        _sample({**whole, **model}, 0),
+                    ],
+                },
+            ],
+        }
+    ]
+    test_file = tmp_path / "mig-joins.test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}))
+    done = subprocess.run(
+        [PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    flat = " ".join((Path(__file__).resolve().parent.parent / "docs" / "runtime.md").read_text().split())
+    for expr in (MIG_FB_OF_GHOSTS, MIG_GHOST_SHARE):
+        assert " ".join(expr.split()) in flat, expr
