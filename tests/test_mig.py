@@ -22,6 +22,7 @@ from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.nvml import FakeNvml, PynvmlBackend
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
+from gpuzombie.observe.render import render_text as render_observe
 from gpuzombie.observe.report import observe
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
@@ -112,6 +113,11 @@ def test_mig_memory_is_no_ghost_though_the_whole_gpu_lists_no_process(node):
         (1, None, "ok"),
     ]
     assert report.summary.ghost_gpus == 0 and report.summary.healthy
+    text = render_observe(report)
+    assert "0/GI1  NVIDIA H200 MIG 1g.18gb" in text and "GPU 0/GI2: used 13 MiB" in text
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["gpu"]["devices"][0]["mig"]["profile"] == "1g.18gb" and data["gpu"]["devices"][2]["mig"] is None
+    assert data["gpu_processes"][0]["mig"]["gpu_instance_id"] == 1
 
 
 def test_instances_that_cannot_be_read_are_cannot_tell_never_ghost(node):
