@@ -19,7 +19,7 @@ from markers import needs_root
 from pidns import PidNamespace, wait_until
 
 SNAPSHOT = read_gpus(default_backend())
-GPUS = len(SNAPSHOT.devices) if SNAPSHOT.available else 0
+GPUS = len({d.index for d in SNAPSHOT.devices}) if SNAPSHOT.available else 0  # GPUs, not MIG instances
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_gpu = pytest.mark.skipif(
     not (GPUS and HAS_TORCH),
