@@ -20,6 +20,7 @@ from gpuzombie.cli.common import (
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.units import MIB
 
@@ -208,7 +209,7 @@ def command(
     **serving: Any,
 ) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
-    holders, ghost memory per GPU and GPU memory at grace-period risk.
+    holders, ghost memory per GPU, GPU memory at grace-period risk and stale or foreign GPU holders.
 
     /metrics is the exposition, /healthz the liveness probe, /readyz the readiness probe.
     Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use,
@@ -224,6 +225,7 @@ def command(
     check_node_inputs(procfs, who="the exporter")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
     names = RuntimeNames(cri_socket)  # one for the process: names are kept across scans
+    pods = PodLister(cri_socket)  # one channel for the process; asked afresh every scan
 
     def scan() -> Any:
         return exporter.scan_node(
@@ -235,6 +237,7 @@ def command(
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
             node_name=node_name,
+            pods=pods,
         )
 
     def echo(line):

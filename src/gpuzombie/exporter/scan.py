@@ -15,7 +15,7 @@ from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, TraceReport, TraceRow, build_trace
+from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,11 @@ def scan_node(
     threshold: int = DEFAULT_GHOST_THRESHOLD,
     clock: Callable[[], float] = time.perf_counter,
     node_name: str = "",
+    pods: PodsLookup | None = None,
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
-    containers. Raises OSError or ValueError when the procfs itself cannot be read."""
+    containers. ``pods`` (asked after the procfs was read) tells stale GPU holders. Raises OSError
+    or ValueError when the procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
     gpus = read_gpus(nvml)
@@ -113,6 +115,7 @@ def scan_node(
         now=now,
         baseline=baseline,
         threshold=threshold,
+        pods=pods,
     )
     return NodeScan(
         trace=trace,
