@@ -422,6 +422,8 @@ def build_trace(
     dirty_unknown = sum(r.dirty == Dirty.UNKNOWN.value for r in rows)
     if dirty_unknown:
         why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN.value)
+        if any(why and why in w for w in warnings):  # the names' lookup said it already
+            why = "the runtime could not be read (above)"
         warnings.append(f"{dirty_unknown} pod GPU holder(s) not judged stale or not: {why}")
     incomplete = table.incomplete
     zombies = sum(r.state == "Z" for r in rows)
