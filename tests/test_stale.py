@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -33,7 +34,9 @@ pytestmark = needs_containerd
 HOLDER = ("/bin/sh", "-c", "exec 3</dev/nvidia0; exec sleep 300")
 # Joins each cgroup named in argv, opens the private /dev's nvidia0 and becomes sleep with it open.
 SURVIVOR = (
-    "import os, sys\n"
+    "import os, signal, sys\n"
+    "if os.environ.get('IGNORE_TERM'):\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # kept across exec: sleep ignores it too\n"
     "for path in sys.argv[1:]:\n"
     "    with open(os.path.join(path, 'cgroup.procs'), 'w') as f:\n"
     "        f.write(str(os.getpid()))\n"
@@ -60,12 +63,15 @@ def holds_nvidia0(pid: int) -> bool:
     return comm == "sleep" and "/dev/nvidia0" in links
 
 
-def start_survivor(pod: PodSpec) -> subprocess.Popen[bytes]:
+def start_survivor(
+    pod: PodSpec, *, ignore_term: bool = False, groups: list[str] | None = None
+) -> subprocess.Popen[bytes]:
     """A host process in ``pod``'s cgroup (no container's) holding /dev/nvidia0, ready when returned."""
-    groups = pod_cgroups(pod)
+    groups = groups or pod_cgroups(pod)
     assert groups, f"no cgroup of pod {pod.uid}"
     script = f'{PRIVATE_DEV} && exec "$0" -c "$@"'
-    proc = subprocess.Popen(["unshare", "--mount", "sh", "-c", script, sys.executable, SURVIVOR, *groups])
+    env = {**os.environ, "IGNORE_TERM": "1" if ignore_term else ""}
+    proc = subprocess.Popen(["unshare", "--mount", "sh", "-c", script, sys.executable, SURVIVOR, *groups], env=env)
     wait_until(lambda: holds_nvidia0(proc.pid))
     return proc
 
@@ -81,12 +87,12 @@ def pods(containerd: Containerd, kube_pods, tmp_path) -> Iterator[dict]:
     holder_pid = containerd.client.container_pid(holder_cid)
     wait_until(lambda: holds_nvidia0(holder_pid))
     doomed = containerd.start_pod(PodSpec(name="gone-0", namespace="ml"))
-    survivor = None
+    survivors: list[subprocess.Popen[bytes]] = []
     try:
-        survivor = start_survivor(doomed.spec)
-        yield {"running": running, "holder": holder_pid, "doomed": doomed, "survivor": survivor}
+        survivors.append(start_survivor(doomed.spec))
+        yield {"running": running, "holder": holder_pid, "doomed": doomed, "survivor": survivors[0], "more": survivors}
     finally:
-        if survivor is not None:
+        for survivor in survivors:
             survivor.kill()
             survivor.wait()
         if doomed.sandbox_id in {s.id for s in containerd.client.list_pod_sandboxes()}:
@@ -193,3 +199,102 @@ def test_podresources_over_grpc_tells_a_foreign_holder(containerd, kube_pods, tm
         if line.startswith("gpuzombie_dirty_gpu_memory_bytes{") and 'pod="intruder-0"' in line
     ]
     assert 'kind="foreign"' in series and 'UUID="GPU-0000"' in series and float(series.split()[-1]) == 1024 * MIB
+
+
+def reap(socket: str, *args: str, capsys) -> tuple[int, dict]:
+    code = main(["reap", "--json", "--cri-socket", socket, "--no-nvml", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def state_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state_of(pid) not in (None, "Z", "X")
+
+
+def test_reap_ends_a_stale_pods_processes_and_never_a_running_pods(containerd, pods, capsys):
+    """Two survivors of a removed pod (one ignores SIGTERM), a running pod's holder beside them. Other
+    pods on this machine (other runtimes') may look stale to this containerd: --pod-uid keeps to ours."""
+    doomed: RunningPod = pods["doomed"]
+    pods["more"].append(start_survivor(doomed.spec, ignore_term=True))
+    calm, stubborn = (p.pid for p in pods["more"])
+    containerd.stop_pod(doomed)
+    uid = ("--pod-uid", doomed.spec.uid)
+
+    code, dry = reap(containerd.socket, *uid, capsys=capsys)
+    assert code == 1 and dry["dry_run"] and dry["schema"] == "gpuzombie.reap/1"
+    ((stale,),) = [[p for p in dry["stale_pods"] if p["pod_uid"] == doomed.spec.uid]]
+    assert sorted(stale["holders"]) == sorted([calm, stubborn]) and "is gone from containerd" in stale["reason"]
+    assert {r["target"]["pid"]: r["outcome"] for r in dry["results"]} == {
+        calm: "would_signal (dry run)",
+        stubborn: "would_signal (dry run)",
+    }
+    assert alive(calm) and alive(stubborn)
+
+    code, done = reap(containerd.socket, *uid, "--yes", "--timeout", "1", "--kill-wait", "2", capsys=capsys)
+    outcomes = {r["target"]["pid"]: r["outcome"] for r in done["results"]}
+    assert outcomes == {calm: "exited_after_sigterm", stubborn: "exited_after_sigkill"}, done
+    assert code == 0 and done["survivors"] == 0
+    assert not alive(calm) and not alive(stubborn)
+    assert alive(pods["holder"])  # the running pod's holder, untouched
+    code, after = reap(containerd.socket, *uid, capsys=capsys)
+    assert code == 0 and after["stale_pods"] == []
+
+
+def test_reap_never_touches_a_running_pod_even_when_named(containerd, pods, capsys):
+    running: RunningPod = pods["running"]
+    code, doc = reap(
+        containerd.socket, "--yes", "--pod-uid", running.spec.uid, "--pod-uid", pods["doomed"].spec.uid, capsys=capsys
+    )
+    assert code == 0 and doc["results"] == [] and doc["stale_pods"] == []
+    assert alive(pods["holder"]) and alive(pods["survivor"].pid)  # its pod still runs
+
+
+def test_reap_refuses_without_a_runtime(pods, capsys):
+    assert main(["reap", "--yes", "--cri-socket", "/nonexistent.sock"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "refusing to reap" in err and len(err.splitlines()) == 1
+    assert alive(pods["survivor"].pid)
+
+
+FREEZER = "/sys/fs/cgroup/freezer"
+
+
+@pytest.mark.skipif(not os.path.isdir(FREEZER), reason="needs the cgroup v1 freezer (a frozen task is in state D)")
+def test_reap_reports_a_process_in_d_state_as_not_killable_and_does_not_wait_for_it(containerd, pods, capsys):
+    """A frozen task (cgroup v1 freezer) sits in state D and cannot die, SIGKILL pending, until
+    thawed: the stand-in for a process stuck in the driver."""
+    doomed: RunningPod = pods["doomed"]
+    frozen = f"{FREEZER}{doomed.spec.cgroup_parent}/frozen"
+    os.makedirs(frozen)
+    try:
+        others = [g for g in pod_cgroups(doomed.spec) if not g.startswith(FREEZER)]
+        stuck = start_survivor(doomed.spec, groups=[*others, frozen])
+        pods["more"].append(stuck)
+        with open(f"{frozen}/freezer.state", "w") as f:
+            f.write("FROZEN")
+        wait_until(lambda: state_of(stuck.pid) == "D")
+        containerd.stop_pod(doomed)
+        args = ("--pod-uid", doomed.spec.uid, "--yes", "--timeout", "0.5", "--kill-wait", "1")
+        started = time.monotonic()
+        code, doc = reap(containerd.socket, *args, capsys=capsys)
+        took = time.monotonic() - started
+        results = {r["target"]["pid"]: r for r in doc["results"]}
+        assert results[stuck.pid]["outcome"] == "not_killable_d_state" and results[stuck.pid]["state_after"] == "D"
+        assert results[pods["survivor"].pid]["outcome"] == "exited_after_sigterm"
+        assert code == 1 and doc["survivors"] == 1
+        assert took < 30  # 0.5 s + 1 s of waits, plus two scans; never the hang itself
+    finally:
+        with open(f"{frozen}/freezer.state", "w") as f:
+            f.write("THAWED")
+        for p in pods["more"]:
+            p.kill()
+            p.wait()
+        pods["more"].clear()
+        os.rmdir(frozen)
