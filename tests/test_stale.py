@@ -48,8 +48,16 @@ PRIVATE_DEV = "mount -t tmpfs -o mode=755 stale-dev /dev && touch /dev/nvidia0"
 
 
 def pod_cgroups(pod: PodSpec) -> list[str]:
-    """The pod's own cgroup in every hierarchy that has it (the runtime made them with its sandbox)."""
-    return [root + pod.cgroup_parent for root in _cgroup_roots() if os.path.isdir(root + pod.cgroup_parent)]
+    """Where a survivor of ``pod`` joins: the pod's own cgroup in every hierarchy that has it (the
+    runtime made them with its sandbox); on cgroup v2 only, a leaf below it, as no process may sit
+    beside child cgroups with controllers (removed with the pod's cgroup at the end)."""
+    roots = _cgroup_roots()
+    groups = [root + pod.cgroup_parent for root in roots if os.path.isdir(root + pod.cgroup_parent)]
+    if roots == ["/sys/fs/cgroup"] and groups:
+        leaf = groups[0] + "/survivors"
+        os.makedirs(leaf, exist_ok=True)
+        return [leaf]
+    return groups
 
 
 def holds_nvidia0(pid: int) -> bool:

@@ -357,7 +357,6 @@ def mark_dirty(
             pod=row.pod,
             runtime=row.runtime,
             gpu_uuid=row.gpu_uuid,
-            nsmi=row.nsmi,
             live=row.nsmi and row.verdict == Verdict.LIVE.value,
             holds_gpu=proc is not None and row.state != "Z" and (row.nsmi or bool(row.devices)),
         )

@@ -53,7 +53,6 @@ class Holder:
     runtime: str | None
     """The runtime its cgroup names (containerd, cri-o, ...); None for a pod-level process."""
     gpu_uuid: str | None
-    nsmi: bool
     live: bool
     """NVML lists it on a GPU and it is alive (the only kind foreign applies to)."""
     holds_gpu: bool
