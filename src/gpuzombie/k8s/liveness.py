@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ class PodState(str, Enum):
 
 @dataclass(frozen=True)
 class RuntimePods:
-    """The pod UIDs one runtime lists, read at ``read_at`` (after the processes were)."""
+    """The pod UIDs one runtime lists (read after the processes were, for ``trace.stale``)."""
 
     source: str | None
     """The CRI socket asked; None when there was none."""
@@ -47,7 +47,6 @@ class RuntimePods:
     """The runtime's own name (``Version``: containerd, cri-o, docker); None when it did not say."""
     problem: str | None = None
     """Why no pod can be judged; None when the runtime answered."""
-    read_at: float = field(default=0.0, compare=False)
 
     def state(self, pod_uid: str) -> PodState:
         if self.problem is not None:
@@ -104,11 +103,11 @@ class PodLister:
     def __call__(self) -> RuntimePods:
         path, problem = find_socket(self.explicit, self.candidates)
         if problem is not None or path is None:
-            return RuntimePods(source=path, problem=problem, read_at=time.time())
+            return RuntimePods(source=path, problem=problem)
         try:
             from gpuzombie.k8s.cri import CriError, RuntimeClient, sandbox_state
         except ImportError as exc:
-            return RuntimePods(source=path, problem=f"needs gpuzombie[node] ({exc})", read_at=time.time())
+            return RuntimePods(source=path, problem=f"needs gpuzombie[node] ({exc})")
         deadline = time.monotonic() + self.timeout
         try:
             if self._client is None or self._client.socket_path != path:
@@ -118,7 +117,7 @@ class PodLister:
             sandboxes = self._client.list_pod_sandboxes(timeout=max(0.001, deadline - time.monotonic()))
         except CriError as exc:
             self.close()
-            return RuntimePods(source=path, problem=f"{path}: {exc} (limit {self.timeout:g} s)", read_at=time.time())
+            return RuntimePods(source=path, problem=f"{path}: {exc} (limit {self.timeout:g} s)")
         ready, not_ready = pods_of((s.metadata.uid, sandbox_state(s.state)) for s in sandboxes)
         problem = None
         if not ready and not not_ready:
@@ -126,9 +125,7 @@ class PodLister:
                 f"{path} lists no pod at all: not the kubelet's runtime, or a node with nothing "
                 "running (then nothing can be told apart)"
             )
-        return RuntimePods(
-            source=path, ready=ready, not_ready=not_ready, runtime=self._runtime, problem=problem, read_at=time.time()
-        )
+        return RuntimePods(source=path, ready=ready, not_ready=not_ready, runtime=self._runtime, problem=problem)
 
     @staticmethod
     def _name(client: RuntimeClient, deadline: float) -> str | None:
