@@ -4,10 +4,14 @@ PodResources paths are tests/test_stale.py's)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 from gpuzombie.k8s.liveness import PodState, RuntimePods, pods_of
 from gpuzombie.k8s.podresources import DeviceAssignment, PodResources
 from gpuzombie.trace.stale import Dirty, Holder, device_of, judge
+from markers import needs_root
 
 UID = "11111111-2222-3333-4444-555555555555"
 RUNNING = "66666666-7777-8888-9999-000000000000"
@@ -77,3 +81,25 @@ def test_foreign_is_about_nvml_entries_on_a_gpu_given_to_other_pods():
     assert got is None and not checks.foreign
     assert verdict(HOLDER, resources=resources)[0][0] is Dirty.STALE  # stale wins over foreign
     assert device_of("GPU-0000::3") == device_of("GPU-0000") == "GPU-0000"
+
+
+def test_reap_bad_pod_uid_is_one_line_exit_2(capsys):
+    from gpuzombie.cli.main import main
+
+    assert main(["reap", "--pod-uid", "trainer-0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is no pod UID" in err and len(err.splitlines()) == 1
+
+
+@needs_root
+def test_reap_refuses_outside_the_hosts_pid_namespace(tmp_path):
+    """Inside a pod's PID namespace the stale pods' processes are not visible: exit 2, nothing read."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "gpuzombie", "reap", "--yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "host's PID namespace" in done.stderr and len(done.stderr.strip().splitlines()) == 1
