@@ -99,8 +99,11 @@ run() {
   return "$rc"
 }
 
-case $ACTION in
-  prepare) prepare ;;
-  run) run ;;
-  *) echo "usage: $0 prepare | run namespaces|containerd|both" >&2; exit 2 ;;
-esac
+# Sourced (scripts/device/stale_gpu.sh uses its unpack), it defines the functions and does nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case $ACTION in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: $0 prepare | run namespaces|containerd|both" >&2; exit 2 ;;
+  esac
+fi

@@ -2,19 +2,24 @@
 GPU node (tests/test_exporter.py's fake /proc with container namespaces and its NVML snapshot), with
 the alert rules loaded. Every dashboard query and every alert expression must parse, and return data
 wherever the fake node has the condition (it has zombies under a non-reaping PID 1, orphans, a ghost
-GPU and grace risk; its exporter is up, sees NVML and scans fine)."""
+GPU and grace risk; its exporter is up, sees NVML and scans fine). Two stand-ins, named as such since
+no cluster runs here: a CRI runtime (tests/cri_standin.py, a real gRPC server) that runs two of its
+pods, so the third pod's GPU holder is stale, and a kube-state-metrics on 127.0.0.1 serving
+``kube_pod_deletion_timestamp`` for the nofix pod, deleted 10 minutes ago and still holding its memory."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import pathlib
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -39,6 +44,8 @@ HEALTHY_HERE = {
     "GpuzombieScansFailing": "every scan reads the fake /proc",
     "GpuzombieUnreadableProcesses": "every fake process is readable",
     "GpuzombieDStateGpuHolder": "no fake process is in state D",
+    "GpuzombieForeignGpuHolder": "no kubelet PodResources socket",
+    "GpuzombieStaleCheckUnavailable": "the stand-in runtime answers",
 }
 
 
@@ -65,6 +72,51 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+@contextlib.contextmanager
+def kube_state_metrics(series: str):
+    """A stand-in kube-state-metrics: ``series`` in the exposition format on 127.0.0.1."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = series.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def runtime_pods(test_exporter) -> dict:
+    """The stand-in runtime's pods: nofix and tini run (named), the third pod (UID_C) is gone; the
+    shared-namespace pod's sandbox is left unnamed, as before (its container label: the short id)."""
+    ns = "gpu-zombie-test"
+    return {
+        "sandboxes": [
+            ["1" * 64, "gpu-zombie-nofix", ns, test_exporter.UID_A],
+            ["2" * 64, "gpu-zombie-tini", ns, test_exporter.UID_B],
+        ],
+        "listed": {
+            test_exporter.CID_A: ["worker", "gpu-zombie-nofix", ns, test_exporter.UID_A],
+            test_exporter.CID_B: ["worker", "gpu-zombie-tini", ns, test_exporter.UID_B],
+        },
+    }
+
+
 @pytest.fixture
 def prometheus(tmp_path_factory):
     """(Prometheus base URL, metric names the exporter serves), both processes stopped afterwards
@@ -75,6 +127,19 @@ def prometheus(tmp_path_factory):
     d = tmp_path_factory.mktemp("prometheus")
     test_exporter.build_node(d / "proc")
     (d / "nvml.json").write_text(json.dumps(dataclasses.asdict(test_exporter.gpus())))
+    (d / "runtime.json").write_text(json.dumps(runtime_pods(test_exporter)))
+    standin = str(pathlib.Path(__file__).resolve().parents[1] / "cri_standin.py")
+    runtime = subprocess.Popen([sys.executable, standin, str(d / "cri.sock"), str(d / "runtime.json")])
+    wait_until(lambda: (d / "cri.sock").exists())
+    stack = contextlib.ExitStack()
+    deleted = time.time() - 600
+    ksm = stack.enter_context(
+        kube_state_metrics(
+            "# TYPE kube_pod_deletion_timestamp gauge\n"
+            f'kube_pod_deletion_timestamp{{namespace="gpu-zombie-test",pod="gpu-zombie-nofix",'
+            f'uid="{test_exporter.UID_A}"}} {deleted:.0f}\n'
+        )
+    )
     exporter = subprocess.Popen(
         [
             sys.executable,
@@ -89,12 +154,13 @@ def prometheus(tmp_path_factory):
             str(d / "proc"),
             "--nvml-replay",
             str(d / "nvml.json"),
+            "--cri-socket",
+            str(d / "cri.sock"),
         ],
         stderr=subprocess.PIPE,
         text=True,
     )
     server = None
-    stack = contextlib.ExitStack()
     try:
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", exporter.stderr.readline()).group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -106,7 +172,8 @@ def prometheus(tmp_path_factory):
                 {
                     "job_name": "gpuzombie",
                     "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": NODE}}],
-                }
+                },
+                {"job_name": "kube-state-metrics", "honor_labels": True, "static_configs": [{"targets": [ksm]}]},
             ],
         }
         (d / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -137,6 +204,7 @@ def prometheus(tmp_path_factory):
         if server is not None:
             stop(server)
         stop(exporter)
+        stop(runtime)
         exporter.stderr.close()
         stack.close()
 
@@ -153,11 +221,22 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def alert_rules() -> dict[str, str]:
-    return {r["alert"]: r["expr"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    return {
+        r["alert"]: r["expr"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "alert" in r
+    }
+
+
+def recording_rules() -> set[str]:
+    return {r["record"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "record" in r}
 
 
 def test_every_dashboard_query_and_variable_parses_and_returns_data(prometheus):
     base, served = prometheus
+    # The GiB·s rule integrates over a subquery whose 30 s steps are aligned to the clock: its first
+    # sample comes at the first step after the terminating pod's memory was first recorded.
+    wait_until(
+        lambda: api(base, "query", query="gpuzombie:terminating_pod_gpu_memory_gib_seconds")["result"], timeout=60
+    )
     empty = []
     for title, expr in dashboard_queries():
         result = api(base, "query", query=expr)["result"]  # a query that does not parse fails here
@@ -194,7 +273,7 @@ def test_every_alert_expression_parses_and_finds_the_fake_nodes_conditions_and_t
     (ghost,) = api(base, "query", query=alert_rules()["GpuzombieGhostGpuMemory"])["result"]
     assert ghost["metric"]["gpu"] == "0" and float(ghost["value"][1]) == 1000 * 1024 * 1024
     rules = [r for g in api(base, "rules")["groups"] for r in g["rules"]]
-    assert {r["name"] for r in rules} == set(alert_rules())
+    assert {r["name"] for r in rules} == set(alert_rules()) | recording_rules()
 
     def evaluated():
         health = {r["health"] for g in api(base, "rules")["groups"] for r in g["rules"]}

@@ -20,6 +20,7 @@ from gpuzombie.cli.common import (
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.units import MIB
 
@@ -208,7 +209,7 @@ def command(
     **serving: Any,
 ) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
-    holders, ghost memory per GPU and GPU memory at grace-period risk.
+    holders, ghost memory per GPU, GPU memory at grace-period risk and stale or foreign GPU holders.
 
     /metrics is the exposition, /healthz the liveness probe, /readyz the readiness probe.
     Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use,
@@ -226,6 +227,7 @@ def command(
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
     names = RuntimeNames(cri_socket)  # one for the process: names are kept across scans
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
+    pods = PodLister(cri_socket)  # one channel for the process; asked afresh every scan
 
     def scan() -> Any:
         return exporter.scan_node(
@@ -238,6 +240,7 @@ def command(
             threshold=ghost_threshold_mib * MIB,
             node_name=node_name,
             dstate=dstate,
+            pods=pods,
         )
 
     def echo(line):

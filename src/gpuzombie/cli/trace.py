@@ -20,6 +20,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.k8s import names as cri_names
+from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.podresources import list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
@@ -54,21 +55,27 @@ def command(
     """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
     and pod, and each GPU's memory split into driver baseline, processes and ghost.
 
-    Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory) or
-    incomplete (a process that could hide one could not be read: the summary says so), 2 error.
+    A GPU holder in the cgroup of a pod the runtime no longer runs is marked STALE; one in a pod the
+    kubelet's PodResources did not give that GPU to, FOREIGN (a HOLDER column and a line each).
+
+    Exit 0 healthy, 1 findings (zombies, pids gone from /proc but listed by NVML, ghost memory,
+    stale or foreign holders) or incomplete (a process that could hide one could not be read, or
+    the runtime could not say whether a pod still runs: the summary says so), 2 error.
     """
     check_node_inputs(procfs, who="trace")
     try:
-        report = trace_node(
-            procfs=Procfs(procfs),
-            nvml=nvml_backend(nvml_replay),
-            view=current_view(),
-            names=cri_names.RuntimeNames(cri_socket, timeout=cri_timeout),
-            resources=list_pod_resources(pod_resources_socket),
-            now=time.time(),
-            baseline=None if baseline_mib is None else baseline_mib * MIB,
-            threshold=ghost_threshold_mib * MIB,
-        )
+        with PodLister(cri_socket, timeout=cri_timeout) as pods:
+            report = trace_node(
+                procfs=Procfs(procfs),
+                nvml=nvml_backend(nvml_replay),
+                view=current_view(),
+                names=cri_names.RuntimeNames(cri_socket, timeout=cri_timeout),
+                resources=list_pod_resources(pod_resources_socket),
+                now=time.time(),
+                baseline=None if baseline_mib is None else baseline_mib * MIB,
+                threshold=ghost_threshold_mib * MIB,
+                pods=pods,
+            )
     except (OSError, ValueError) as exc:  # ValueError: a tree whose stat has no btime line
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise GpuzombieError(f"cannot read {procfs}: {reason}") from exc

@@ -115,6 +115,25 @@ GAUGES = {
             "no NVML); their text goes to stderr each time it changes.",
         ),
         Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
+        # Dirty GPUs (trace.stale): holders in a pod the runtime no longer runs, or not given that GPU.
+        Gauge(
+            "gpuzombie_dirty_gpu_holders",
+            (*POD, *GPU, "kind"),
+            "Processes holding GPU memory or /dev/nvidia* where they should not: kind stale (in the cgroup "
+            "of a pod the runtime no longer runs or lists as not ready) or foreign (NVML lists it on a GPU "
+            "the kubelet gave to other pods); gpu/UUID empty for an fd holder of several or no GPU nodes.",
+        ),
+        Gauge(
+            "gpuzombie_dirty_gpu_memory_bytes",
+            (*POD, *GPU, "kind"),
+            "GPU memory NVML attributes to those processes (0 for fd-only holders).",
+        ),
+        Gauge(
+            "gpuzombie_dirty_gpu_check",
+            ("kind",),
+            "1 when the last scan could judge that kind: stale needs the runtime's pod list (read each scan), "
+            "foreign the kubelet's PodResources; 0 when not (then none of that kind is reported).",
+        ),
         Gauge(
             "gpuzombie_unreadable_processes",
             ("reason",),
@@ -245,9 +264,30 @@ def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
     return out
 
 
+def dirty_metrics(scan: NodeScan) -> dict[str, Values]:
+    """Stale and foreign GPU holders by pod and GPU, and which of the two checks the scan could make."""
+    out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
+    for row in scan.trace.rows:
+        if row.dirty not in ("stale", "foreign"):
+            continue
+        gpu = "" if row.gpu_index is None else str(row.gpu_index)
+        key = (*_pod(PodLabels.of_row(row)), gpu, row.gpu_uuid or "", scan.node_name, row.dirty)
+        out["gpuzombie_dirty_gpu_holders"][key] += 1
+        out["gpuzombie_dirty_gpu_memory_bytes"][key] += row.gpu_memory or 0
+    checks = scan.trace.checks
+    out["gpuzombie_dirty_gpu_check"].update({("stale",): float(checks.stale), ("foreign",): float(checks.foreign)})
+    return out
+
+
 def node_metrics(scan: NodeScan) -> Iterator[Metric]:
     """Every gauge of GAUGES, in its order; those with no sample still carry HELP and TYPE."""
-    values = {**process_metrics(scan), **namespace_metrics(scan), **gpu_metrics(scan), **dstate_metrics(scan)}
+    values = {
+        **process_metrics(scan),
+        **namespace_metrics(scan),
+        **gpu_metrics(scan),
+        **dstate_metrics(scan),
+        **dirty_metrics(scan),
+    }
     values["gpuzombie_scan_warnings"] = {(): float(len(scan.trace.warnings) + len(scan.namespaces.warnings))}
     values["gpuzombie_pid_namespaces"] = {(): float(len(scan.namespaces.namespaces))}
     values["gpuzombie_unreadable_processes"] = unreadable_metrics(scan)

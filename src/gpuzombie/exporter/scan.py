@@ -16,7 +16,7 @@ from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, TraceReport, TraceRow, build_trace
+from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,12 @@ def scan_node(
     clock: Callable[[], float] = time.perf_counter,
     node_name: str = "",
     dstate: DStateTracker | None = None,
+    pods: PodsLookup | None = None,
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
-    containers; ``dstate`` (kept across scans) times the D-state GPU holders. Raises OSError or
-    ValueError when the procfs itself cannot be read."""
+    containers; ``dstate`` (kept across scans) times the D-state GPU holders, and ``pods`` (asked
+    after the procfs was read) tells stale GPU holders. Raises OSError or ValueError when the
+    procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
     gpus = read_gpus(nvml)
@@ -118,6 +120,7 @@ def scan_node(
         now=now,
         baseline=baseline,
         threshold=threshold,
+        pods=pods,
     )
     since = (dstate or DStateTracker()).update(trace.d_state, now)
     return NodeScan(

@@ -6,6 +6,7 @@ from gpuzombie.escape import escape
 from gpuzombie.trace.report import UNREAD_CGROUP, TraceReport, TraceRow
 from gpuzombie.units import MIB
 
+HOLDER_MARKS = {"stale": "STALE", "foreign": "FOREIGN"}
 COLUMNS = ("PID", "NSPID", "STATE", "GPU", "GPU_MEM", "NSMI", "QOS", "POD", "NAMESPACE", "CONTAINER")
 
 
@@ -66,7 +67,11 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 def render_text(report: TraceReport) -> str:
     out = []
-    if report.rows:
+    dirty = [r for r in report.rows if r.dirty]
+    if dirty:  # a HOLDER column only where there is something to say: STALE, FOREIGN, unknown
+        cells = [(*_cells(r), HOLDER_MARKS.get(r.dirty or "", r.dirty or "-")) for r in report.rows]
+        out.append(table([(*COLUMNS, "HOLDER"), *cells]))
+    elif report.rows:
         out.append(table([COLUMNS, *(_cells(r) for r in report.rows)]))
     else:
         out.append("no GPU process, /dev/nvidia* holder or zombie on this node")
@@ -87,15 +92,23 @@ def render_text(report: TraceReport) -> str:
                 allocated = ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in g.allocated_to)
                 out.append("  allocated to: " + escape(allocated, 1000))
         out.append(f"note: {report.baseline_note}")
+    for r in dirty:
+        if r.dirty != "unknown":
+            where = f"GPU {_gpu(r)}" + (f", {_mib(r.gpu_memory)}" if r.gpu_memory else "")
+            out.append(
+                f"{r.dirty}: pid {r.pid} ({escape(r.comm or '?')}) holds {where}: {escape(r.dirty_reason or '')}"
+            )
     for w in report.warnings:
         out.append(f"warning: {escape(w, 1000)}")
     s = report.summary
-    findings = s.zombies or s.gone or s.ghost_gpus
+    findings = s.zombies or s.gone or s.ghost_gpus or s.stale or s.foreign
     verdict = "healthy" if s.healthy else "findings" if findings else "incomplete (not verified)"
     out.append(
         f"summary: {s.gpu_processes} GPU processes, {s.fd_only} fd-only holders, {s.zombies} "
         f"zombies, {s.gone} gone, {s.ghost_gpus} ghost GPUs"
         + (f", {s.d_state} in D state" if s.d_state else "")
+        + (f", {s.stale} stale, {s.foreign} foreign" if s.stale or s.foreign else "")
+        + (f", {s.dirty_unknown} not judged stale" if s.dirty_unknown else "")
         + (f", {s.unverified} unreadable" if s.unverified else "")
         + f" -> {verdict}"
     )

@@ -30,9 +30,12 @@ from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
+from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
+from gpuzombie.trace.stale import Dirty, DirtyChecks, Holder, judge
 
 SCHEMA = "gpuzombie.trace/1"
 UNREAD_CGROUP = "? (cgroup unreadable)"
@@ -75,6 +78,9 @@ class TraceRow:
     """Files of the process that could not be used (``cgroup``: the pod is unknown, not absent)."""
     mig: MigInstance | None = None
     """The MIG GPU instance NVML lists it on (None without MIG)."""
+    dirty: str | None = None
+    """stale, foreign or unknown (``trace.stale``); None for a holder where it should be, or no holder."""
+    dirty_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,12 @@ class TraceSummary:
     healthy: bool
     d_state: int = 0
     """GPU holders in state D (named, not a finding: a short D is normal; the exporter times them)."""
+    stale: int = 0
+    """GPU holders in the cgroup of a pod the runtime no longer runs (``trace.stale``)."""
+    foreign: int = 0
+    """GPU holders in a pod the kubelet did not give that GPU to."""
+    dirty_unknown: int = 0
+    """Pods' GPU holders that could not be judged stale or not (the runtime was not read)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,7 @@ class TraceReport:
     summary: TraceSummary
     d_state: tuple[DStateHolder, ...] = ()
     """Processes in state D holding GPU memory or /dev/nvidia* (their rows say the pod)."""
+    checks: DirtyChecks = field(default_factory=DirtyChecks)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, schema ``gpuzombie.trace/1`` (memory in MiB)."""
@@ -165,6 +178,7 @@ class TraceReport:
 
 
 NamesLookup = Callable[[Iterable[str]], CriNames]
+PodsLookup = Callable[[], RuntimePods]
 
 
 def _gpu_nodes(devices: Iterable[str]) -> list[int]:
@@ -341,6 +355,37 @@ def baseline_note(gpus: GpuSnapshot) -> str:
     )
 
 
+def mark_dirty(
+    rows: list[TraceRow], table: ProcessTable, pods: RuntimePods | None, resources: PodResources
+) -> tuple[list[TraceRow], DirtyChecks]:
+    """Stale and foreign GPU holders among ``rows`` (``trace.stale``); ``pods`` read after ``table``."""
+
+    def holder(row: TraceRow) -> Holder:
+        proc = table.get(row.pid) if row.pid is not None else None
+        return Holder(
+            pid=row.pid if proc else None,
+            start_ticks=proc.start_ticks if proc else None,
+            pod_uid=row.pod_uid,
+            namespace=row.namespace,
+            pod=row.pod,
+            runtime=row.runtime,
+            gpu_uuid=row.gpu_uuid,
+            live=row.nsmi and row.verdict == Verdict.LIVE.value,
+            holds_gpu=proc is not None and row.state != "Z" and (row.nsmi or bool(row.devices)),
+        )
+
+    def still_there(pid: int, start_ticks: int) -> bool:
+        now = read_start_and_state(table.procfs_root, pid)
+        return now is not None and now[0] == start_ticks and now[1] not in ("Z", "X")
+
+    verdicts, checks = judge([holder(r) for r in rows], pods=pods, resources=resources, still_there=still_there)
+    marked = [
+        dataclasses.replace(row, dirty=v[0].value, dirty_reason=v[1]) if v is not None else row
+        for row, v in zip(rows, verdicts)
+    ]
+    return marked, checks
+
+
 def read_trace_table(procfs: Procfs, gpus: GpuSnapshot, view: ReaderView, *, now: float) -> ProcessTable:
     """The processes a trace is about, read cheaply: one stat or fd listing per pid finds the
     zombies, /dev/nvidia* holders and pids NVML lists (and those that cannot be ruled out); only
@@ -362,14 +407,19 @@ def build_trace(
     now: float,
     baseline: int | None = None,
     threshold: int = DEFAULT_GHOST_THRESHOLD,
+    pods: PodsLookup | None = None,
 ) -> TraceReport:
-    """Map every process of ``table`` that matters (a full node table or ``read_trace_table``'s)."""
+    """Map every process of ``table`` that matters (a full node table or ``read_trace_table``'s).
+
+    ``pods``, when given, is asked once, after ``table`` was read, which pods the runtime runs:
+    GPU holders of the others are stale (``trace.stale``)."""
     att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
     shown_pids = {r.reader_pid for r in att.processes if r.reader_pid is not None}
     shown_pids |= {h.pid for h in att.fd_holders} | {p.pid for p in table if p.is_zombie}
     containers = {pid: parse_cgroup_lines(table.processes[pid].cgroup) for pid in shown_pids}
     cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
     rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
+    rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources)
     memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
     warnings = list(cri.warnings)
     if resources.warning:
@@ -379,6 +429,14 @@ def build_trace(
     unreadable = describe_unreadable(table, shown_pids)
     if unreadable:
         warnings.append(unreadable)
+    stale = sum(r.dirty == Dirty.STALE.value for r in rows)
+    foreign = sum(r.dirty == Dirty.FOREIGN.value for r in rows)
+    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN.value for r in rows)
+    if dirty_unknown:
+        why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN.value)
+        if any(why and why in w for w in warnings):  # the names' lookup said it already
+            why = "the runtime could not be read (above)"
+        warnings.append(f"{dirty_unknown} pod GPU holder(s) not judged stale or not: {why}")
     incomplete = table.incomplete
     zombies = sum(r.state == "Z" for r in rows)
     gone = sum(r.verdict == Verdict.GONE.value for r in rows)
@@ -396,8 +454,11 @@ def build_trace(
         incomplete=len(incomplete) + len(table.unread),
         access_denied=sum(p.access_denied for p in incomplete),
         unverified=not_verified,
-        healthy=not (zombies or gone or ghost_gpus or not_verified),
+        healthy=not (zombies or gone or ghost_gpus or not_verified or stale or foreign or dirty_unknown),
         d_state=len(d_state),
+        stale=stale,
+        foreign=foreign,
+        dirty_unknown=dirty_unknown,
     )
     return TraceReport(
         schema=SCHEMA,
@@ -410,6 +471,7 @@ def build_trace(
         warnings=tuple(warnings),
         summary=summary,
         d_state=d_state,
+        checks=checks,
     )
 
 
@@ -423,11 +485,20 @@ def trace_node(
     now: float,
     baseline: int | None = None,
     threshold: int = DEFAULT_GHOST_THRESHOLD,
+    pods: PodsLookup | None = None,
 ) -> TraceReport:
     """Read the node once and map everything; raises OSError when the procfs cannot be listed and
     ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
     table = read_trace_table(procfs, gpus, view, now=now)
     return build_trace(
-        table, gpus, view=view, names=names, resources=resources, now=now, baseline=baseline, threshold=threshold
+        table,
+        gpus,
+        view=view,
+        names=names,
+        resources=resources,
+        now=now,
+        baseline=baseline,
+        threshold=threshold,
+        pods=pods,
     )

@@ -1,0 +1,115 @@
+"""`gpuzombie reap`: end the processes of stale pods, GPU holders that outlived their pod (dry run by default)."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from gpuzombie.cli.common import check_node_inputs, cri_socket_option, echo_json, json_option, procfs_option
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> frozenset[str] | None:
+    for uid in value:
+        if not _UID.fullmatch(uid):
+            raise click.BadParameter(f"{uid!r} is no pod UID (8-4-4-4-12 hex digits, as kubectl shows metadata.uid)")
+    return frozenset(value) if value else None
+
+
+@click.command()
+@click.option("--yes", is_flag=True, help="Act: signal the processes. Without it, a dry run lists them.")
+@click.option(
+    "--pod-uid",
+    "pod_uids",
+    multiple=True,
+    callback=_uids,
+    metavar="UID",
+    help="Only this stale pod (repeatable). A pod the runtime runs is never touched, named or not.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.option(
+    "--kill-wait",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds to wait after SIGKILL; a process still alive then (state D: stuck in the driver) is "
+    "reported as not killable, never waited for longer.",
+)
+@click.option("--no-nvml", is_flag=True, help="Do not ask NVML (the /dev/nvidia* fd scan still finds the holders).")
+@cri_socket_option
+@click.option(
+    "--cri-timeout",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Give up on the CRI runtime after S seconds (then reap refuses: exit 2).",
+)
+@json_option
+@procfs_option
+def command(
+    yes: bool,
+    pod_uids: frozenset[str] | None,
+    timeout: float,
+    kill_wait: float,
+    no_nvml: bool,
+    cri_socket: str | None,
+    cri_timeout: float,
+    as_json: bool,
+    procfs: str,
+) -> int:
+    """On a node (root, host PID namespace): end the processes of stale pods, those whose GPU holders
+    outlived the pod (the runtime no longer lists it, or lists it with stopped sandboxes). SIGTERM,
+    --timeout, SIGKILL, through pidfds only (a recycled pid is never signalled).
+
+    Only stale pods' cgroups: never a running pod's process, never a host process. Dry run unless
+    --yes. Refuses without a CRI runtime that answers: it could not tell stale from unknown.
+
+    Exit 0: nothing stale, or every target ended; 1: a dry run found targets, a process survived
+    (state D: not killable), or a process could not be read; 2: usage or environment error
+    (no CRI runtime, not root, not the host PID namespace).
+    """
+    from gpuzombie.cli.common import nvml_backend
+    from gpuzombie.k8s.liveness import PodLister
+    from gpuzombie.k8s.names import RuntimeNames
+    from gpuzombie.proc.procfs import Procfs
+    from gpuzombie.reap import render_text, run_reap
+
+    check_node_inputs(procfs, who="reap")
+
+    def log(event):
+        if not as_json:
+            click.echo(f"gpuzombie reap: {event.message}", err=True)
+
+    with PodLister(cri_socket, timeout=cri_timeout) as pods:
+        try:
+            report = run_reap(
+                procfs=Procfs(procfs),
+                pods=pods,
+                names=RuntimeNames(cri_socket, timeout=cri_timeout),
+                nvml=None if no_nvml else nvml_backend(None),
+                only=pod_uids,
+                timeout=timeout,
+                kill_wait=kill_wait,
+                dry_run=not yes,
+                on_event=log,
+            )
+        except OSError as exc:
+            raise GpuzombieError(f"cannot read {procfs}: {exc.strerror or exc}", ExitStatus.ERROR) from exc
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(render_text(report))
+    return report.exit_status

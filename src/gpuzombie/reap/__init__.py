@@ -1,0 +1,28 @@
+"""``gpuzombie reap``: end the processes of stale pods (GPU holders that outlived their pod)."""
+
+from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
+from gpuzombie.reap.run import (
+    DEFAULT_KILL_WAIT,
+    DEFAULT_TIMEOUT,
+    NOT_KILLABLE,
+    ReapReport,
+    ReapResult,
+    render_text,
+    run_reap,
+    summary_line,
+)
+
+__all__ = [
+    "DEFAULT_KILL_WAIT",
+    "DEFAULT_TIMEOUT",
+    "NOT_KILLABLE",
+    "ReapPlan",
+    "ReapReport",
+    "ReapResult",
+    "StalePod",
+    "plan_targets",
+    "render_text",
+    "run_reap",
+    "stale_pods",
+    "summary_line",
+]

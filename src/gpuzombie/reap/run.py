@@ -1,0 +1,278 @@
+"""``run_reap``: end the processes of stale pods with prestop's termination; the report is data.
+
+The same pidfd-only, pid-reuse-safe sequence as the preStop hook (``prestop.terminate``): every
+process is pinned by a pidfd before it is read, signalled only through it, SIGTERM, ``timeout``,
+SIGKILL, ``kill_wait``. While it waits it re-scans the stale pods' cgroups (a child forked or
+re-parented meanwhile is ended too), each re-scan asking the runtime again: a pod that runs again
+gets no new target. A process in state D cannot die until the driver lets it go: it is reported as
+not killable once ``kill_wait`` has passed, never waited for beyond that.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.gpu.attribution import current_view
+from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
+from gpuzombie.k8s.liveness import PodState
+from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.prestop.targets import PrestopPlan, Target, Unread
+from gpuzombie.prestop.terminate import Outcome, PrestopEvent, execute_plan
+from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
+from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
+from gpuzombie.proc.procfs import Procfs
+from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
+from gpuzombie.trace.report import NamesLookup, PodsLookup, build_trace
+from gpuzombie.units import MIB
+
+SCHEMA = "gpuzombie.reap/1"
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_KILL_WAIT = 2.0
+NOT_KILLABLE = "not_killable_d_state"
+"""Alive after SIGKILL and ``kill_wait``, in state D: stuck in the driver (only a drain or reboot helps)."""
+STOPPED_STATES = (PodState.NOT_READY, PodState.NOT_LISTED)
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    target: Target
+    outcome: str
+    """prestop's outcomes (exited_after_sigterm, exited_after_sigkill, survived, would_signal, ...)
+    or ``not_killable_d_state``."""
+    signals: tuple[str, ...]
+    exited_after_s: float | None
+    state_after: str | None
+    """The process's state when the run ended (None: gone)."""
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    schema: str
+    started_at: float
+    duration_s: float
+    dry_run: bool
+    timeout_s: float
+    kill_wait_s: float
+    runtime: str | None
+    """The CRI socket whose answer made the pods stale."""
+    stale_pods: tuple[StalePod, ...]
+    skipped_pods: tuple[str, ...]
+    """Stale pods left alone because ``--pod-uid`` did not name them."""
+    results: tuple[ReapResult, ...]
+    unread: tuple[Unread, ...]
+    survivors: int
+    """Targets left alive (not killable in D, signal refused, no pidfd)."""
+    exit_status: int
+
+
+def _prestop_plan(own_pid: int, targets: list[Target], unread: list[Unread]) -> PrestopPlan:
+    """The targets in the form prestop's terminator takes (its other fields say where it runs)."""
+    return PrestopPlan(
+        own_pid=own_pid,
+        own_pidns=None,
+        in_root_pidns=True,
+        pid1_command=None,
+        orphans_included=False,
+        scope="stale pods",
+        scope_matched=len(targets),
+        gpu_available=False,
+        gpu_reason=None,
+        targets=tuple(targets),
+        excluded=(),
+        unread=tuple(unread),
+    )
+
+
+def plan_reap(
+    *,
+    procfs: Procfs,
+    pods: PodsLookup,
+    names: NamesLookup,
+    nvml: NvmlBackend | None,
+    only: frozenset[str] | None,
+    own_pid: int,
+) -> tuple[ReapPlan, PinnedPids, str | None]:
+    """Pin, read the node, trace it (the runtime asked after the read) and pick the stale pods'
+    processes. Raises GpuzombieError (exit 2) when the runtime could not tell stale from unknown."""
+    pids = procfs.pids()
+    pins = PinnedPids(pids)
+    try:
+        table = procfs.snapshot(pids, now=time.time())
+        gpus = read_gpus(nvml) if nvml is not None else NO_GPU
+        report = build_trace(
+            table,
+            gpus,
+            view=current_view(),
+            names=names,
+            resources=PodResources(source=None),
+            now=table.taken_at,
+            pods=pods,
+        )
+        if report.checks.stale_problem is not None:
+            raise GpuzombieError(
+                f"refusing to reap: the runtime cannot tell a stale pod from an unknown one: "
+                f"{report.checks.stale_problem}",
+                ExitStatus.ERROR,
+            )
+        found, skipped = stale_pods(report, only)
+        memory: dict[int, int] = {}
+        for row in report.rows:
+            if row.pid is not None and row.gpu_memory:
+                memory[row.pid] = memory.get(row.pid, 0) + row.gpu_memory
+        targets, unread = plan_targets(table, found, own_pid=own_pid, memory=memory)
+    except BaseException:
+        pins.close()
+        raise
+    plan = ReapPlan(stale_pods=tuple(found), targets=tuple(targets), unread=tuple(unread), skipped_pods=tuple(skipped))
+    return plan, pins, report.sources.cri_socket
+
+
+def run_reap(
+    *,
+    procfs: Procfs | None = None,
+    pods: PodsLookup,
+    names: NamesLookup,
+    nvml: NvmlBackend | None = None,
+    only: frozenset[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    kill_wait: float = DEFAULT_KILL_WAIT,
+    dry_run: bool = True,
+    on_event: Callable[[PrestopEvent], None] = lambda e: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> ReapReport:
+    """End every process of every stale pod (``only``: of those pods), or with ``dry_run`` list them.
+
+    Must run in the host's PID namespace with its own procfs (a node shell, a hostPID pod), and
+    with a runtime that answers: else GpuzombieError (exit 2) before anything is read or signalled."""
+    procfs = procfs or Procfs()
+    me = own_pid_in(procfs.root)
+    if me != os.getpid():
+        raise GpuzombieError(
+            f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are {os.getpid()})",
+            ExitStatus.ERROR,
+        )
+    if not is_root_pidns(reader_pidns(procfs.root)):
+        raise GpuzombieError(
+            "reap runs in the host's PID namespace (a node shell or a hostPID pod): stale pods' processes "
+            "are not visible from here",
+            ExitStatus.ERROR,
+        )
+    first = pods()
+    if first.problem is not None:
+        raise GpuzombieError(
+            f"refusing to reap: without the runtime no pod can be told stale: {first.problem}", ExitStatus.ERROR
+        )
+    started, t0 = time.time(), clock()
+    plan, pins, source = plan_reap(procfs=procfs, pods=pods, names=names, nvml=nvml, only=only, own_pid=me)
+    for pod in plan.stale_pods:
+        where = f"{pod.namespace}/{pod.pod}" if pod.pod else pod.pod_uid
+        on_event(PrestopEvent(0.0, "stale", None, f"stale pod {where}: {pod.reason}"))
+    for target in plan.targets:
+        if target.state == "D":
+            on_event(
+                PrestopEvent(
+                    0.0,
+                    "dstate",
+                    target.pid,
+                    f"pid {target.pid} ({target.comm}) is in state D: signals wait until the driver lets "
+                    f"it go; reported as not killable after --kill-wait, never waited for longer",
+                )
+            )
+    uids = {p.pod_uid for p in plan.stale_pods}
+
+    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+        pids = procfs.pids()
+        new_pins = PinnedPids(pids)
+        try:
+            table = procfs.snapshot(pids, now=time.time())
+            now = pods()
+            still = [p for p in plan.stale_pods if now.problem is None and now.state(p.pod_uid) in STOPPED_STATES]
+            targets, unread = plan_targets(table, still, own_pid=me)
+        except BaseException:
+            new_pins.close()
+            raise
+        return _prestop_plan(me, targets, unread), new_pins
+
+    results = execute_plan(
+        _prestop_plan(me, list(plan.targets), list(plan.unread)),
+        pins,
+        procfs_root=procfs.root,
+        timeout=timeout,
+        kill_wait=kill_wait,
+        dry_run=dry_run,
+        rescan=rescan if uids else None,
+        on_event=on_event,
+        clock=clock,
+    )
+    reaped = []
+    for r in results:
+        now_state = read_start_and_state(procfs.root, r.target.pid)
+        state = now_state[1] if now_state is not None and now_state[0] == r.target.start_ticks else None
+        outcome = r.outcome.value
+        if r.outcome is Outcome.SURVIVED and state == "D":
+            outcome = NOT_KILLABLE
+        reaped.append(ReapResult(r.target, outcome, r.signals, r.exited_after_s, state))
+    survivors = sum(
+        r.outcome in (Outcome.SURVIVED.value, NOT_KILLABLE, Outcome.DENIED.value, Outcome.UNPINNED.value)
+        for r in reaped
+    )
+    findings = bool(plan.targets) if dry_run else bool(survivors)
+    status = ExitStatus.FINDINGS if findings or plan.unread else ExitStatus.OK
+    return ReapReport(
+        schema=SCHEMA,
+        started_at=started,
+        duration_s=round(clock() - t0, 3),
+        dry_run=dry_run,
+        timeout_s=timeout,
+        kill_wait_s=kill_wait,
+        runtime=source,
+        stale_pods=plan.stale_pods,
+        skipped_pods=plan.skipped_pods,
+        results=tuple(reaped),
+        unread=plan.unread,
+        survivors=survivors,
+        exit_status=int(status),
+    )
+
+
+def render_text(report: ReapReport) -> str:
+    """One line a stale pod, one a process (what it controls escaped), and the verdict."""
+    lines = []
+    for pod in report.stale_pods:
+        where = f"{pod.namespace}/{pod.pod} ({pod.pod_uid})" if pod.pod else pod.pod_uid
+        memory = f", {pod.gpu_memory / MIB:.0f} MiB" if pod.gpu_memory else ""
+        lines.append(f"stale pod {escape(where)}: {len(pod.holders)} GPU holder(s){memory}; {escape(pod.reason)}")
+    for uid in report.skipped_pods:
+        lines.append(f"stale pod {uid}: left alone (not named by --pod-uid)")
+    if report.results:
+        lines.append(f"{'PID':>7}  {'STATE':<5} {'COMM':<16} {'OUTCOME':<28} {'SIGNALS':<26} {'GONE_AFTER':>10}")
+    for r in report.results:
+        gone = f"{r.exited_after_s:.3f}s" if r.exited_after_s is not None else "-"
+        lines.append(
+            f"{r.target.pid:>7}  {r.target.state:<5} {escape(r.target.comm, 16):<16} {r.outcome:<28} "
+            f"{','.join(r.signals) or '-':<26} {gone:>10}"
+        )
+    for u in report.unread:
+        lines.append(f"{u.pid:>7}  {'?':<5} {escape(u.comm, 16):<16} {'unread (untouched)':<28} {escape(u.reason)}")
+    lines.append(summary_line(report))
+    return "\n".join(lines)
+
+
+def summary_line(report: ReapReport) -> str:
+    pods = f"{len(report.stale_pods)} stale pod(s), {len(report.results)} process(es)"
+    if not report.stale_pods:
+        verdict = "nothing to reap: no stale pod"
+    elif report.dry_run:
+        verdict = f"DRY RUN: {pods} would be ended (run with --yes)"
+    elif report.survivors:
+        verdict = f"{report.survivors} SURVIVED of {pods}"
+    else:
+        verdict = f"OK: {pods} ended"
+    unread = f"; {len(report.unread)} unreadable process(es) left alone" if report.unread else ""
+    return f"{verdict}{unread} in {report.duration_s:.2f} s"

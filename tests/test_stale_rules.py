@@ -1,0 +1,105 @@
+"""trace.stale's judgments and k8s.liveness's pod states as pure functions (the real runtime and
+PodResources paths are tests/test_stale.py's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+from gpuzombie.k8s.liveness import PodState, RuntimePods, pods_of
+from gpuzombie.k8s.podresources import DeviceAssignment, PodResources
+from gpuzombie.trace.stale import Dirty, Holder, device_of, judge
+from markers import needs_root
+
+UID = "11111111-2222-3333-4444-555555555555"
+RUNNING = "66666666-7777-8888-9999-000000000000"
+PODS = RuntimePods(source="/run/containerd/containerd.sock", ready=frozenset({RUNNING}), runtime="containerd")
+HOLDER = Holder(
+    pid=42,
+    start_ticks=1000,
+    pod_uid=UID,
+    namespace="ml",
+    pod="trainer-0",
+    runtime="containerd",
+    gpu_uuid="GPU-0000",
+    live=True,
+    holds_gpu=True,
+)
+NO_RESOURCES = PodResources(source=None)
+
+
+def verdict(holder: Holder, *, pods=PODS, resources=NO_RESOURCES, alive=True):
+    (got,), checks = judge([holder], pods=pods, resources=resources, still_there=lambda pid, ticks: alive)
+    return got, checks
+
+
+def test_one_ready_sandbox_makes_a_pod_run():
+    ready, not_ready = pods_of(
+        [(UID, "SANDBOX_NOTREADY"), (UID, "SANDBOX_READY"), (RUNNING, "SANDBOX_NOTREADY"), ("", "x")]
+    )
+    assert (ready, not_ready) == (frozenset({UID}), frozenset({RUNNING}))
+    pods = RuntimePods(source="s", ready=ready, not_ready=not_ready)
+    assert [pods.state(u) for u in (UID, RUNNING, "other")] == [
+        PodState.RUNNING,
+        PodState.NOT_READY,
+        PodState.NOT_LISTED,
+    ]
+    assert dataclasses.replace(pods, problem="down").state(UID) is PodState.UNKNOWN
+
+
+def test_stale_only_when_the_runtime_answered_and_the_process_is_still_there():
+    got, checks = verdict(HOLDER)
+    assert got[0] is Dirty.STALE and "is gone from containerd at /run/containerd" in got[1] and checks.stale
+    assert verdict(dataclasses.replace(HOLDER, pod_uid=RUNNING))[0] is None
+    assert verdict(HOLDER, alive=False)[0] is None  # exited with its pod: what a deletion does
+    got, checks = verdict(HOLDER, pods=dataclasses.replace(PODS, problem="no CRI socket"))
+    assert got[0] is Dirty.UNKNOWN and not checks.stale and checks.stale_problem == "no CRI socket"
+    got, _ = verdict(dataclasses.replace(HOLDER, runtime="cri-o"))
+    assert got[0] is Dirty.UNKNOWN and "runs under cri-o" in got[1]  # asked the wrong runtime: no verdict
+    assert verdict(dataclasses.replace(HOLDER, pod_uid=None))[0] is None  # a host process
+    assert verdict(dataclasses.replace(HOLDER, holds_gpu=False))[0] is None  # a zombie holds nothing
+    assert verdict(HOLDER, pods=None)[0] is None  # nobody asked
+
+
+def test_foreign_is_about_nvml_entries_on_a_gpu_given_to_other_pods():
+    resources = PodResources(
+        source="kubelet.sock",
+        assignments=(DeviceAssignment("ml", "owner-0", "main", "nvidia.com/gpu", "GPU-0000::3"),),
+    )
+    running = dataclasses.replace(HOLDER, pod_uid=RUNNING)
+    got, checks = verdict(running, resources=resources)
+    assert got == (Dirty.FOREIGN, "the kubelet assigned GPU-0000 to ml/owner-0") and checks.foreign
+    assert verdict(dataclasses.replace(running, pod="owner-0"), resources=resources)[0] is None
+    assert verdict(dataclasses.replace(running, live=False), resources=resources)[0] is None  # an fd holder
+    assert verdict(dataclasses.replace(running, pod=None), resources=resources)[0] is None  # no name: no verdict
+    got, _ = verdict(dataclasses.replace(running, gpu_uuid="GPU-1111"), resources=resources)
+    assert got == (Dirty.FOREIGN, "the kubelet assigned GPU-1111 to no pod")
+    failed = dataclasses.replace(resources, warning="kubelet PodResources: UNAVAILABLE")
+    got, checks = verdict(running, resources=failed)
+    assert got is None and not checks.foreign
+    assert verdict(HOLDER, resources=resources)[0][0] is Dirty.STALE  # stale wins over foreign
+    assert device_of("GPU-0000::3") == device_of("GPU-0000") == "GPU-0000"
+
+
+def test_reap_bad_pod_uid_is_one_line_exit_2(capsys):
+    from gpuzombie.cli.main import main
+
+    assert main(["reap", "--pod-uid", "trainer-0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is no pod UID" in err and len(err.splitlines()) == 1
+
+
+@needs_root
+def test_reap_refuses_outside_the_hosts_pid_namespace(tmp_path):
+    """Inside a pod's PID namespace the stale pods' processes are not visible: exit 2, nothing read."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "gpuzombie", "reap", "--yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "host's PID namespace" in done.stderr and len(done.stderr.strip().splitlines()) == 1
