@@ -62,6 +62,7 @@ unpack() {
 
 leftovers() {  # what a run must not leave: containerd, shims, runc mounts, pod cgroups, workloads
   echo "containerd/shim processes: $(pgrep -fc 'containerd( |-shim)' || true)"
+  pgrep -fa 'containerd( |-shim)' | sed 's/^/  /' | cut -c1-200  # which: a leftover, or another's
   echo "workload processes: $(pgrep -fc 'gpuzombie.workloads' || true)"
   echo "mounts of a lab containerd: $(grep -c gpuzombie-containerd /proc/self/mounts || true)"
   echo "pod cgroups: $(find /sys/fs/cgroup -maxdepth 4 -type d -path '*kubepods*' -name 'pod*' 2>/dev/null | wc -l)"
