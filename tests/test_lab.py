@@ -6,6 +6,8 @@ results/ layout, `lab report`, and that no process or namespace of any pod is le
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -30,10 +32,16 @@ SEED_FILES = (
 pytestmark = [needs_root, needs_tini]
 
 
+CONSOLE: dict[str, str] = {}
+"""What the module's lab run printed on stdout (its table)."""
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("results")
-    status = main(["lab", "run", "--grace", str(GRACE), "--size-mib", "64", "--device", "cpu", "--out", str(out)])
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        status = main(["lab", "run", "--grace", str(GRACE), "--size-mib", "64", "--device", "cpu", "--out", str(out)])
+    CONSOLE["stdout"] = stdout.getvalue()
     assert status == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -214,4 +222,15 @@ def test_comparison_symbols_mean_one_thing(lab):
     assert row["Orphans (고아 발생)"].split(" | ")[1].startswith("❌")  # orphans never reaped in S1
     assert "✅ none: RSS freed" in row["Orphaned CUDA ctx after kill -9"]
     assert row["Node reboot needed"].count("✅ not needed") >= 4
-    assert "✅ the good outcome, ❌ the bad one" in comparison
+    assert "say what is good for the user: ✅ the good outcome" in comparison
+    held = row["Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)"].split(" | ")[1:6]
+    assert held[0].startswith("❌") and held[1].startswith("✅")  # S1 held the whole grace, S2 freed at once
+    assert len(held) == 5 and held[4].startswith("✅")  # S5 has its column, and frees at once
+
+
+def test_the_console_says_which_count_each_column_is(lab):
+    table = CONSOLE["stdout"]
+    assert "after kill -9" in table and "spawn → end" in table and "left after" in table and "…" not in table
+    s4 = next(line for line in table.splitlines() if "s4-fullfix" in line)
+    cells = [c.strip() for c in s4.split("│")[1:-1]]
+    assert cells[3] == "2 → 0" and cells[4] == "0"  # orphans after the parent's exit, none at the end

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -41,17 +42,22 @@ def exact_command() -> list[str]:
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
     """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
-    table = Table(title="gpuzombie lab: deletion of each pod")
+    table = Table(
+        title="gpuzombie lab: deletion of each pod",
+        caption="zombies: after the kill -9 of a worker; orphans: the parent's workers re-parented after it "
+        "exited → left at the end; left after deletion: the pod's processes still there (exit 1)",
+    )
     for col in (
         "run",
         "PID 1",
-        "zombies",
-        "orphans",
-        "delete→free",
-        "whole grace",
+        "zombies\nafter kill -9",
+        "orphans\nspawn → end",
+        "left after\ndeletion",
+        "delete →\nfree",
+        "whole\ngrace",
         "GiB·s",
-        "kill-9→free",
-        "sampler CPU",
+        "kill -9 →\nfree",
+        "sampler\nCPU",
     ):
         table.add_column(col, no_wrap=True)
     for r in runs:
@@ -61,7 +67,8 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
             run_key(r),
             r.init,
             str(obs["after-kill"].zombies),
-            str(obs["after-spawn"].orphans),
+            f"{obs['after-spawn'].orphans} → {obs['after-delete'].orphans}",
+            str(len(r.deletion.leftovers)),
             format_seconds(m["release_latency_s"]),
             "yes" if m["waited_whole_grace"] else "no",
             f"{m['grace_waste_gib_s']:.2f}",
@@ -141,7 +148,14 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     default=None,
     help="Run the workers as this uid (seed: 1000).  [default: the lab's own]",
 )
-@click.option("--size-mib", type=click.IntRange(1), default=2048, show_default=True, help="Memory each worker holds.")
+@click.option(
+    "--size-mib",
+    type=click.IntRange(1),
+    default=2048,
+    show_default=True,
+    help="Memory each worker holds. On the CPU stand-in the default is lowered to fit MemAvailable; "
+    "a size given that does not fit is refused (exit 2).",
+)
 @click.option(
     "--init",
     "init",
@@ -220,6 +234,7 @@ def run_command(
         repeat=repeat,
         cri_socket=cri_socket,
         image_archives=image_archives,
+        scale_to_memory=click.get_current_context().get_parameter_source("size_mib") is ParameterSource.DEFAULT,
     )
     with console.status("starting") as status:
 
@@ -235,7 +250,7 @@ def run_command(
     runs, path = list(outcome.runs), outcome.results_path
     if runs:
         out_console = Console()
-        out_console.width = max(out_console.width, 120)
+        out_console.width = max(out_console.width, 132)  # a pipe's 80 columns would cut the table
         out_console.print(summary_table(runs))
     if outcome.nccl is not None:
         from gpuzombie.lab.nccl.report import print_comparison

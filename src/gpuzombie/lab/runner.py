@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
+from gpuzombie.lab.host_memory import fit_to_memory
 from gpuzombie.lab.results import write_results
 from gpuzombie.lab.runtime.pidns import PodError
 from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, ScenarioRun, run_scenario
+from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class LabRequest:
     """A running CRI runtime's socket; without it the containerd runtime is a private one per run."""
     image_archives: Path | None = None
     """Pause and busybox image archives to import (a machine that cannot build them)."""
+    scale_to_memory: bool = False
+    """The size was not chosen: on the CPU stand-in, lower it to fit MemAvailable (else refuse)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,15 @@ def lab_runtime(request: LabRequest, runtime: str, gpu: bool) -> Iterator[CriRun
         raise GpuzombieError(str(exc)) from exc
 
 
+def with_option(argv: Sequence[str], option: str, value: str) -> list[str]:
+    """``argv`` with ``option``'s value replaced (or the option added when it is not there)."""
+    out = list(argv)
+    if option in out[:-1]:
+        out[out.index(option) + 1] = value
+        return out
+    return [*out, option, value]
+
+
 def check_request(request: LabRequest) -> None:
     """What the runtimes cannot do, in one line before anything starts."""
     if "containerd" in request.runtimes and request.config.grace != int(request.config.grace):
@@ -183,8 +196,14 @@ def run_lab(
     pods = [name for name in request.scenarios if name != NCCL]
     if pods:
         check_can_make_pods()
+    command = list(request.command)
+    base = request.config
     if pods and backend == CPU_STANDIN:
         progress(0, len(request.scenarios), f"{CPU_STANDIN_LABEL} ({gpus.reason or 'device cpu'})")
+        base, note = fit_to_memory(base, mem_available(), scale=request.scale_to_memory)
+        if note:
+            progress(0, len(request.scenarios), note)
+        command = with_option(command, "--size-mib", str(base.size_mib))  # rerunnable as it ran
     steps = len(pods) * request.repeat * len(request.runtimes) + (NCCL in request.scenarios)
     step = 0
     runs: list[ScenarioRun] = []
@@ -195,14 +214,14 @@ def run_lab(
 
     def write(nccl: Mapping[str, Any] | None = None) -> Path:
         try:
-            return write_results(runs, request.out, command=request.command, gpus=gpus, nccl=nccl)
+            return write_results(runs, request.out, command=command, gpus=gpus, nccl=nccl)
         except OSError as exc:
             raise GpuzombieError(f"cannot write the results to {request.out}/: {exc}") from exc
 
     try:
         with interrupts_as_keyboard_interrupt():
             for runtime in request.runtimes if pods else ():
-                config = replace(request.config, device=device, backend=backend, runtime=runtime)
+                config = replace(base, device=device, backend=backend, runtime=runtime)
                 with lab_runtime(request, runtime, gpu=device == "cuda") as cri:
                     for attempt in range(1, request.repeat + 1):
                         for name in pods:
