@@ -59,6 +59,36 @@ def check_can_make_pods() -> None:
 
 
 @dataclass(frozen=True)
+class NcclOptions:
+    """The NCCL comparison's own knobs (``--scenario nccl``); None: its default."""
+
+    cases: str | None = None
+    """Which of the cases a-e run side by side (``abcde``: all)."""
+    observe_seconds: float | None = None
+    """The window after the first kill (420 s on GPUs, 20 s on the stand-in)."""
+    budget_seconds: float | None = None
+    """End the window early so the whole run fits this many seconds (a device call's limit)."""
+    collective_timeout_s: float | None = None
+    """``init_process_group(timeout=...)`` of cases b and c (10 s)."""
+    size_mib: int | None = None
+    """Memory each rank holds (2048 MiB on GPUs, 64 on the stand-in)."""
+
+    def given(self) -> list[str]:
+        """The options set, as the CLI spells them."""
+        return [option for name, option in NCCL_OPTIONS.items() if getattr(self, name) is not None]
+
+
+NCCL_OPTIONS = {
+    "cases": "--cases",
+    "observe_seconds": "--observe-seconds",
+    "budget_seconds": "--budget-seconds",
+    "collective_timeout_s": "--collective-timeout",
+    "size_mib": "--size-mib",
+}
+"""Each of ``NcclOptions``' fields and its option of ``gpuzombie lab run``."""
+
+
+@dataclass(frozen=True)
 class LabRequest:
     """What to run, as the user asked it (``device`` and ``backend`` may be ``auto``)."""
 
@@ -79,6 +109,7 @@ class LabRequest:
     """Pause and busybox image archives to import (a machine that cannot build them)."""
     scale_to_memory: bool = False
     """The size was not chosen: on the CPU stand-in, lower it to fit MemAvailable (else refuse)."""
+    nccl: NcclOptions = NcclOptions()
 
 
 @dataclass(frozen=True)
@@ -92,14 +123,23 @@ class LabOutcome:
     """The NCCL comparison's results, when it ran."""
 
 
-def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress) -> dict[str, Any]:
+def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress, options: NcclOptions) -> dict[str, Any]:
     """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
     try:  # imported here: only this scenario needs it, and a trimmed install may lack it
         from gpuzombie.lab.nccl import run_nccl_comparison
+        from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S
     except ImportError as exc:
         raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
     return run_nccl_comparison(
-        ranks=ranks, device=device, out_dir=out, cases=None, observe_seconds=None, progress=progress
+        ranks=ranks,
+        device=device,
+        out_dir=out,
+        cases=list(options.cases) if options.cases is not None else None,
+        observe_seconds=options.observe_seconds,
+        progress=progress,
+        size_mib=options.size_mib,
+        collective_timeout_s=options.collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+        budget_s=options.budget_seconds,
     )
 
 
@@ -174,6 +214,9 @@ def check_request(request: LabRequest) -> None:
         raise GpuzombieError("--runtime containerd: the CRI takes the grace in whole seconds (use --grace 2, 30...)")
     if "containerd" in request.runtimes and request.config.uid is not None:
         raise GpuzombieError("--uid: only on the namespaces runtime")
+    nccl_only = [o for o in request.nccl.given() if o != "--size-mib"]
+    if nccl_only and NCCL not in request.scenarios:
+        raise GpuzombieError(f"{', '.join(nccl_only)}: only with --scenario nccl")
 
 
 def run_lab(
@@ -230,7 +273,7 @@ def run_lab(
                             write()  # every finished run is kept, even if a later one is interrupted
             if NCCL in request.scenarios:
                 step += 1
-                nccl = run_nccl(request.ranks, request.device, request.out, say)
+                nccl = run_nccl(request.ranks, request.device, request.out, say, request.nccl)
     except KeyboardInterrupt:
         if runs:
             report.build(request.out)
