@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from containerd_fixture import containerd, needs_containerd  # noqa: F401  (containerd: a fixture)
+from containerd_fixture import containerd, needs_containerd, pyenv_venv  # noqa: F401  (containerd, pyenv_venv: fixtures)
 from gpuzombie.cli.main import main
 from gpuzombie.lab.events import EventLog
 from pidns import wait_until
@@ -246,3 +246,56 @@ def test_cri_socket_makes_the_pods_on_a_running_containerd_and_removes_them(cont
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["scenarios"]["s4-fullfix-containerd"]["deletion"]["leftovers"] == []
     assert containerd.client.list_pod_sandboxes() == [] and containerd.client.list_containers() == []
+
+
+def test_a_venv_of_a_pyenv_python_starts_in_the_container(containerd, pyenv_venv):  # noqa: F811  (fixtures)
+    """The venv's bin/python3 links to the pyenv installation (sys.base_prefix, under ~/.pyenv):
+    mounted with it, the interpreter starts and finds its standard library."""
+    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on, python_paths, workload_mounts
+
+    assert not pyenv_venv.prefixes[1].startswith("/usr/")  # the case: an installation outside /usr
+    runtime = dataclasses.replace(
+        cri_runtime_on(containerd), mounts=workload_mounts(python_paths({}, pyenv_venv), None)
+    )
+    script = "import json, sys; print('started', json.dumps(sys.base_prefix), flush=True)"
+    with open(os.devnull, "w") as log:
+        pod = CriPod(runtime, "pyenv", "tini", [pyenv_venv.executable, "-c", script], log=log, events=EventLog())
+        pod.start()
+        try:
+            started = wait_until(lambda: "started" in pod.log_text() and pod.log_text(), timeout=60)
+        finally:
+            pod.kill()
+    assert f"started {json.dumps(pyenv_venv.prefixes[1])}" in started, started
+
+
+def _without_the_python(containerd):  # noqa: F811  (the fixture)
+    """The lab's runtime with none of its interpreter's directories mounted: ``python3: not found``."""
+    from gpuzombie.lab.runtime.cri import cri_runtime_on
+    from gpuzombie.lab.runtime.interpreter import PythonLayout, interpreter_paths
+
+    runtime = cri_runtime_on(containerd)
+    python = set(interpreter_paths(PythonLayout.current()))
+    return dataclasses.replace(runtime, mounts=tuple(m for m in runtime.mounts if m.host_path not in python))
+
+
+@pytest.mark.parametrize(
+    ("scenario", "main", "why"),
+    [
+        ("s2-tini", "worker", "exited"),  # the container's exec fails too: it exits, at once or soon
+        ("s1-nofix", "sleep", "the parent exited before spawning its workers"),  # sleep keeps the container up
+    ],
+)
+def test_a_workload_that_cannot_start_fails_fast_with_the_pods_last_lines(containerd, scenario, main, why):  # noqa: F811
+    from gpuzombie.k8s.cri import CriError
+    from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, run_scenario
+
+    config = LabConfig(grace=GRACE, size_mib=16, main=main, runtime="containerd")
+    started = time.monotonic()
+    with pytest.raises((ScenarioError, CriError)) as failed:
+        run_scenario(SCENARIOS[scenario], config, runtime=_without_the_python(containerd))
+    elapsed = time.monotonic() - started
+    message = str(failed.value)
+    assert why in message and "its last lines:" in message and "not found" in message, message
+    # Was the whole ready_timeout (180 s); a start here takes about 1 s, 20 s under load.
+    assert elapsed < config.ready_timeout / 3, elapsed
+    assert containerd.client.list_pod_sandboxes() == []

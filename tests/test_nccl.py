@@ -87,8 +87,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         )
 
 
-def test_module_entry_point_prints_the_table(tmp_path):
-    """``python3 -m gpuzombie.lab.nccl`` as the README and the device script run it (one case)."""
+def test_lab_run_nccl_prints_the_table(tmp_path):
+    """``python3 -m gpuzombie lab run --scenario nccl`` as docs/nccl.md and the device script run it
+    (one case, the window the docs' --observe-seconds gives)."""
     pytest.importorskip("torch.distributed")
     import os
     import subprocess
@@ -99,7 +100,11 @@ def test_module_entry_point_prints_the_table(tmp_path):
         [
             sys.executable,
             "-m",
-            "gpuzombie.lab.nccl",
+            "gpuzombie",
+            "lab",
+            "run",
+            "--scenario",
+            "nccl",
             "--device",
             "cpu",
             "--cases",

@@ -24,10 +24,11 @@ mkdir -p "$OUT" "$work/nccl"
 nvidia-smi > "$work/nccl/nvidia-smi-before.log" 2>&1
 # The Python run gets the budget less what was spent so far and a margin for tar.
 left=$(( BUDGET - ($(date +%s) - start) - 20 ))
-timeout --kill-after=5 "$left" python3 -m gpuzombie.lab.nccl ${RANKS:+--ranks "$RANKS"} --cases "$CASES" \
-  --budget-seconds "$(( left - 10 ))" --out "$work" > "$work/nccl/run.log" 2>&1
+# The one CLI (`gpuzombie lab run --scenario nccl`): progress on stderr, the table on stdout.
+COLUMNS=160 timeout --kill-after=5 "$left" python3 -m gpuzombie lab run --scenario nccl ${RANKS:+--ranks "$RANKS"} \
+  --cases "$CASES" --budget-seconds "$(( left - 10 ))" --out "$work" > "$work/nccl/run.log" 2>&1
 rc=$?
-grep '^nccl:' "$work/nccl/run.log" | tail -n 20
+grep 'nccl:' "$work/nccl/run.log" | tail -n 20
 nvidia-smi > "$work/nccl/nvidia-smi-after.log" 2>&1
 [ "$rc" -ne 0 ] && tail -n 20 "$work/nccl/run.log"
 tar czf "$OUT/nccl.tgz" -C "$work" nccl

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -12,7 +13,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
-from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
+from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import INITS
 from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
@@ -41,17 +42,22 @@ def exact_command() -> list[str]:
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
     """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
-    table = Table(title="gpuzombie lab: deletion of each pod")
+    table = Table(
+        title="gpuzombie lab: deletion of each pod",
+        caption="zombies: after the kill -9 of a worker; orphans: the parent's workers re-parented after it "
+        "exited → left at the end; left after deletion: the pod's processes still there (exit 1)",
+    )
     for col in (
         "run",
         "PID 1",
-        "zombies",
-        "orphans",
-        "delete→free",
-        "whole grace",
+        "zombies\nafter kill -9",
+        "orphans\nspawn → end",
+        "left after\ndeletion",
+        "delete →\nfree",
+        "whole\ngrace",
         "GiB·s",
-        "kill-9→free",
-        "sampler CPU",
+        "kill -9 →\nfree",
+        "sampler\nCPU",
     ):
         table.add_column(col, no_wrap=True)
     for r in runs:
@@ -61,7 +67,8 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
             run_key(r),
             r.init,
             str(obs["after-kill"].zombies),
-            str(obs["after-spawn"].orphans),
+            f"{obs['after-spawn'].orphans} → {obs['after-delete'].orphans}",
+            str(len(r.deletion.leftovers)),
             format_seconds(m["release_latency_s"]),
             "yes" if m["waited_whole_grace"] else "no",
             f"{m['grace_waste_gib_s']:.2f}",
@@ -141,7 +148,15 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     default=None,
     help="Run the workers as this uid (seed: 1000).  [default: the lab's own]",
 )
-@click.option("--size-mib", type=click.IntRange(1), default=2048, show_default=True, help="Memory each worker holds.")
+@click.option(
+    "--size-mib",
+    type=click.IntRange(1),
+    default=2048,
+    show_default=True,
+    help="Memory each worker holds. On the CPU stand-in the default is lowered to fit MemAvailable; "
+    "a size given that does not fit is refused (exit 2). --scenario nccl: each rank's (default 2048 "
+    "on GPUs, 64 on the stand-in).",
+)
 @click.option(
     "--init",
     "init",
@@ -165,6 +180,31 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     help="NCCL ranks (--scenario nccl).  [default: one per GPU; 2 on the stand-in]",
 )
 @click.option(
+    "--cases",
+    default=None,
+    metavar="LETTERS",
+    help="NCCL cases to run side by side, from abcde (a defaults, b the seed's fix, c best knobs, "
+    "d torchrun, e gpuzombie.graceful) (--scenario nccl).  [default: abcde]",
+)
+@click.option(
+    "--observe-seconds",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="The NCCL window after the first kill (--scenario nccl).  [default: 420 on GPUs, 20 on the stand-in]",
+)
+@click.option(
+    "--budget-seconds",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="End the NCCL window early so the whole run fits this many seconds (--scenario nccl).",
+)
+@click.option(
+    "--collective-timeout",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="init_process_group(timeout=...) of NCCL cases b and c, in seconds (--scenario nccl).  [default: 10]",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_OUT,
@@ -186,6 +226,10 @@ def run_command(
     init: str | None,
     main_process: str,
     ranks: int | None,
+    cases: str | None,
+    observe_seconds: float | None,
+    budget_seconds: float | None,
+    collective_timeout: float | None,
     out: Path,
 ) -> int:
     """Run the seed's scenarios as pods on this machine and write OUT/.
@@ -201,12 +245,18 @@ def run_command(
     preStop by ExecSync, StopContainer, StopPodSandbox, RemovePodSandbox.
 
     \b
-    Exit codes: 0 every pod left nothing behind, 1 processes were left
-    after a deletion, 2 usage or environment error or a failed CRI call,
-    130 interrupted (Ctrl-C or SIGTERM stops the pods and a private
-    containerd; nothing is left running).
+    --scenario nccl: N ranks in collectives, rank 0 SIGKILLed, the five
+    cases (--cases) compared side by side in one window (docs/nccl.md).
+
+    \b
+    Exit codes: 0 every pod left nothing behind (and every NCCL case ran),
+    1 processes were left after a deletion or an NCCL case failed to
+    start, 2 usage or environment error or a failed CRI call, 130
+    interrupted (Ctrl-C or SIGTERM stops the pods, the NCCL ranks and a
+    private containerd; nothing is left running).
     """
     console = Console(stderr=True, log_path=False)
+    size_given = click.get_current_context().get_parameter_source("size_mib") is not ParameterSource.DEFAULT
     config = LabConfig(workers=workers, grace=grace, size_mib=size_mib, uid=uid, init=init, main=main_process)
     request = LabRequest(
         scenarios=list(SCENARIOS) if scenario == "all" else [scenario],
@@ -220,6 +270,14 @@ def run_command(
         repeat=repeat,
         cri_socket=cri_socket,
         image_archives=image_archives,
+        scale_to_memory=not size_given,
+        nccl=NcclOptions(
+            cases=cases,
+            observe_seconds=observe_seconds,
+            budget_seconds=budget_seconds,
+            collective_timeout_s=collective_timeout,
+            size_mib=size_mib if size_given else None,
+        ),
     )
     with console.status("starting") as status:
 
@@ -235,7 +293,7 @@ def run_command(
     runs, path = list(outcome.runs), outcome.results_path
     if runs:
         out_console = Console()
-        out_console.width = max(out_console.width, 120)
+        out_console.width = max(out_console.width, 132)  # a pipe's 80 columns would cut the table
         out_console.print(summary_table(runs))
     if outcome.nccl is not None:
         from gpuzombie.lab.nccl.report import print_comparison
@@ -247,8 +305,10 @@ def run_command(
     left = [run_key(r) for r in runs if r.deletion.leftovers]
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")
-        return ExitStatus.FINDINGS
-    return ExitStatus.OK
+    failed = [c["case"] for c in (outcome.nccl or {}).get("cases", []) if c["error"]]
+    if failed:
+        console.print(f"[red]NCCL case(s) that failed to start: {', '.join(failed)}[/]")
+    return ExitStatus.FINDINGS if left or failed else ExitStatus.OK
 
 
 @command.command("images", short_help="Write the lab's pause and busybox images as archives to carry.")

@@ -14,6 +14,17 @@ from gpuzombie.lab.results import load
 
 Entry = Mapping[str, Any]
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
+SHARE_PID = "s5-sharepid"
+HEADINGS = {
+    "s1-nofix": "S1 No Fix",
+    "s2-tini": "S2 tini only",
+    "s3-tini-prestop": "S3 tini + preStop",
+    "s4-fullfix": "S4 Full Fix",
+    SHARE_PID: "S5 shareProcessNamespace",
+}
+PROMPT_SHARE = 0.25
+"""Memory freed within this share of the grace is "at once" for the user; held longer, it is the
+seed's waste (its 30 s against its 0 s)."""
 MARKED_EVENTS = {
     "spawn": "spawn",
     "parent-exit": "parent exit",
@@ -60,6 +71,16 @@ def _orphans(e: Entry) -> tuple[str, bool]:
     return f"❌ {o} (PPID = PID 1), never reaped", True
 
 
+def _freed_promptly(e: Entry) -> bool:
+    """Good for the user: the memory was free within a quarter of the grace after the deletion."""
+    m = e["metrics"]
+    return m["release_latency_s"] is not None and m["release_latency_s"] < PROMPT_SHARE * m["grace_s"]
+
+
+def _mark(good: bool) -> str:
+    return "✅" if good else "❌"
+
+
 def _sigterm(e: Entry) -> tuple[str, bool]:
     outcomes, m = _outcomes(e), e["metrics"]
     if "exited_after_sigterm" in outcomes:
@@ -77,7 +98,14 @@ def _sigterm(e: Entry) -> tuple[str, bool]:
         )
     if m["waited_whole_grace"]:
         return f"❌ SIG_IGN; PID 1 ({e['init']}) outlived SIGTERM: SIGKILL at the grace's end", False
-    return ((f"❌ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the namespace"), False)
+    # The workers ignored SIGTERM (bad), but the pod ended at once (good for the user): handled.
+    if e["init"] == "pause":
+        return (
+            "⚠️ SIG_IGN, but the container's main process (sleep) exited on SIGTERM and the runtime "
+            "killed the rest of the container",
+            False,
+        )
+    return f"⚠️ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the namespace", False
 
 
 def _kill9(e: Entry) -> tuple[str, bool]:
@@ -92,21 +120,22 @@ def _kill9(e: Entry) -> tuple[str, bool]:
 
 def _hold_time(e: Entry) -> tuple[str, bool]:
     m = e["metrics"]
-    whole = m["waited_whole_grace"] or (m["release_latency_s"] or 0) >= 0.9 * m["grace_s"]
-    text = format_seconds(m["release_latency_s"]) + (" (whole grace)" if whole else "")
+    if m["release_latency_s"] is None:
+        return "❌ still held at the end", True
+    whole = m["waited_whole_grace"] or m["release_latency_s"] >= 0.9 * m["grace_s"]
+    text = f"{_mark(_freed_promptly(e))} {format_seconds(m['release_latency_s'])}" + (" (whole grace)" if whole else "")
     return text, whole
 
 
 def _after_delete(e: Entry) -> tuple[str, bool]:
-    m = e["metrics"]
-    freed = m["released_at_s"] is not None
-    return (f"✅ freed {format_seconds(m['release_latency_s'])} after deletion" if freed else "❌ still held", freed)
+    """Whether the memory came back at all (no ghost): how long it took is the row above."""
+    freed = e["metrics"]["released_at_s"] is not None
+    return ("✅ all freed, none left held" if freed else "❌ still held at the end"), freed
 
 
 def _waste(e: Entry) -> tuple[str, bool]:
-    m = e["metrics"]
-    # "Wasted" when the memory outlived a quarter of the grace: the seed's 30 s vs its 0 s.
-    return f"{m['grace_waste_gib_s']:.2f}", (m["release_latency_s"] or m["grace_s"]) >= 0.25 * m["grace_s"]
+    wasted = not _freed_promptly(e)
+    return f"{_mark(not wasted)} {e['metrics']['grace_waste_gib_s']:.2f}", wasted
 
 
 def _reboot(e: Entry) -> tuple[str, bool]:
@@ -157,20 +186,33 @@ ROWS: tuple[Row, ...] = (
 )
 
 
-def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry], tuple[str, bool]]) -> str:
+def _cell(
+    entry: Entry | None, seed: str | None, seed_yes: bool | None, read: Callable[[Entry], tuple[str, bool]]
+) -> str:
+    """Our measurement; the seed's value beside it where it disagrees (S5: the seed never tried it)."""
     if entry is None:
         return f"not run (seed: {seed})"
     text, yes = read(entry)
-    return text if yes == seed_yes else f"{text}<br>**seed expected: {seed}**"
+    return text if seed is None or yes == seed_yes else f"{text}<br>**seed expected: {seed}**"
+
+
+def main_entries(scenarios: Mapping[str, Entry]) -> dict[str, Entry | None]:
+    """The main table's columns: the seed's four (each run or not), and S5 where it ran."""
+    found = {k: scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in (*BASE, SHARE_PID)}
+    if found[SHARE_PID] is None:
+        del found[SHARE_PID]
+    return found
 
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
-    base = [scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in BASE]
+    columns = main_entries(scenarios)
+    base = list(columns.values())
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
     # Runs of the same kind merge into one results.json: describe the main table's own run.
     prov = (first or {}).get("provenance") or data.get("provenance", {})
-    lines = ["# Comparison: the seed's four scenarios, measured", ""]
+    title = "the seed's four scenarios" + (" and S5 (shareProcessNamespace)" if SHARE_PID in columns else "")
+    lines = [f"# Comparison: {title}, measured", ""]
     if first is not None and first["cpu_standin"]:
         lines += [
             '> **CPU STAND-IN**: no GPU was used. "Memory" below is host memory (RSS) of the',
@@ -202,25 +244,28 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         "",
         (
             "Cells show our measurement; where it disagrees with the seed's value the seed's is "
-            "beside it in bold (the seed measured S1 and expected S2–S4). Symbols, in our cells and "
-            "in the seed's alike: ✅ the good outcome, ❌ the bad one, ⚠️ it happened but was handled."
+            "beside it in bold (the seed measured S1 and expected S2–S4; it never tried S5). Symbols, "
+            "in our cells and in the seed's alike, say what is good for the user: ✅ the good outcome "
+            f"(memory free within {PROMPT_SHARE:.0%} of the grace, nothing left), ❌ the bad one (memory "
+            "held longer, zombies never reaped), ⚠️ it happened but was handled."
         ),
         "",
-        "| | S1 No Fix | S2 tini only | S3 tini + preStop | S4 Full Fix |",
-        "|---|---|---|---|---|",
+        "| | " + " | ".join(HEADINGS[k] for k in columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
     for label, seed, seed_yes, read in ROWS:
-        cells = [_cell(e, s, y, read) for e, s, y in zip(base, seed, seed_yes)]
+        cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*seed, None), (*seed_yes, None))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     nccl = data.get("nccl")
+    s5_cell = " — |" if SHARE_PID in columns else ""
     lines.append(
-        "| NCCL hang: GPU memory held | 5.7 GB held until the pod is deleted (seed, measured) | "
-        "same (expected) | preStop cannot end the hang (expected) | NCCL_ASYNC + "
-        "destroy_process_group (expected) |"
+        "| NCCL hang: GPU memory held | not run here (the seed measured 5.7 GB held until the pod was "
+        "deleted, on its 4×A100 node) | not run (seed expected: same) | not run (seed expected: preStop "
+        "cannot end the hang) | not run (seed expected: NCCL_ASYNC + destroy_process_group frees it) |" + s5_cell
         if nccl is None
-        else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |"
+        else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |" + s5_cell
     )
-    lines += ["", "## Measured only", "", "| | " + " | ".join(BASE) + " |", "|---|---|---|---|---|"]
+    lines += ["", "## Measured only", "", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     extra: tuple[tuple[str, Callable[[Entry], str]], ...] = (
         ("PID 1", lambda e: f"`{e['init']}`"),
         ("memory held at deletion (MiB)", lambda e: f"{e['metrics']['held_at_delete_mib']:.0f}"),
@@ -330,7 +375,7 @@ def _is_variant(key: str, e: Entry) -> bool:
     return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
 
 
-SPREAD_SCENARIOS = (*BASE, "s5-sharepid")
+SPREAD_SCENARIOS = (*BASE, SHARE_PID)
 TIMINGS = (
     ("deletion → free", "release_latency_s", "s"),
     ("kill -9 → free", "kill9_to_free_s", "s"),
@@ -390,8 +435,8 @@ def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
     """Each scenario on each runtime: median (min–max) over the repetitions, and every difference
     between the runtimes larger than the spread, with its cause."""
     groups = runtime_groups(scenarios)
-    if not groups or (len(groups) <= 4 and all(len(v) == 1 for v in groups.values())):
-        return []  # one run of the seed's four on one runtime: the tables above say it all
+    if not groups or (len(groups) <= len(SPREAD_SCENARIOS) and all(len(v) == 1 for v in groups.values())):
+        return []  # one run of each scenario on one runtime: the tables above say it all
     lines = [
         "",
         "## Runtimes and spread",

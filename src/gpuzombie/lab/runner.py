@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
+from gpuzombie.lab.host_memory import fit_to_memory
 from gpuzombie.lab.results import write_results
 from gpuzombie.lab.runtime.pidns import PodError
 from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, ScenarioRun, run_scenario
+from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
 if TYPE_CHECKING:
@@ -57,6 +59,36 @@ def check_can_make_pods() -> None:
 
 
 @dataclass(frozen=True)
+class NcclOptions:
+    """The NCCL comparison's own knobs (``--scenario nccl``); None: its default."""
+
+    cases: str | None = None
+    """Which of the cases a-e run side by side (``abcde``: all)."""
+    observe_seconds: float | None = None
+    """The window after the first kill (420 s on GPUs, 20 s on the stand-in)."""
+    budget_seconds: float | None = None
+    """End the window early so the whole run fits this many seconds (a device call's limit)."""
+    collective_timeout_s: float | None = None
+    """``init_process_group(timeout=...)`` of cases b and c (10 s)."""
+    size_mib: int | None = None
+    """Memory each rank holds (2048 MiB on GPUs, 64 on the stand-in)."""
+
+    def given(self) -> list[str]:
+        """The options set, as the CLI spells them."""
+        return [option for name, option in NCCL_OPTIONS.items() if getattr(self, name) is not None]
+
+
+NCCL_OPTIONS = {
+    "cases": "--cases",
+    "observe_seconds": "--observe-seconds",
+    "budget_seconds": "--budget-seconds",
+    "collective_timeout_s": "--collective-timeout",
+    "size_mib": "--size-mib",
+}
+"""Each of ``NcclOptions``' fields and its option of ``gpuzombie lab run``."""
+
+
+@dataclass(frozen=True)
 class LabRequest:
     """What to run, as the user asked it (``device`` and ``backend`` may be ``auto``)."""
 
@@ -75,6 +107,9 @@ class LabRequest:
     """A running CRI runtime's socket; without it the containerd runtime is a private one per run."""
     image_archives: Path | None = None
     """Pause and busybox image archives to import (a machine that cannot build them)."""
+    scale_to_memory: bool = False
+    """The size was not chosen: on the CPU stand-in, lower it to fit MemAvailable (else refuse)."""
+    nccl: NcclOptions = NcclOptions()
 
 
 @dataclass(frozen=True)
@@ -88,14 +123,23 @@ class LabOutcome:
     """The NCCL comparison's results, when it ran."""
 
 
-def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress) -> dict[str, Any]:
+def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress, options: NcclOptions) -> dict[str, Any]:
     """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
     try:  # imported here: only this scenario needs it, and a trimmed install may lack it
         from gpuzombie.lab.nccl import run_nccl_comparison
+        from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S
     except ImportError as exc:
         raise GpuzombieError(f"nccl scenario not available ({exc})") from exc
     return run_nccl_comparison(
-        ranks=ranks, device=device, out_dir=out, cases=None, observe_seconds=None, progress=progress
+        ranks=ranks,
+        device=device,
+        out_dir=out,
+        cases=list(options.cases) if options.cases is not None else None,
+        observe_seconds=options.observe_seconds,
+        progress=progress,
+        size_mib=options.size_mib,
+        collective_timeout_s=options.collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+        budget_s=options.budget_seconds,
     )
 
 
@@ -155,12 +199,24 @@ def lab_runtime(request: LabRequest, runtime: str, gpu: bool) -> Iterator[CriRun
         raise GpuzombieError(str(exc)) from exc
 
 
+def with_option(argv: Sequence[str], option: str, value: str) -> list[str]:
+    """``argv`` with ``option``'s value replaced (or the option added when it is not there)."""
+    out = list(argv)
+    if option in out[:-1]:
+        out[out.index(option) + 1] = value
+        return out
+    return [*out, option, value]
+
+
 def check_request(request: LabRequest) -> None:
     """What the runtimes cannot do, in one line before anything starts."""
     if "containerd" in request.runtimes and request.config.grace != int(request.config.grace):
         raise GpuzombieError("--runtime containerd: the CRI takes the grace in whole seconds (use --grace 2, 30...)")
     if "containerd" in request.runtimes and request.config.uid is not None:
         raise GpuzombieError("--uid: only on the namespaces runtime")
+    nccl_only = [o for o in request.nccl.given() if o != "--size-mib"]
+    if nccl_only and NCCL not in request.scenarios:
+        raise GpuzombieError(f"{', '.join(nccl_only)}: only with --scenario nccl")
 
 
 def run_lab(
@@ -183,8 +239,14 @@ def run_lab(
     pods = [name for name in request.scenarios if name != NCCL]
     if pods:
         check_can_make_pods()
+    command = list(request.command)
+    base = request.config
     if pods and backend == CPU_STANDIN:
         progress(0, len(request.scenarios), f"{CPU_STANDIN_LABEL} ({gpus.reason or 'device cpu'})")
+        base, note = fit_to_memory(base, mem_available(), scale=request.scale_to_memory)
+        if note:
+            progress(0, len(request.scenarios), note)
+        command = with_option(command, "--size-mib", str(base.size_mib))  # rerunnable as it ran
     steps = len(pods) * request.repeat * len(request.runtimes) + (NCCL in request.scenarios)
     step = 0
     runs: list[ScenarioRun] = []
@@ -195,14 +257,14 @@ def run_lab(
 
     def write(nccl: Mapping[str, Any] | None = None) -> Path:
         try:
-            return write_results(runs, request.out, command=request.command, gpus=gpus, nccl=nccl)
+            return write_results(runs, request.out, command=command, gpus=gpus, nccl=nccl)
         except OSError as exc:
             raise GpuzombieError(f"cannot write the results to {request.out}/: {exc}") from exc
 
     try:
         with interrupts_as_keyboard_interrupt():
             for runtime in request.runtimes if pods else ():
-                config = replace(request.config, device=device, backend=backend, runtime=runtime)
+                config = replace(base, device=device, backend=backend, runtime=runtime)
                 with lab_runtime(request, runtime, gpu=device == "cuda") as cri:
                     for attempt in range(1, request.repeat + 1):
                         for name in pods:
@@ -211,7 +273,7 @@ def run_lab(
                             write()  # every finished run is kept, even if a later one is interrupted
             if NCCL in request.scenarios:
                 step += 1
-                nccl = run_nccl(request.ranks, request.device, request.out, say)
+                nccl = run_nccl(request.ranks, request.device, request.out, say, request.nccl)
     except KeyboardInterrupt:
         if runs:
             report.build(request.out)

@@ -28,11 +28,12 @@ from gpuzombie.lab.metrics import (
     scenario_metrics,
 )
 from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
-from gpuzombie.lab.runtime.pidns import PAUSE, Deletion, LabPod, Pod
+from gpuzombie.lab.runtime.pidns import PAUSE, Deletion, LabPod, Pod, pids_in_pidns
 from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidfd import read_start_and_state
+from gpuzombie.proc.procfs import Procfs
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
@@ -200,6 +201,12 @@ def _state(pid: int) -> str | None:
     return found[1] if found else None
 
 
+def _tail(log: str, lines: int = 10) -> str:
+    """The pod's last lines of output, to end an error message with (or why there are none)."""
+    last = log.strip().splitlines()[-lines:]
+    return "; its last lines:\n" + "\n".join(last) if last else " (it wrote no output)"
+
+
 def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -301,7 +308,15 @@ class _Run:
             if not spawned and (m := SPAWNED.search(text)):
                 spawned.extend(int(p) for p in [m.group(1), *m.group(2).split()])
                 self.events.add("spawn", f"parent spawned {len(spawned) - 1} worker(s)")
-            return len(READY.findall(text)) >= want and "parent exiting" in text
+            if len(READY.findall(text)) >= want and "parent exiting" in text:
+                return True
+            if self.pod.container_exited():
+                raise ScenarioError(
+                    f"{self.scenario.name}: the container exited before its workers were ready{_tail(text)}"
+                )
+            if not spawned and text.strip() and not self._parent_running():
+                raise ScenarioError(f"{self.scenario.name}: the parent exited before spawning its workers{_tail(text)}")
+            return False
 
         if not _wait(ready, self.config.ready_timeout, 0.01):
             raise ScenarioError(
@@ -316,15 +331,21 @@ class _Run:
         parent = by_pod_pid.get(parent_pod_pid)
         if parent is not None:
             self.roles[parent] = "parent"
-            self.wait_settled(parent, 10.0)
+            # Its parent is the container's shell, which exec'd sleep: with a pause as PID 1 too.
+            self.wait_settled(parent, 10.0, zombie_stays=self.init in ("sleep", PAUSE))
         self.events.add("parent-exit", "the parent exited without wait()")
 
-    def wait_settled(self, pid: int, timeout: float) -> None:
-        """Until an exited ``pid`` stays as it is: gone, or a zombie of a PID 1 that never reaps
+    def _parent_running(self) -> bool:
+        """A process of the pod runs the parent (a zombie has no command line). Asked only once the
+        pod wrote something before the parent's first line: a shell's "not found", an ImportError."""
+        table = Procfs().snapshot(pids=pids_in_pidns(self.pod.pidns), now=time.time(), with_cgroup=False)
+        return any(PARENT in p.cmdline for p in table)
+
+    def wait_settled(self, pid: int, timeout: float, *, zombie_stays: bool) -> None:
+        """Until an exited ``pid`` stays as it is: gone, or a zombie when its parent never reaps
         (``sleep``). A zombie an init or a shell is about to reap would be counted by the host and
         missed by observe a moment later (the lab's 1-in-3 flake)."""
-        never_reaped = self.init == "sleep"
-        _wait(lambda: (state := _state(pid)) is None or (never_reaped and state == "Z"), timeout)
+        _wait(lambda: (state := _state(pid)) is None or (zombie_stays and state == "Z"), timeout)
 
     def kill_victim(self) -> bool:
         workers = sorted(pid for pid, role in self.roles.items() if role == "worker")
@@ -335,7 +356,7 @@ class _Run:
         self.roles[victim] = "victim"
         self.events.add("kill-9", f"worker host pid {victim}")
         os.kill(victim, signal.SIGKILL)
-        self.wait_settled(victim, 5.0)
+        self.wait_settled(victim, 5.0, zombie_stays=self.init == "sleep")  # orphans go to PID 1
         # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
         # observe.sh ran some seconds after the kill.
         threshold = kill_drop(self.config.size_mib * MIB)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from gpuzombie.proc.parse import parse_cpu_model
+from gpuzombie.proc.parse import parse_cpu_model, parse_mem_available
 from gpuzombie.proc.read import read_text
 
 PROCFS = "/proc"
@@ -47,5 +47,13 @@ def cpu_model(procfs_root: str = PROCFS) -> str | None:
     """The first CPU's model name from cpuinfo; None when unreadable or not given (e.g. on arm64)."""
     try:
         return parse_cpu_model(read_text(os.path.join(procfs_root, "cpuinfo"), "cpuinfo"))
+    except OSError:
+        return None
+
+
+def mem_available(procfs_root: str = PROCFS) -> int | None:
+    """Host memory that can be allocated without swapping (MemAvailable), in bytes; None when unreadable."""
+    try:
+        return parse_mem_available(read_text(os.path.join(procfs_root, "meminfo"), "meminfo"))
     except OSError:
         return None

@@ -144,6 +144,18 @@ def parse_cpu_model(cpuinfo_text: str) -> str | None:
     return None
 
 
+def parse_mem_available(meminfo_text: str) -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (the kernel's estimate of what can be allocated
+    without swapping); None when there is no such line or it does not parse."""
+    for line in meminfo_text.splitlines():
+        if line.startswith("MemAvailable:"):
+            fields = line.split()
+            if len(fields) == 3 and fields[1].isascii() and fields[1].isdigit() and fields[2] == "kB":
+                return int(fields[1]) * 1024
+            return None
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
 def parse_ns_link(target: str) -> int | None:
     """``pid:[4026531836]`` -> 4026531836. Cached: a node's thousands of processes share a few

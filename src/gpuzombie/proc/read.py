@@ -30,6 +30,7 @@ CAPS: dict[str, int] = {
     "children": 64 * KIB,
     "proc_stat": 4 * 1024 * KIB,  # /proc/stat: a line per CPU and one per interrupt source
     "cpuinfo": 64 * KIB,  # truncated: only the first CPU's lines are used
+    "meminfo": 16 * KIB,  # ~1.5 KiB: one line per counter
 }
 """The most bytes read from each kind of file. Larger is refused (``too_large``), except the truncated kinds."""
 

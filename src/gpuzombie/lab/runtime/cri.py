@@ -20,7 +20,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +39,7 @@ from gpuzombie.lab.runtime.containerd import (
     remove_cgroup,
     write_image_archive,
 )
+from gpuzombie.lab.runtime.interpreter import PythonLayout, interpreter_paths
 from gpuzombie.lab.runtime.pidns import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
 
 CONTAINER = "workload"
@@ -100,7 +100,8 @@ def workload_mounts(extra: Sequence[str], gpu: GpuParts | None) -> tuple[BindMou
     paths = [p for p in (*HOST_DIRS, *HOST_FILES) if os.path.exists(p)]
     base = list(paths)
     for p in (*extra, *(gpu.mounts if gpu else ())):
-        if os.path.exists(p) and p not in paths and not _under(p, base):
+        inside = any(p == m or p.startswith(m.rstrip("/") + "/") for m in paths)  # in a mount already
+        if os.path.exists(p) and not inside and not _under(p, base):
             paths.append(p)
     return tuple(BindMount(host_path=p, container_path=p, readonly=True) for p in paths)
 
@@ -116,10 +117,11 @@ def lab_environment(environ: Mapping[str, str], gpu: GpuParts | None) -> dict[st
     return env
 
 
-def python_paths(environ: Mapping[str, str]) -> list[str]:
-    """What the lab's own Python needs inside a container: its prefix, its executable's directory and
-    the PYTHONPATH entries (the project's ``src`` in a checkout)."""
-    paths = [sys.prefix, os.path.dirname(sys.executable)]
+def python_paths(environ: Mapping[str, str], layout: PythonLayout | None = None) -> list[str]:
+    """What the lab's own Python (or ``layout``'s) needs inside a container: the venv and the
+    installation it links to (a pyenv, uv or conda Python outside /usr), and the PYTHONPATH entries
+    (the project's ``src`` in a checkout)."""
+    paths = interpreter_paths(layout or PythonLayout.current())
     paths += [os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     import gpuzombie  # the package itself, wherever it is installed
 
@@ -325,6 +327,9 @@ class CriPod:
                 self.events.add("pod-start", f"{kind} as PID 1 (host pid {pid1}), pod {self.spec.name}")
                 return
             time.sleep(0.01)
+        if ns is None or pidns_of(self.main_pid) is None:  # gone already: say what it wrote
+            last = "\n".join(self.log_text().strip().splitlines()[-10:])
+            raise CriError(f"StartContainer: the container of {self.spec.name} exited at once; its last lines:\n{last}")
         raise CriError(f"StartContainer: container of {self.spec.name} has no PID 1 to find")
 
     @property
@@ -337,6 +342,10 @@ class CriPod:
 
     def tree(self) -> list[int]:
         return self.processes() if self.running else []
+
+    def container_exited(self) -> bool:
+        """The container's main process is gone (its shim reaps it): with a pause, the pod lives on."""
+        return bool(self.pidns) and pidns_of(self.main_pid) != self.pidns
 
     def log_text(self) -> str:
         """The container's output so far (kept after the sandbox is removed)."""

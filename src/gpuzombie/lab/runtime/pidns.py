@@ -152,6 +152,7 @@ class LabPod(Protocol):
     def processes(self) -> list[int]: ...
     def tree(self) -> list[int]: ...
     def log_text(self) -> str: ...
+    def container_exited(self) -> bool: ...
     def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]: ...
     def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion: ...
     def kill(self) -> None: ...
@@ -307,7 +308,7 @@ class Pod:
             line += " + (container, by nsenter beside it) " + shlex.join(self.container_argv)
         return line
 
-    def _container_exited(self) -> bool:
+    def container_exited(self) -> bool:
         """The container's main process is gone (with a pause, the pod itself lives on)."""
         watched = self.container if self.container is not None else self.proc
         return watched is not None and watched.poll() is not None
@@ -315,10 +316,10 @@ class Pod:
     def wait_exit(self, until: float) -> bool:
         """Wait until the container's main process is gone or the events' clock reaches ``until``."""
         while self.events.now() < until:
-            if self._container_exited():
+            if self.container_exited():
                 return True
             time.sleep(0.002)
-        return self._container_exited()
+        return self.container_exited()
 
     def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
         """The kubelet's order: preStop, SIGTERM to the container's main process, SIGKILL at the end

@@ -1,0 +1,86 @@
+"""`gpuzombie lab report` of the committed results: what is committed is what the report renders
+from the recorded results.json (no number typed, nothing stale), and its marks mean "good for the
+user" on the recorded H200 run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+from pathlib import Path
+
+import pytest
+
+from gpuzombie.lab.report import build, comparison_md
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMITTED = [RESULTS, RESULTS / "runtimes"]
+"""Every committed lab results folder that ``lab report`` renders (results/nccl is the NCCL run's own)."""
+
+
+def _png_software(data: bytes) -> str | None:
+    """The PNG's ``Software`` text chunk: matplotlib writes its version there."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"tEXt" and body.startswith(b"Software\0"):
+            return body.split(b"\0", 1)[1].decode(errors="replace")
+        if kind == b"zTXt" and body.startswith(b"Software\0"):
+            return zlib.decompress(body.split(b"\0", 1)[1][1:]).decode(errors="replace")
+        pos += 12 + length
+    return None
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: str(p.relative_to(RESULTS.parent)))
+def test_committed_results_are_what_lab_report_renders(folder, tmp_path):
+    shutil.copy(folder / "results.json", tmp_path / "results.json")
+    rendered = build(tmp_path)
+    assert len(rendered) > 1
+    stale, plots_skipped = [], 0
+    for path in rendered:
+        relative = path.relative_to(tmp_path)
+        committed = folder / relative
+        if path.suffix == ".png":
+            if not committed.exists():
+                stale.append(f"{relative} missing")
+                continue
+            ours, theirs = path.read_bytes(), committed.read_bytes()
+            # Byte-equal only from the same matplotlib (a newer one draws the same plot otherwise).
+            if _png_software(ours) != _png_software(theirs):
+                plots_skipped += 1
+            elif ours != theirs:
+                stale.append(str(relative))
+        elif not committed.exists() or committed.read_text() != path.read_text():
+            stale.append(str(relative))
+    assert not stale, f"re-render with: gpuzombie lab report {folder.relative_to(RESULTS.parent)}  ({stale[:5]})"
+
+
+def _row(markdown: str, label: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.split(" | ")[1:]]
+
+
+def test_marks_mean_good_for_the_user_on_the_h200_run():
+    text = comparison_md(json.loads((RESULTS / "results.json").read_text()))
+    held = _row(text, "Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)")
+    # S1 held it 30 s and S3 20 s: bad; S2 (0.185 s, the fastest) and S4: good.
+    assert [cell[0] for cell in held[:4]] == ["❌", "✅", "❌", "✅"], held
+    assert _row(text, "SIGTERM handling")[1].startswith("⚠️")  # ignored, but the pod ended at once
+    assert all(cell.startswith("✅ all freed") for cell in _row(text, "Memory after pod deletion")[:4])
+    assert all(cell.startswith("✅") for cell in _row(text, "Node reboot needed")[:4])
+    assert "✅ 2 orphans" not in text and "❌ not needed" not in text and "❌ none" not in text
+
+
+def test_a_run_without_nccl_quotes_the_seed_as_the_seed():
+    text = comparison_md(json.loads((RESULTS / "results.json").read_text()) | {"nccl": None})
+    nccl = _row(text, "NCCL hang: GPU memory held")
+    assert nccl[0].startswith("not run here (the seed measured 5.7 GB")
+    assert all(cell.startswith("not run (seed expected") for cell in nccl[1:4])
+
+
+def test_s5_has_its_column_where_it_ran():
+    data = json.loads((RESULTS / "runtimes" / "results.json").read_text())
+    text = comparison_md(data)
+    assert "| S4 Full Fix | S5 shareProcessNamespace |" in text
+    assert _row(text, "Zombies (좀비 수거)")[4] != "—"
