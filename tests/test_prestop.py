@@ -30,7 +30,7 @@ POD = Path(__file__).with_name("test_prestop_pod.py")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True) -> dict:
+def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True, timeout: float = 60) -> dict:
     """Run ``scenario`` in a fresh pod (PID + mount namespace, own /dev) and return its findings;
     without ``pid_namespace``, in a mount namespace only (the host's PID namespace, own /dev)."""
     out = tmp_path / f"{scenario}.json"
@@ -50,7 +50,7 @@ def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True) -> dic
             str(out),
         ],
         check=True,
-        timeout=60,
+        timeout=timeout,
         env=env,
     )
     result = json.loads(out.read_text())
@@ -101,6 +101,24 @@ def test_children_orphaned_by_the_first_round_are_stopped_too(tmp_path):
     assert results[child]["outcome"] == "exited_after_sigterm" and results[child]["found_by_rescan"]
     assert res["alive"] == {"family": False, "child": False}
     assert res["wall_s"] < 3  # done when the last one exits, not at the timeout
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["holders", "orphans"])
+def test_a_target_that_forks_after_sigterm_leaves_nothing_alive_behind_an_ok(tmp_path, kind):
+    """A target ignores SIGTERM and then forks a child every 20 ms (GPU holders, or plain children
+    that become orphans when it dies). Before: exit 0 with 1-2 holders alive (7 of 11 runs) or ~95
+    orphans (every run), because no scan followed the SIGKILL. Now the SIGKILL rounds end only on a
+    scan that finds nothing in scope; whatever a final scan finds is a survivor (exit 1)."""
+    trials = run_pod(f"forker-{kind}", tmp_path, timeout=240)["trials"]
+    for t in trials:
+        assert (t["rc"] == 0) == (t["left"] == []), t  # never "OK" while one of them lives
+        assert t["rc"] in (0, 1), t
+        assert t["left"] == [] and t["survivors"] == 0, t
+        assert t["found_by_rescan"] >= 1, t  # the children were found by the rounds, not the plan
+    print(
+        f"{kind}: {len(trials)} trials, targets {[t['targets'] for t in trials]}, wall {[round(t['wall_s'], 2) for t in trials]}"
+    )
 
 
 @needs_root

@@ -271,6 +271,76 @@ def scenario_host_scope() -> dict:
                 os.rmdir(path)
 
 
+# Ignores SIGTERM and, once it gets it, forks a child every 20 ms: each child ignores SIGTERM too and
+# keeps /dev/nvidia0 ("holders": GPU holders from birth) or closes it ("orphans": plain processes
+# that become orphans only when the forker dies).
+FORKER = r"""
+import os, signal, sys, time
+fd = os.open("/dev/nvidia0", os.O_RDWR)
+got = []
+signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+print("ready", flush=True)
+while not got:
+    time.sleep(0.01)
+while True:
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if sys.argv[1] == "orphans":
+            os.close(fd)
+        while True:
+            time.sleep(1)
+    time.sleep(0.02)
+"""
+
+
+def namespace_left() -> list[int]:
+    """Every process of this namespace but PID 1 that is alive (zombies re-parented to us are reaped)."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != 1]
+    return [pid for pid in pids if alive(pid)]
+
+
+def forker_trial(kind: str) -> dict:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {FORKER!r}, "
+            f"{kind!r}], stdout=subprocess.PIPE)\np.stdout.readline()\nprint(p.pid, flush=True)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    forker = int(parent.stdout.readline())
+    parent.wait()
+    result = run_cli("--no-nvml", "--timeout", "0.5", "--kill-wait", "3")
+    left = namespace_left()
+    for pid in left:  # the next trial starts from an empty namespace
+        os.kill(pid, signal.SIGKILL)
+    for pid in left:
+        wait_gone(pid)
+    report = result["report"] if isinstance(result["report"], dict) else {}
+    return {
+        "rc": result["rc"],
+        "stderr": result["stderr"][-2000:],
+        "forker": forker,
+        "left": left,
+        "survivors": report.get("survivors"),
+        "targets": len(report.get("results", ())),
+        "found_by_rescan": sum(r["found_by_rescan"] for r in report.get("results", ())),
+        "wall_s": result["wall_s"],
+    }
+
+
+def wait_gone(pid: int, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def scenario_forker(kind: str, trials: int) -> dict:
+    return {"trials": [forker_trial(kind) for _ in range(trials)]}
+
+
 def main() -> None:
     scenario, out = sys.argv[1], sys.argv[2]
     log = os.open(out + ".pid1.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -286,6 +356,10 @@ def main() -> None:
         result = scenario_unread()
     elif scenario == "host-scope":
         result = scenario_host_scope()
+    elif scenario == "forker-holders":
+        result = scenario_forker("holders", 8)
+    elif scenario == "forker-orphans":
+        result = scenario_forker("orphans", 3)
     elif scenario == "pid1-program":
         result = scenario_pid1_program()
     else:
