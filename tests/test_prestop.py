@@ -275,6 +275,51 @@ def test_host_pid_namespace_real_cgroups(tmp_path):
     assert runs["container"]["alive"] == {"a": False, "b": True, "container": False, "outside": True}
 
 
+@needs_root
+def test_a_low_hard_open_files_limit_on_a_busy_node(tmp_path):
+    """``ulimit -n 256`` (soft and hard, prlimit) with more processes on the node than that: prestop
+    --cgroup pins only what is in scope. Before: a pidfd for every process of the node, then
+    ``internal error: OSError: [Errno 24] Too many open files: '/proc/stat'`` and the scoped
+    target never signalled. More targets than pidfds: exit 2 naming the limit, nothing signalled."""
+    res = run_pod("fd-limit", tmp_path, pid_namespace=False, timeout=180)
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    assert res["visible"] > res["limit"] + 100
+    one, many = res["runs"]["a"], res["runs"]["b"]
+    assert one["rc"] == 0, one["stderr"][-1500:]
+    assert one["report"]["scope_matched"] == 1 and one["alive"] == 0
+    assert [r["outcome"] for r in one["report"]["results"]] == ["exited_after_sigterm"]
+    assert many["rc"] == 2 and many["alive"] == res["limit"] + 40, many["stderr"][-1500:]
+    error = many["stderr"].strip().splitlines()[-1]
+    assert error.startswith("gpuzombie: error: the open-files limit (ulimit -n 256 (hard 256)) is too low"), error
+    assert "nothing was signalled" in error and "internal error" not in many["stderr"]
+
+
+def test_a_scope_that_matches_no_process_is_an_error(tmp_path):
+    """--cgroup with a path no process is in: exit 2 and one line, not a silent "OK" (JSON keeps
+    scope_matched 0)."""
+    path = f"/gpuzombie-no-such-cgroup-{os.getpid()}.slice"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    for entry in (["-m", "gpuzombie", "prestop"], ["-m", "gpuzombie.prestop"]):
+        for as_json in ([], ["--json"]):
+            done = subprocess.run(
+                [sys.executable, *entry, "--cgroup", path, "--no-nvml", "--no-pid1-log", *as_json],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert done.returncode == 2, done
+            assert (
+                done.stderr.splitlines()[-1]
+                == f"gpuzombie: error: scope matched no process (cgroup {path}): is the path mistyped?"
+            )
+            if as_json:
+                report = json.loads(done.stdout)
+                assert report["scope_matched"] == 0 and report["exit_status"] == 2 and report["results"] == []
+            else:
+                assert done.stdout.splitlines()[-1].startswith("ERROR: scope matched no process")
+
+
 def _runs_as_uid_1000() -> bool:
     """Can uid 1000 import this checkout with this interpreter (a venv under /root cannot)?"""
     if shutil.which("setpriv") is None:

@@ -89,11 +89,11 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
     return None
 
 
-def run_cli(*args: str, json_report: bool = True, user: int | None = None) -> dict:
+def run_cli(*args: str, json_report: bool = True, user: int | None = None, prefix: tuple[str, ...] = ()) -> dict:
     t0 = time.monotonic()
     as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
     done = subprocess.run(
-        [*as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
+        [*prefix, *as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
         capture_output=True,
         text=True,
     )
@@ -271,6 +271,44 @@ def scenario_host_scope() -> dict:
                 os.rmdir(path)
 
 
+def scenario_fd_limit() -> dict:
+    """A busy node with a low hard open-files limit: ~EXTRA more processes than ``ulimit -n LIMIT``
+    allows pidfds for, prestop under ``prlimit --nofile=LIMIT:LIMIT`` in the host's PID namespace
+    with --cgroup. One holder in cgroup a (must be stopped); then LIMIT + 40 holders in cgroup b
+    (more targets than pidfds: exit 2 naming the limit, nothing signalled)."""
+    root = cgroup2_root()
+    if root is None:
+        return {"skip": "no cgroup v2 hierarchy mounted"}
+    base = f"{root}/gpuzombie-prestop-fds-{os.getpid()}"
+    groups = {"a": f"{base}/a", "b": f"{base}/b"}
+    crowd = [subprocess.Popen(["sleep", "120"]) for _ in range(FD_LIMIT + 100)]
+    holders: dict[str, list[subprocess.Popen]] = {"a": [], "b": []}
+    try:
+        for name, path in groups.items():
+            os.makedirs(path)
+            for _ in range(1 if name == "a" else FD_LIMIT + 40):
+                holders[name].append(start_holder())
+                with open(f"{path}/cgroup.procs", "w") as f:
+                    f.write(str(holders[name][-1].pid))
+        limit = ("prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}", "--")
+        common = ("--no-nvml", "--timeout", "2", "--kill-wait", "2")
+        runs = {}
+        for name in groups:
+            runs[name] = run_cli(*common, "--cgroup", groups[name][len(root) :], prefix=limit)
+            runs[name]["alive"] = sum(alive(p.pid) for p in holders[name])
+        return {"runs": runs, "visible": len(os.listdir("/proc")), "limit": FD_LIMIT}
+    finally:
+        for p in crowd + holders["a"] + holders["b"]:
+            p.kill()
+            p.wait()
+        for path in (*groups.values(), base):
+            if os.path.isdir(path):
+                os.rmdir(path)
+
+
+FD_LIMIT = 256
+
+
 # Ignores SIGTERM and, once it gets it, forks a child every 20 ms: each child ignores SIGTERM too and
 # keeps /dev/nvidia0 ("holders": GPU holders from birth) or closes it ("orphans": plain processes
 # that become orphans only when the forker dies).
@@ -356,6 +394,8 @@ def main() -> None:
         result = scenario_unread()
     elif scenario == "host-scope":
         result = scenario_host_scope()
+    elif scenario == "fd-limit":
+        result = scenario_fd_limit()
     elif scenario == "forker-holders":
         result = scenario_forker("holders", 8)
     elif scenario == "forker-orphans":

@@ -20,7 +20,14 @@ from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.prestop.pid1log import Pid1Log
-from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
+from gpuzombie.prestop.run import (
+    DEFAULT_KILL_WAIT,
+    DEFAULT_TIMEOUT,
+    PrestopReport,
+    render_text,
+    run_prestop,
+    scope_missed,
+)
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
 from gpuzombie.proc.own import PROCFS
@@ -128,6 +135,8 @@ def run_hook(
         print(report_json(report, pid1_log_status(sink, sink_off)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
+    if scope_missed(report):
+        print(f"gpuzombie: error: scope matched no process ({report.scope}): is the path mistyped?", file=err)
     return report.exit_status
 
 

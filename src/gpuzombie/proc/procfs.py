@@ -324,6 +324,13 @@ class Procfs:
         except OSError:
             return None
 
+    def cgroup(self, pid: int) -> tuple[str, ...] | None:
+        """The lines of /proc/<pid>/cgroup; None when gone or unreadable."""
+        try:
+            return parse_cgroup(read_text(self.path(pid, "cgroup"), "cgroup"))
+        except OSError:
+            return None
+
     def boot_id(self) -> str | None:
         """This boot's random id (sys/kernel/random/boot_id); None when unreadable."""
         try:
