@@ -176,6 +176,23 @@ def describe_unreadable(table: ProcessTable, shown: Iterable[int] = ()) -> str |
     )
 
 
+def not_a_procfs(root: str) -> str | None:
+    """Why the directory ``root`` is no procfs tree (the kernel's, a recording's or a test's), as a
+    sentence for a person: it has neither a ``stat`` nor one pid directory. None otherwise, also for
+    a root that is missing or no directory (the caller's own error says that) or a broken tree
+    (whose failing file then says what is wrong)."""
+    if not os.path.isdir(root) or os.path.lexists(os.path.join(root, "stat")):
+        return None
+    try:
+        if Procfs(root).pids():
+            return None
+    except OSError:
+        return None
+    return (
+        f"{root} is not a procfs (no stat file, no process directories): give the root of one, e.g. /proc or /host/proc"
+    )
+
+
 def build_table(
     processes: Mapping[int, ProcessInfo],
     *,
