@@ -19,8 +19,19 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.observe.orphans import find_orphans
 from gpuzombie.observe.pid1 import find_pid1
-from gpuzombie.prestop import Outcome, PrestopReport, Scope, TargetResult, plan_targets, render_text
+from gpuzombie.prestop import (
+    Outcome,
+    PrestopPlan,
+    PrestopReport,
+    Scope,
+    Target,
+    TargetResult,
+    execute_plan,
+    plan_targets,
+    render_text,
+)
 from gpuzombie.proc import Procfs
+from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import ROOT_PIDNS_INODE
 from gpuzombie.proc.read import Reason, Unreadable
 from markers import needs_root
@@ -501,3 +512,55 @@ def test_unreadable_processes_are_counted_not_signalled(tmp_path):
         9: "not fully read (fd: access_denied): a /dev/nvidia* fd or an orphan could hide there",
         40: "not read before the scan's deadline",
     }
+
+
+def _plan_of(procs: list[subprocess.Popen]) -> PrestopPlan:
+    """A plan whose targets are these real processes (what a scan of a pod holding them would give)."""
+    targets = []
+    for p in procs:
+        found = read_start_and_state("/proc", p.pid)
+        assert found is not None
+        targets.append(Target(p.pid, found[0], "sleep", "sleep 60", found[1], ("holds /dev/nvidia0",)))
+    return PrestopPlan(
+        own_pid=os.getpid(),
+        own_pidns=None,
+        in_root_pidns=False,
+        pid1_command=None,
+        orphans_included=True,
+        scope=None,
+        scope_matched=None,
+        gpu_available=False,
+        gpu_reason="-",
+        targets=tuple(targets),
+        excluded=(),
+        unread=(),
+    )
+
+
+def test_a_scope_that_never_empties_ends_in_survivors_found_by_the_final_scan():
+    """Every scan finds one more process (real ``sleep`` processes; the scanner is a stand-in that
+    reports each new one as a target, as a pod that keeps forking would): the SIGKILL rounds kill
+    each, and the kill wait ends with a final scan whose new target is a survivor: exit 1, never OK."""
+    started: list[subprocess.Popen] = []
+
+    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+        started.append(subprocess.Popen(["sleep", "60"]))
+        return _plan_of(started[-1:]), PinnedPids([started[-1].pid])
+
+    try:
+        first = [subprocess.Popen(["sleep", "60"])]
+        started += first
+        results = execute_plan(
+            _plan_of(first), PinnedPids([first[0].pid]), procfs_root="/proc", timeout=0.3, kill_wait=0.6, rescan=rescan
+        )
+        outcomes = [r.outcome for r in results]
+        assert outcomes[0] is Outcome.EXITED_AFTER_SIGTERM  # sleep dies of SIGTERM
+        assert outcomes[-1] is Outcome.SURVIVED and results[-1].found_by_rescan
+        assert results[-1].signals and results[-1].signals[-1].startswith("SIGKILL")  # still sent its SIGKILL
+        assert Outcome.EXITED_AFTER_SIGKILL in outcomes  # the rounds after the timeout
+        assert set(outcomes) <= {Outcome.EXITED_AFTER_SIGTERM, Outcome.EXITED_AFTER_SIGKILL, Outcome.SURVIVED}
+        assert len(results) == len(started)  # every process any scan found is in the report
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
