@@ -37,7 +37,8 @@ from gpuzombie.proc.procfs import Procfs
 LOG_LINE_LIMIT = 1000
 """A log line names a process, its reasons and (the plan line) PID 1's command line: bounded, escaped."""
 MAX_OPEN_FILES = 1 << 20
-"""The kernel's default fs.nr_open: a scan holds one pidfd per process, a node has thousands."""
+"""The kernel's default fs.nr_open: a scan holds one pidfd per process that may be a target (in a
+pod, every process of its namespace; with a scope, those the scope holds)."""
 
 
 def report_json(report: PrestopReport, pid1_log: str) -> str:
@@ -65,7 +66,8 @@ def pid1_log_status(sink: Pid1Log | None, off: str) -> str:
 
 
 def raise_open_file_limit() -> None:
-    """Let a scan pin every process of a busy node (the soft limit is often 1024)."""
+    """Raise the soft limit to the hard one (the soft limit is often 1024); past the hard limit, targets
+    left without a pidfd stop the run before any signal, with exit 2 naming the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
     if soft != resource.RLIM_INFINITY and soft < target:
