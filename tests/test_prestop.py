@@ -304,6 +304,9 @@ def test_a_low_hard_open_files_limit_on_a_busy_node(tmp_path):
     error = many["stderr"].strip().splitlines()[-1]
     assert error.startswith("gpuzombie: error: the open-files limit (ulimit -n 256 (hard 256)) is too low"), error
     assert "nothing was signalled" in error and "internal error" not in many["stderr"]
+    print(
+        f"{res['visible']} /proc entries, limit {res['limit']}: {one['wall_s']:.2f} s, refused in {many['wall_s']:.2f} s"
+    )
 
 
 def test_a_scope_that_matches_no_process_is_an_error(tmp_path):
