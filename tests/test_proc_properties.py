@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -132,3 +133,21 @@ def test_a_dev_nvidia_link_is_a_device_or_malformed_never_both(tmp_path_factory,
         assert proc.nvidia_fds == ("/dev/nvidia" + suffix,) and proc.incomplete == ()
     else:
         assert proc.nvidia_fds == () and [(u.file, u.reason.value) for u in proc.incomplete] == [("fd", "malformed")]
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(real=st.sets(st.integers(min_value=2, max_value=60), min_size=1, max_size=6), links=st.data())
+def test_each_process_is_read_once_under_its_own_pid(tmp_path_factory, real, links):
+    """Symlinks named like pids (to real pid directories) are never read: each process appears
+    once, under the pid its stat names."""
+    root = tmp_path_factory.mktemp("tree")
+    make_fake_root(root)
+    make_fake_proc(root, 1, ppid=0)
+    for pid in real:
+        make_fake_proc(root, pid, ppid=1)
+    aliases = links.draw(st.sets(st.integers(min_value=61, max_value=120), max_size=4))
+    for alias in aliases:
+        os.symlink(str(links.draw(st.sampled_from(sorted(real)))), root / str(alias))
+    table = Procfs(str(root)).snapshot(now=time.time())
+    assert sorted(table.processes) == sorted({1, *real})
+    assert all(p.incomplete == () for p in table)
