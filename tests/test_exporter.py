@@ -468,5 +468,5 @@ def test_once_on_an_unreadable_tree_is_one_line_exit_2(tmp_path, capsys):
     empty.mkdir()  # no /proc/stat: the scan itself fails
     assert main(["exporter", "--once", "--procfs", str(empty)]) == 2
     out = capsys.readouterr()
-    assert out.out == "" and out.err.startswith(f"gpuzombie: error: cannot scan {empty}: FileNotFoundError")
+    assert out.out == "" and out.err.startswith(f"gpuzombie: error: {empty} is not a procfs (no stat file")
     assert out.err.count("\n") == 1

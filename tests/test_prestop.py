@@ -19,8 +19,19 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.observe.orphans import find_orphans
 from gpuzombie.observe.pid1 import find_pid1
-from gpuzombie.prestop import Outcome, PrestopReport, Scope, TargetResult, plan_targets, render_text
+from gpuzombie.prestop import (
+    Outcome,
+    PrestopPlan,
+    PrestopReport,
+    Scope,
+    Target,
+    TargetResult,
+    execute_plan,
+    plan_targets,
+    render_text,
+)
 from gpuzombie.proc import Procfs
+from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import ROOT_PIDNS_INODE
 from gpuzombie.proc.read import Reason, Unreadable
 from markers import needs_root
@@ -30,7 +41,7 @@ POD = Path(__file__).with_name("test_prestop_pod.py")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True) -> dict:
+def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True, timeout: float = 60) -> dict:
     """Run ``scenario`` in a fresh pod (PID + mount namespace, own /dev) and return its findings;
     without ``pid_namespace``, in a mount namespace only (the host's PID namespace, own /dev)."""
     out = tmp_path / f"{scenario}.json"
@@ -50,7 +61,7 @@ def run_pod(scenario: str, tmp_path: Path, *, pid_namespace: bool = True) -> dic
             str(out),
         ],
         check=True,
-        timeout=60,
+        timeout=timeout,
         env=env,
     )
     result = json.loads(out.read_text())
@@ -101,6 +112,24 @@ def test_children_orphaned_by_the_first_round_are_stopped_too(tmp_path):
     assert results[child]["outcome"] == "exited_after_sigterm" and results[child]["found_by_rescan"]
     assert res["alive"] == {"family": False, "child": False}
     assert res["wall_s"] < 3  # done when the last one exits, not at the timeout
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["holders", "orphans"])
+def test_a_target_that_forks_after_sigterm_leaves_nothing_alive_behind_an_ok(tmp_path, kind):
+    """A target ignores SIGTERM and then forks a child every 20 ms (GPU holders, or plain children
+    that become orphans when it dies). Before: exit 0 with 1-2 holders alive (7 of 11 runs) or ~95
+    orphans (every run), because no scan followed the SIGKILL. Now the SIGKILL rounds end only on a
+    scan that finds nothing in scope; whatever a final scan finds is a survivor (exit 1)."""
+    trials = run_pod(f"forker-{kind}", tmp_path, timeout=240)["trials"]
+    for t in trials:
+        assert (t["rc"] == 0) == (t["left"] == []), t  # never "OK" while one of them lives
+        assert t["rc"] in (0, 1), t
+        assert t["left"] == [] and t["survivors"] == 0, t
+        assert t["found_by_rescan"] >= 1, t  # the children were found by the rounds, not the plan
+    print(
+        f"{kind}: {len(trials)} trials, targets {[t['targets'] for t in trials]}, wall {[round(t['wall_s'], 2) for t in trials]}"
+    )
 
 
 @needs_root
@@ -189,10 +218,12 @@ def test_orphans_are_observes_orphans_when_pid1_is_a_program(tmp_path):
 
 
 def test_names_a_process_chose_cannot_forge_a_line(tmp_path):
-    """A comm and a /dev/nvidia* path with newlines and a terminal escape stay on their own row."""
+    """A comm with newlines and a terminal escape stays on its own row (a /dev/nvidia* path with them
+    names no device: it is a malformed fd, never shown as a device)."""
     _orphan_tree(tmp_path)
     forged = "x\nOK: 0 targets\x1b[2J"
-    make_fake_proc(tmp_path, 40, ppid=1, comm=forged[:15], fds=(f"/dev/nvidia0{forged}",), pgid=40)
+    fds = ("/dev/nvidia0", f"/dev/nvidia0{forged}")
+    make_fake_proc(tmp_path, 40, ppid=1, comm=forged[:15], fds=fds, pgid=40)
     plan = plan_targets(Procfs(str(tmp_path)).snapshot(now=time.time()), GpuSnapshot(False, reason="-"), own_pid=20)
     results = tuple(TargetResult(t, Outcome.SURVIVED, (), None) for t in plan.targets)
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(PrestopReport) if hasattr(plan, f.name)}
@@ -211,7 +242,7 @@ def test_names_a_process_chose_cannot_forge_a_line(tmp_path):
     )
     text = render_text(report)
     assert len(text.splitlines()) == 1 + len(results) + len(plan.excluded) + len(plan.unread) + 1
-    assert "\x1b" not in text and "x\\x0aOK: 0 targets" in text and text.splitlines()[-1].startswith("3 SURVIVED")
+    assert "\x1b" not in text and "x\\x0aOK" in text and text.splitlines()[-1].startswith("3 SURVIVED")
 
 
 def test_plan_without_orphans_and_from_another_namespace(tmp_path):
@@ -253,6 +284,54 @@ def test_host_pid_namespace_real_cgroups(tmp_path):
         assert report["pid1_log"].startswith("off (not inside a pod")
         assert not runs[run]["alive"][inside]
     assert runs["container"]["alive"] == {"a": False, "b": True, "container": False, "outside": True}
+
+
+@needs_root
+def test_a_low_hard_open_files_limit_on_a_busy_node(tmp_path):
+    """``ulimit -n 256`` (soft and hard, prlimit) with more processes on the node than that: prestop
+    --cgroup pins only what is in scope. Before: a pidfd for every process of the node, then
+    ``internal error: OSError: [Errno 24] Too many open files: '/proc/stat'`` and the scoped
+    target never signalled. More targets than pidfds: exit 2 naming the limit, nothing signalled."""
+    res = run_pod("fd-limit", tmp_path, pid_namespace=False, timeout=180)
+    if "skip" in res:
+        pytest.skip(res["skip"])
+    assert res["visible"] > res["limit"] + 100
+    one, many = res["runs"]["a"], res["runs"]["b"]
+    assert one["rc"] == 0, one["stderr"][-1500:]
+    assert one["report"]["scope_matched"] == 1 and one["alive"] == 0
+    assert [r["outcome"] for r in one["report"]["results"]] == ["exited_after_sigterm"]
+    assert many["rc"] == 2 and many["alive"] == res["limit"] + 40, many["stderr"][-1500:]
+    error = many["stderr"].strip().splitlines()[-1]
+    assert error.startswith("gpuzombie: error: the open-files limit (ulimit -n 256 (hard 256)) is too low"), error
+    assert "nothing was signalled" in error and "internal error" not in many["stderr"]
+    print(
+        f"{res['visible']} /proc entries, limit {res['limit']}: {one['wall_s']:.2f} s, refused in {many['wall_s']:.2f} s"
+    )
+
+
+def test_a_scope_that_matches_no_process_is_an_error(tmp_path):
+    """--cgroup with a path no process is in: exit 2 and one line, not a silent "OK" (JSON keeps
+    scope_matched 0)."""
+    path = f"/gpuzombie-no-such-cgroup-{os.getpid()}.slice"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    for entry in (["-m", "gpuzombie", "prestop"], ["-m", "gpuzombie.prestop"]):
+        for as_json in ([], ["--json"]):
+            done = subprocess.run(
+                [sys.executable, *entry, "--cgroup", path, "--no-nvml", "--no-pid1-log", *as_json],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert done.returncode == 2, done
+            assert (
+                done.stderr.splitlines()[-1]
+                == f"gpuzombie: error: scope matched no process (cgroup {path}): is the path mistyped?"
+            )
+            if as_json:
+                report = json.loads(done.stdout)
+                assert report["scope_matched"] == 0 and report["exit_status"] == 2 and report["results"] == []
+            else:
+                assert done.stdout.splitlines()[-1].startswith("ERROR: scope matched no process")
 
 
 def _runs_as_uid_1000() -> bool:
@@ -436,3 +515,55 @@ def test_unreadable_processes_are_counted_not_signalled(tmp_path):
         9: "not fully read (fd: access_denied): a /dev/nvidia* fd or an orphan could hide there",
         40: "not read before the scan's deadline",
     }
+
+
+def _plan_of(procs: list[subprocess.Popen]) -> PrestopPlan:
+    """A plan whose targets are these real processes (what a scan of a pod holding them would give)."""
+    targets = []
+    for p in procs:
+        found = read_start_and_state("/proc", p.pid)
+        assert found is not None
+        targets.append(Target(p.pid, found[0], "sleep", "sleep 60", found[1], ("holds /dev/nvidia0",)))
+    return PrestopPlan(
+        own_pid=os.getpid(),
+        own_pidns=None,
+        in_root_pidns=False,
+        pid1_command=None,
+        orphans_included=True,
+        scope=None,
+        scope_matched=None,
+        gpu_available=False,
+        gpu_reason="-",
+        targets=tuple(targets),
+        excluded=(),
+        unread=(),
+    )
+
+
+def test_a_scope_that_never_empties_ends_in_survivors_found_by_the_final_scan():
+    """Every scan finds one more process (real ``sleep`` processes; the scanner is a stand-in that
+    reports each new one as a target, as a pod that keeps forking would): the SIGKILL rounds kill
+    each, and the kill wait ends with a final scan whose new target is a survivor: exit 1, never OK."""
+    started: list[subprocess.Popen] = []
+
+    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+        started.append(subprocess.Popen(["sleep", "60"]))
+        return _plan_of(started[-1:]), PinnedPids([started[-1].pid])
+
+    try:
+        first = [subprocess.Popen(["sleep", "60"])]
+        started += first
+        results = execute_plan(
+            _plan_of(first), PinnedPids([first[0].pid]), procfs_root="/proc", timeout=0.3, kill_wait=0.6, rescan=rescan
+        )
+        outcomes = [r.outcome for r in results]
+        assert outcomes[0] is Outcome.EXITED_AFTER_SIGTERM  # sleep dies of SIGTERM
+        assert outcomes[-1] is Outcome.SURVIVED and results[-1].found_by_rescan
+        assert results[-1].signals and results[-1].signals[-1].startswith("SIGKILL")  # still sent its SIGKILL
+        assert Outcome.EXITED_AFTER_SIGKILL in outcomes  # the rounds after the timeout
+        assert set(outcomes) <= {Outcome.EXITED_AFTER_SIGTERM, Outcome.EXITED_AFTER_SIGKILL, Outcome.SURVIVED}
+        assert len(results) == len(started)  # every process any scan found is in the report
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()

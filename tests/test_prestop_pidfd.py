@@ -95,6 +95,10 @@ def test_root_pid_namespace_check():
     assert is_root_pidns(reader_pidns("/proc")) == (os.readlink("/proc/self/ns/pid") == f"pid:[{ROOT_PIDNS_INODE}]")
 
 
+def soft_now() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def test_a_pid_that_cannot_be_pinned_is_named_with_why():
     """Out of file descriptors: the pids left over are listed in ``unpinned``, never silently dropped."""
     children = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
@@ -109,9 +113,17 @@ def test_a_pid_that_cannot_be_pinned_is_named_with_why():
                 break
         for _ in range(2):  # ...but two: two pidfds fit, two do not
             os.close(fillers.pop())
-        with PinnedPids([c.pid for c in children]) as pins:
+        with PinnedPids([c.pid for c in children], reserve=0) as pins:
             assert set(pins.unpinned) == {c.pid for c in children[2:]}  # pinned in the order given
-            assert set(pins.unpinned.values()) == {"no pidfd: Too many open files"}
+            assert pins.out_of_fds and set(pins.unpinned.values()) == {
+                f"no pidfd: the open-files limit is reached (ulimit -n {soft_now()} (hard {hard}))"
+            }
+            assert children[0].pid in pins and children[2].pid not in pins
+        for _ in range(2):  # the default keeps RESERVED_FDS free for the scan: nothing is pinned then
+            os.close(fillers.pop())
+        with PinnedPids([c.pid for c in children]) as pins:
+            assert pins.out_of_fds and set(pins.unpinned) == {c.pid for c in children}
+            assert os.open("/dev/null", os.O_RDONLY) >= 0  # the scan still opens files
     finally:
         for fd in fillers:
             os.close(fd)

@@ -89,11 +89,11 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
     return None
 
 
-def run_cli(*args: str, json_report: bool = True, user: int | None = None) -> dict:
+def run_cli(*args: str, json_report: bool = True, user: int | None = None, prefix: tuple[str, ...] = ()) -> dict:
     t0 = time.monotonic()
     as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
     done = subprocess.run(
-        [*as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
+        [*prefix, *as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
         capture_output=True,
         text=True,
     )
@@ -271,6 +271,114 @@ def scenario_host_scope() -> dict:
                 os.rmdir(path)
 
 
+def scenario_fd_limit() -> dict:
+    """A busy node with a low hard open-files limit: ~EXTRA more processes than ``ulimit -n LIMIT``
+    allows pidfds for, prestop under ``prlimit --nofile=LIMIT:LIMIT`` in the host's PID namespace
+    with --cgroup. One holder in cgroup a (must be stopped); then LIMIT + 40 holders in cgroup b
+    (more targets than pidfds: exit 2 naming the limit, nothing signalled)."""
+    root = cgroup2_root()
+    if root is None:
+        return {"skip": "no cgroup v2 hierarchy mounted"}
+    base = f"{root}/gpuzombie-prestop-fds-{os.getpid()}"
+    groups = {"a": f"{base}/a", "b": f"{base}/b"}
+    crowd = [subprocess.Popen(["sleep", "120"]) for _ in range(FD_LIMIT + 100)]
+    holders: dict[str, list[subprocess.Popen]] = {"a": [], "b": []}
+    try:
+        for name, path in groups.items():
+            os.makedirs(path)
+            for _ in range(1 if name == "a" else FD_LIMIT + 40):
+                holders[name].append(start_holder())
+                with open(f"{path}/cgroup.procs", "w") as f:
+                    f.write(str(holders[name][-1].pid))
+        limit = ("prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}", "--")
+        common = ("--no-nvml", "--timeout", "2", "--kill-wait", "2")
+        runs = {}
+        for name in groups:
+            runs[name] = run_cli(*common, "--cgroup", groups[name][len(root) :], prefix=limit)
+            runs[name]["alive"] = sum(alive(p.pid) for p in holders[name])
+        return {"runs": runs, "visible": len(os.listdir("/proc")), "limit": FD_LIMIT}
+    finally:
+        for p in crowd + holders["a"] + holders["b"]:
+            p.kill()
+            p.wait()
+        for path in (*groups.values(), base):
+            if os.path.isdir(path):
+                os.rmdir(path)
+
+
+FD_LIMIT = 256
+
+
+# Ignores SIGTERM and, once it gets it, forks a child every 20 ms: each child ignores SIGTERM too and
+# keeps /dev/nvidia0 ("holders": GPU holders from birth) or closes it ("orphans": plain processes
+# that become orphans only when the forker dies).
+FORKER = r"""
+import os, signal, sys, time
+fd = os.open("/dev/nvidia0", os.O_RDWR)
+got = []
+signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+print("ready", flush=True)
+while not got:
+    time.sleep(0.01)
+while True:
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if sys.argv[1] == "orphans":
+            os.close(fd)
+        while True:
+            time.sleep(1)
+    time.sleep(0.02)
+"""
+
+
+def namespace_left() -> list[int]:
+    """Every process of this namespace but PID 1 that is alive (zombies re-parented to us are reaped)."""
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != 1]
+    return [pid for pid in pids if alive(pid)]
+
+
+def forker_trial(kind: str) -> dict:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {FORKER!r}, "
+            f"{kind!r}], stdout=subprocess.PIPE)\np.stdout.readline()\nprint(p.pid, flush=True)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    forker = int(parent.stdout.readline())
+    parent.wait()
+    result = run_cli("--no-nvml", "--timeout", "0.5", "--kill-wait", "3")
+    left = namespace_left()
+    for pid in left:  # the next trial starts from an empty namespace
+        os.kill(pid, signal.SIGKILL)
+    for pid in left:
+        wait_gone(pid)
+    report = result["report"] if isinstance(result["report"], dict) else {}
+    return {
+        "rc": result["rc"],
+        "stderr": result["stderr"][-2000:],
+        "forker": forker,
+        "left": left,
+        "survivors": report.get("survivors"),
+        "targets": len(report.get("results", ())),
+        "found_by_rescan": sum(r["found_by_rescan"] for r in report.get("results", ())),
+        "wall_s": result["wall_s"],
+    }
+
+
+def wait_gone(pid: int, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def scenario_forker(kind: str, trials: int) -> dict:
+    return {"trials": [forker_trial(kind) for _ in range(trials)]}
+
+
 def main() -> None:
     scenario, out = sys.argv[1], sys.argv[2]
     log = os.open(out + ".pid1.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -286,6 +394,12 @@ def main() -> None:
         result = scenario_unread()
     elif scenario == "host-scope":
         result = scenario_host_scope()
+    elif scenario == "fd-limit":
+        result = scenario_fd_limit()
+    elif scenario == "forker-holders":
+        result = scenario_forker("holders", 8)
+    elif scenario == "forker-orphans":
+        result = scenario_forker("orphans", 3)
     elif scenario == "pid1-program":
         result = scenario_pid1_program()
     else:

@@ -139,3 +139,88 @@ def test_failures_are_classified_access_denied_told_apart():
     assert reason_of(OSError(errno.ELOOP, "a symlink")) is Reason.NOT_REGULAR
     assert reason_of(OSError(errno.EIO, "i/o")) is Reason.ERROR
     assert unreadable("status", ValueError("NSpid is not a number")).reason is Reason.MALFORMED
+
+
+def _stat_line(pid: int, *, state: str = "S", flags: str = "4194560") -> str:
+    return f"{pid} (python3) {state} 1 {pid} {pid} 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 10 0"
+
+
+def test_negative_flags_are_malformed_not_a_kernel_thread(tmp_path):
+    """flags=-1 would set PF_KTHREAD: the holder was read as a kernel thread, its fds never listed."""
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, fds=("/dev/nvidia0",))
+    (tree / "8" / "stat").write_text(_stat_line(8, flags="-1"))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(8)
+    assert [(u.file, u.reason) for u in proc.incomplete] == [("stat", Reason.MALFORMED)]
+    assert "flags is negative" in proc.incomplete[0].detail and proc.could_hide_finding
+
+
+@pytest.mark.parametrize("state", ["z", "r", "Q", "ZZ", "1"])
+def test_a_state_the_kernel_never_prints_is_malformed(tmp_path, state):
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1)
+    (tree / "8" / "stat").write_text(_stat_line(8, state=state))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(8)
+    assert not proc.is_zombie and proc.state == "?"
+    assert [(u.file, u.reason) for u in proc.incomplete] == [("stat", Reason.MALFORMED)]
+
+
+def test_a_pid_directory_that_is_a_symlink_is_not_read(tmp_path):
+    """``8 -> 7``: the same process would be read twice, once under a pid that is not its own."""
+    tree = _tree(tmp_path)
+    os.symlink("7", tree / "8")
+    os.symlink(str(tree / "1"), tree / "9")
+    procfs = Procfs(str(tree))
+    assert procfs.pids() == [1, 7]
+    assert sorted(procfs.snapshot(now=time.time()).processes) == [1, 7]
+
+
+def test_a_pid_directory_not_named_by_its_own_pid_is_malformed(tmp_path):
+    """A copy of 7's directory as 8 (a recording, a hostile tree): its stat names pid 7."""
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, fds=("/dev/nvidia0",))
+    (tree / "8" / "stat").write_text(_stat_line(7))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(8)
+    assert proc.state == "?" and proc.nvidia_fds == ()
+    assert proc.incomplete[0].reason is Reason.MALFORMED and "stat names pid 7" in proc.incomplete[0].detail
+
+
+DEVICES = (
+    "/dev/nvidia0",
+    "/dev/nvidia15",
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-caps/nvidia-cap1",
+)
+
+
+def test_every_driver_device_counts_as_a_gpu_fd(tmp_path):
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, fds=(*DEVICES, "/dev/null", "socket:[123]"))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(8)
+    assert proc.nvidia_fds == tuple(sorted(DEVICES)) and proc.incomplete == ()
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "/dev/nvidia" + "0" * 4000,
+        "/dev/nvidia0 (deleted)",
+        "/dev/nvidiafoo",
+        "/dev/nvidia",
+        "/dev/nvidia0/../../etc/passwd",
+        "/dev/nvidia-caps/",
+        "/dev/nvidia0\n/dev/nvidia1",
+    ],
+    ids=["4000-chars", "deleted", "foo", "bare-prefix", "dotdot", "caps-dir", "newline"],
+)
+def test_a_link_that_only_starts_with_dev_nvidia_is_malformed(tmp_path, link):
+    """Not a GPU device: the fd is malformed, with the reason, so no report claims the process clean."""
+    tree = _tree(tmp_path)
+    make_fake_proc(tree, 8, ppid=1, fds=("/dev/nvidia1", link))
+    proc = Procfs(str(tree)).snapshot(now=time.time()).get(8)
+    assert proc.nvidia_fds == ("/dev/nvidia1",)
+    assert [(u.file, u.reason) for u in proc.incomplete] == [("fd", Reason.MALFORMED)]
+    assert "name no NVIDIA device" in proc.incomplete[0].detail and len(proc.incomplete[0].detail) <= 200

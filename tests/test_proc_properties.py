@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.escape import escape
 from gpuzombie.proc.parse import (
+    STATES,
     StatusFields,
     parse_boot_time,
     parse_cgroup,
@@ -90,3 +93,61 @@ def test_any_file_contents_spoil_at_most_their_process(tmp_path_factory, stat, s
     assert table.get(1) is not None and table.get(1).incomplete == ()
     second = table.get(2)
     assert second is None or second.state == "?" or len(second.state) == 1
+
+
+@given(st.characters(codec="utf-8") | st.text(min_size=2, max_size=3))
+def test_only_the_kernels_state_letters_parse(state):
+    text = f"7 (x) {state} 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 10 0"
+    try:
+        fields = parse_stat(text)
+    except ValueError:
+        assert state not in STATES
+    else:
+        assert state in STATES and fields.state == state
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**64))
+def test_flags_parse_only_unsigned(flags):
+    text = f"7 (x) S 1 7 7 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 10 0"
+    try:
+        assert parse_stat(text).flags == flags and flags >= 0
+    except ValueError:
+        assert flags < 0
+
+
+suffixes = st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60) | st.sampled_from(
+    ["0", "12", "ctl", "-uvm", "-uvm-tools", "-modeset", "-caps/nvidia-cap3", "0 (deleted)", "ctlx", "-uvm-"]
+)
+
+
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(suffix=suffixes)
+def test_a_dev_nvidia_link_is_a_device_or_malformed_never_both(tmp_path_factory, suffix):
+    """Whatever follows /dev/nvidia, the fd is an exact driver device or a malformed fd with its reason."""
+    root = tmp_path_factory.mktemp("tree")
+    make_fake_root(root)
+    make_fake_proc(root, 1, ppid=0, fds=("/dev/nvidia" + suffix,))
+    proc = Procfs(str(root)).snapshot(now=time.time()).get(1)
+    exact = re.fullmatch(r"[0-9]{1,3}|ctl|-uvm|-uvm-tools|-modeset|-caps/nvidia-cap[0-9]{1,6}", suffix)
+    if exact:
+        assert proc.nvidia_fds == ("/dev/nvidia" + suffix,) and proc.incomplete == ()
+    else:
+        assert proc.nvidia_fds == () and [(u.file, u.reason.value) for u in proc.incomplete] == [("fd", "malformed")]
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(real=st.sets(st.integers(min_value=2, max_value=60), min_size=1, max_size=6), links=st.data())
+def test_each_process_is_read_once_under_its_own_pid(tmp_path_factory, real, links):
+    """Symlinks named like pids (to real pid directories) are never read: each process appears
+    once, under the pid its stat names."""
+    root = tmp_path_factory.mktemp("tree")
+    make_fake_root(root)
+    make_fake_proc(root, 1, ppid=0)
+    for pid in real:
+        make_fake_proc(root, pid, ppid=1)
+    aliases = links.draw(st.sets(st.integers(min_value=61, max_value=120), max_size=4))
+    for alias in aliases:
+        os.symlink(str(links.draw(st.sampled_from(sorted(real)))), root / str(alias))
+    table = Procfs(str(root)).snapshot(now=time.time())
+    assert sorted(table.processes) == sorted({1, *real})
+    assert all(p.incomplete == () for p in table)

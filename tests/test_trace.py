@@ -366,7 +366,7 @@ def test_cli_procfs_that_is_no_procfs(tmp_path, capsys):
     # An empty directory (no /proc/stat): one line naming the tree, exit 2.
     assert main(["trace", "--procfs", str(tmp_path), "--pod-resources-socket", "/nonexistent"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"gpuzombie: error: cannot read {tmp_path}") and len(err.splitlines()) == 1
+    assert err.startswith(f"gpuzombie: error: {tmp_path} is not a procfs") and len(err.splitlines()) == 1
 
 
 def test_cli_procfs_without_boot_time(tmp_path, capsys):

@@ -103,8 +103,12 @@ def check_node_inputs(procfs: str, *, who: str) -> None:
     on the live /proc (other processes' fds and cgroups)."""
     from gpuzombie.errors import GpuzombieError
     from gpuzombie.proc.pidns import is_live_procfs
+    from gpuzombie.proc.procfs import not_a_procfs
 
     if not os.path.isdir(procfs):
         raise GpuzombieError(f"procfs root {procfs} is not a directory")
+    why = not_a_procfs(procfs)
+    if why is not None:
+        raise GpuzombieError(why)
     if is_live_procfs(procfs) and os.geteuid() != 0:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")

@@ -10,7 +10,8 @@
 On SIGTERM/SIGINT the loop leaves at its next safe point; ``shutdown()`` runs the ``on_stop``
 callbacks, drops ``hold()``-ed objects, aborts the process group (``destroy_process_group()``
 would wait for a dead peer), empties the CUDA cache and exits with 128 + the signal number. A
-watchdog exits hard (``os._exit``) at the deadline whatever the main thread is doing. A dead peer
+watchdog exits hard (``os._exit``) at the deadline whatever the main thread is doing, and a kernel
+timer of its own SIGKILLs the process 1 s later if even the watchdog cannot run. A dead peer
 rank (pidfd for local ranks, a store heartbeat for all) aborts the process group at once and exits
 with 75 within ``peer_exit_s``. Standard library only; torch is used when the script imported it.
 """

@@ -5,7 +5,9 @@ Signal handlers do no work: a signal only sets a flag the training loop polls at
 Python-level handlers only in the main thread, between bytecodes. So the C-level handler's
 wakeup fd (``signal.set_wakeup_fd``) is read by a helper thread, which starts the deadline clock
 at once; if the process has not exited by the deadline, the watchdog aborts the process group and
-calls ``os._exit`` — no hang can keep the GPU memory past it.
+calls ``os._exit`` — no hang can keep the GPU memory past it. A C call that holds the GIL starves
+that thread too: then a kernel timer of our own SIGKILLs the process ``BACKSTOP_GRACE_S`` later
+(``gpuzombie.graceful.backstop``), whatever the application does with its signals and timers.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuzombie.graceful import torchdist
+from gpuzombie.graceful.backstop import KernelBackstop
 from gpuzombie.graceful.peers import PeerMonitor
 
 EXIT_PEER_LOST = 75
 """A peer rank died: this rank stopped so its GPU is freed (EX_TEMPFAIL: restart the job)."""
 EXIT_DEADLINE = 124
 """Cleanup did not finish within the deadline: the watchdog exited hard."""
+BACKSTOP_GRACE_S = 1.0
+"""How long after the deadline the kernel's SIGKILL ends a process whose watchdog could not run."""
 
 
 class Guard:
@@ -53,11 +58,13 @@ class Guard:
         self._held: list[Any] = []
         self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._requested = False
         self._cleaned = threading.Event()
         self._previous: dict[int, Any] = {}
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._old_wakeup_fd = -1
+        self._backstop = KernelBackstop()
         self.peers: PeerMonitor | None = None
 
     # -- the training script's side ---------------------------------------------------------
@@ -86,23 +93,24 @@ class Guard:
         now = time.monotonic()
         limit = self.deadline_s if within_s is None else min(self.deadline_s, within_s)
         with self._lock:
-            first = not self._stop.is_set()
+            first = not self._requested
+            if not first and now + limit >= self._deadline_at:
+                return
+            self._requested = True
+            self._deadline_at = now + limit
             if first:
                 self.reason, self.exit_code = reason, exit_code
                 self.stop_requested_at = now
-                self._deadline_at = now + limit
-                self._stop.set()
-            elif now + limit < self._deadline_at:
-                self._deadline_at = now + limit
-            else:
-                return
+        # Backstop and watchdog before the flag: a main thread that sees the flag may enter a
+        # cleanup that holds the GIL for good, and then no other thread gets to arm anything.
+        self._arm_kernel_backstop()
+        if first:
+            threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
+            self._stop.set()
         self.log(
             f"gpuzombie.graceful: {'stop requested' if first else 'also'}: {reason}; "
             f"exiting within {self._deadline_at - now:.3g} s"
         )
-        if first:
-            threading.Thread(target=self._watchdog, name="gpuzombie-deadline", daemon=True).start()
-        self._arm_kernel_backstop()
 
     def shutdown(self, *, exit: bool = True) -> None:
         """Clean up (callbacks, drop held objects, abort the process group, empty the CUDA cache)
@@ -114,8 +122,8 @@ class Guard:
             for fn in self._callbacks:
                 try:
                     fn()
-                except Exception as exc:
-                    self.log(f"gpuzombie.graceful: on_stop callback failed: {exc!r}")
+                except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the cleanup goes on
+                    self.log(f"gpuzombie.graceful: on_stop callback failed: {exc!r} (the cleanup goes on)")
             self._held.clear()
             # Stopping early: peers may be dead or mid-collective, so abort. Done normally: the
             # peers are finishing too, and the polite destroy does not wait on anyone dead.
@@ -163,6 +171,7 @@ class Guard:
         for sig, old in self._previous.items():
             signal.signal(sig, old)
         signal.set_wakeup_fd(self._old_wakeup_fd)
+        self._backstop.disarm()
         if self.peers:
             self.peers.stop()
 
@@ -225,11 +234,11 @@ class Guard:
         self.log(f"gpuzombie.graceful: {torchdist.abort_process_group()}")
 
     def _arm_kernel_backstop(self) -> None:
-        """If even the watchdog cannot run (a C call holding the GIL), the kernel ends us: SIGALRM
-        with its default action terminates the process without any Python code, 1 s after the
-        watchdog's own deadline. Used only when nobody handles SIGALRM."""
-        if signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
-            signal.setitimer(signal.ITIMER_REAL, max(0.01, self._deadline_at - time.monotonic()) + 1.0)
+        """If even the watchdog cannot run (a C call holding the GIL), the kernel ends us: a timer of
+        our own delivers SIGKILL ``BACKSTOP_GRACE_S`` after the deadline. Not SIGALRM, which the
+        application may handle or re-arm."""
+        if not self._backstop.arm(self._deadline_at - time.monotonic() + BACKSTOP_GRACE_S):
+            self.log(f"gpuzombie.graceful: no kernel backstop ({self._backstop.why_not}): the watchdog thread only")
 
     def _watchdog(self) -> None:
         # Re-reads the deadline: a peer dying meanwhile brings it closer.

@@ -36,7 +36,7 @@ from gpuzombie.observe.orphans import (
 from gpuzombie.observe.pid1 import Pid1, find_pid1
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, procfs_is_own
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable, not_a_procfs
 from gpuzombie.units import mib
 
 SCHEMA = "gpuzombie.observe/1"
@@ -255,7 +255,8 @@ def observe(
         table = procfs.snapshot(now=now, with_cgroup=False)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise GpuzombieError(f"cannot read procfs at {procfs.root}: {reason}", ExitStatus.ERROR) from exc
+        why = not_a_procfs(procfs.root) or f"cannot read procfs at {procfs.root}: {reason}"
+        raise GpuzombieError(why, ExitStatus.ERROR) from exc
     view = view or default_view(procfs, table)
     gpus = read_gpus(nvml or default_backend())
     excluded = reader_chain(table, view.own_pid)

@@ -20,7 +20,14 @@ from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.prestop.pid1log import Pid1Log
-from gpuzombie.prestop.run import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT, PrestopReport, render_text, run_prestop
+from gpuzombie.prestop.run import (
+    DEFAULT_KILL_WAIT,
+    DEFAULT_TIMEOUT,
+    PrestopReport,
+    render_text,
+    run_prestop,
+    scope_missed,
+)
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
 from gpuzombie.proc.own import PROCFS
@@ -30,7 +37,8 @@ from gpuzombie.proc.procfs import Procfs
 LOG_LINE_LIMIT = 1000
 """A log line names a process, its reasons and (the plan line) PID 1's command line: bounded, escaped."""
 MAX_OPEN_FILES = 1 << 20
-"""The kernel's default fs.nr_open: a scan holds one pidfd per process, a node has thousands."""
+"""The kernel's default fs.nr_open: a scan holds one pidfd per process that may be a target (in a
+pod, every process of its namespace; with a scope, those the scope holds)."""
 
 
 def report_json(report: PrestopReport, pid1_log: str) -> str:
@@ -58,7 +66,8 @@ def pid1_log_status(sink: Pid1Log | None, off: str) -> str:
 
 
 def raise_open_file_limit() -> None:
-    """Let a scan pin every process of a busy node (the soft limit is often 1024)."""
+    """Raise the soft limit to the hard one (the soft limit is often 1024); past the hard limit, targets
+    left without a pidfd stop the run before any signal, with exit 2 naming the limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -128,6 +137,8 @@ def run_hook(
         print(report_json(report, pid1_log_status(sink, sink_off)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
+    if scope_missed(report):
+        print(f"gpuzombie: error: scope matched no process ({report.scope}): is the path mistyped?", file=err)
     return report.exit_status
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import time
@@ -15,7 +16,7 @@ from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.targets import Excluded, PrestopPlan, Unread, plan_targets, require_scope
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
-from gpuzombie.proc.pidfd import PinnedPids
+from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
@@ -66,21 +67,57 @@ def plan_prestop(
 ) -> tuple[PrestopPlan, PinnedPids]:
     """One snapshot of the namespace and NVML, turned into targets, exclusions and unread processes.
 
-    Every pid is pinned by a pidfd *before* it is read, so each target's pidfd is the process the
-    plan was made from; pass the pins to ``execute_plan`` (which closes them) or close them."""
+    Every pid that can be a target is pinned by a pidfd *before* it is read, so each target's
+    pidfd is the process the plan was made from; pass the pins to ``execute_plan`` (which closes
+    them) or close them. With a scope only the processes its cgroup file puts in it (or that
+    cannot be told) are pinned: a node has thousands, and each pidfd is an open file."""
     me = own_pid if own_pid is not None else own_pid_in(procfs.root)
-    pids = procfs.pids()
-    pins = PinnedPids(pids)
+    try:
+        pids = procfs.pids()
+        pins = PinnedPids(pids if scope is None else [pid for pid in pids if _may_be_in(scope, procfs, pid)])
+    except OSError as exc:
+        raise _environment_error(exc) from exc
     try:
         table = procfs.snapshot(pids, now=time.time())
         gpus = nvml.read() if nvml is not None else NO_GPU
         plan = plan_targets(
             table, gpus, own_pid=me, include_orphans=include_orphans, same_cgroup=same_cgroup, scope=scope
         )
+    except OSError as exc:
+        pins.close()
+        raise _environment_error(exc) from exc
     except BaseException:
         pins.close()
         raise
     return plan, pins
+
+
+def _may_be_in(scope: Scope, procfs: Procfs, pid: int) -> bool:
+    """In the scope by its cgroup file, or cannot be told (gone ones cost nothing: no pidfd opens)."""
+    lines = procfs.cgroup(pid)
+    return lines is None or scope.contains_cgroup(lines)
+
+
+def _environment_error(exc: OSError) -> Exception:
+    """Out of open files is the environment's limit, said as such (exit 2); any other OSError as it is."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return GpuzombieError(
+            f"out of open files ({open_files_limit()}): raise the limit or narrow the scope", ExitStatus.ERROR
+        )
+    return exc
+
+
+def _refuse_unpinned(plan: PrestopPlan, pins: PinnedPids) -> None:
+    """Before any signal: targets the open-files limit left without a pidfd would never be stopped."""
+    short = [t.pid for t in plan.targets if t.pid in pins.unpinned]
+    if pins.out_of_fds and short:
+        pins.close()
+        raise GpuzombieError(
+            f"the open-files limit ({open_files_limit()}) is too low to pin the {len(short)} target(s) left "
+            f"without a pidfd (one open file each, {len(plan.targets)} in all): raise it (ulimit -n, or the "
+            "container's nofile limit) or narrow the scope; nothing was signalled",
+            ExitStatus.ERROR,
+        )
 
 
 def run_prestop(
@@ -117,6 +154,8 @@ def run_prestop(
         plan_prestop, procfs=procfs, include_orphans=include_orphans, same_cgroup=same_cgroup, scope=scope, own_pid=me
     )
     plan, pins = scan(nvml=nvml)
+    if not dry_run:
+        _refuse_unpinned(plan, pins)
     on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
     for ex in plan.excluded:
         on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
@@ -141,7 +180,10 @@ def run_prestop(
         clock=clock,
     )
     survivors = sum(r.outcome in (Outcome.SURVIVED, Outcome.DENIED, Outcome.UNPINNED) for r in results)
-    status = ExitStatus.FINDINGS if survivors or unread else ExitStatus.OK
+    if scope_missed(plan):
+        status = ExitStatus.ERROR  # a mistyped --cgroup/--container must not look like "all gone"
+    else:
+        status = ExitStatus.FINDINGS if survivors or unread else ExitStatus.OK
     report = PrestopReport(
         schema=SCHEMA,
         started_at=started,
@@ -169,6 +211,11 @@ def run_prestop(
     return report
 
 
+def scope_missed(plan: PrestopPlan | PrestopReport) -> bool:
+    """A scope was given and matched no process at all (not even this one): most likely mistyped."""
+    return plan.scope is not None and plan.scope_matched == 0
+
+
 def _plan_line(plan: PrestopPlan) -> str:
     gpu = "NVML available" if plan.gpu_available else f"NVML not used ({plan.gpu_reason})"
     where = "the host's PID namespace" if plan.in_root_pidns else f"pid namespace {plan.own_pidns}"
@@ -183,6 +230,8 @@ def summary_line(report: PrestopReport) -> str:
     for r in report.results:
         counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no targets"
+    if scope_missed(report):
+        return f"ERROR: scope matched no process ({report.scope}): nothing signalled in {report.duration_s:.2f} s"
     if report.dry_run:
         verdict = "DRY RUN"
     elif report.survivors:

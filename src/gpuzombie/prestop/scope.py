@@ -63,12 +63,16 @@ class Scope:
         """In the scope? None when its cgroup could not be read (then nobody can tell)."""
         if not proc.cgroup:
             return None if proc.unread("cgroup") else False
+        return self.contains_cgroup(proc.cgroup)
+
+    def contains_cgroup(self, lines: tuple[str, ...]) -> bool:
+        """Do these ``/proc/<pid>/cgroup`` lines put a process in the scope?"""
         if self.cgroup is not None:
-            paths = (line.split(":", 2)[-1] for line in proc.cgroup)
+            paths = (line.split(":", 2)[-1] for line in lines)
             if not any(p == self.cgroup or p.startswith(self.cgroup + "/") for p in paths):
                 return False
         if self.container is not None:
-            ref = parse_cgroup_lines(proc.cgroup)
+            ref = parse_cgroup_lines(lines)
             if ref is None or ref.container_id is None or not ref.container_id.startswith(self.container):
                 return False
         return True

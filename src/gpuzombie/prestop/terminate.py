@@ -1,7 +1,13 @@
 """The kubelet's sequence, done early by the preStop hook: SIGTERM, wait, SIGKILL, confirm.
 
 While it waits it re-scans the namespace, so a child re-parented when its parent died (a new
-orphan) is stopped too. Every scan comes with its pidfds (``PinnedPids``, opened before the
+orphan) is stopped too. After the timeout it SIGKILLs in rounds: kill every target, wait for the
+exits, re-scan; a process forked between a scan and its parent's SIGKILL is found by the next
+round (a killed process forks no more, and its children are visible once its exit is). The last
+word is a scan taken after the last SIGKILL's wait: a round that finds nothing in scope ends it;
+else, at the kill wait's end, every target that scan finds is a survivor.
+
+Every scan comes with its pidfds (``PinnedPids``, opened before the
 processes were read): a target is signalled only through the pidfd of the very process the scan
 read, so a pid recycled at any moment is never signalled. Time is injected (``clock``) so reports
 are exact and tests are fast.
@@ -87,18 +93,25 @@ def execute_plan(
 
     tracked: dict[tuple[int, int], _Tracked] = {}
 
-    def adopt(target: Target, scan_pins: PinnedPids, found_by_rescan: bool, sig: int) -> None:
+    def adopt(target: Target, scan_pins: PinnedPids, found_by_rescan: bool, sig: int, final: bool = False) -> None:
         key = (target.pid, target.start_ticks)
         if key in tracked:
             return
+        what = f"pid {target.pid} ({target.comm}): {'; '.join(target.reasons)}"
+        unpinned = scan_pins.unpinned.get(target.pid)
+        if unpinned is None and target.pid not in scan_pins and not dry_run:
+            # Not pinned before this scan read it (it took a pid freed after the pins were opened):
+            # the next scan pins it; the final scan has no next one, so there it is a survivor.
+            if final:
+                tracked[key] = _Tracked(target, None, True, outcome=Outcome.SURVIVED)
+                emit("survivor", target.pid, f"in scope after the last SIGKILL round, not signalled: {what}")
+            return
         item = _Tracked(target, None, found_by_rescan)
         tracked[key] = item
-        what = f"pid {target.pid} ({target.comm}): {'; '.join(target.reasons)}"
         if dry_run:
             item.outcome = Outcome.WOULD_SIGNAL
             emit("plan", target.pid, f"would send {signal.Signals(sig).name} to {what}")
             return
-        unpinned = scan_pins.unpinned.get(target.pid)
         if unpinned is not None:
             item.outcome = Outcome.UNPINNED
             emit("skip", target.pid, f"not signalled: {unpinned} ({what})")
@@ -155,13 +168,22 @@ def execute_plan(
             if item.handle.liveness() is not Liveness.ALIVE:
                 finish(item, _exit_outcome(item))
 
-    def sweep(sig: int) -> None:
+    def sweep(sig: int, final: bool = False) -> int:
+        """Re-scan and adopt what is new with ``sig``; how many of the scan's targets are still to be
+        dealt with (new, or signalled and alive): 0 means none is left that waiting could change."""
         if rescan is None:
-            return
+            return 0
         new_plan, new_pins = rescan()
         with new_pins:
             for target in new_plan.targets:
-                adopt(target, new_pins, True, sig)
+                adopt(target, new_pins, True, sig, final)
+        keys = ((t.pid, t.start_ticks) for t in new_plan.targets)
+        return sum(1 for key in keys if key not in tracked or tracked[key].outcome is None)
+
+    def kill_live() -> None:
+        for item in live():
+            if not any(s.startswith("SIGKILL") for s in item.signals):
+                send(item, signal.SIGKILL)
 
     with pins:
         for target in plan.targets:
@@ -176,28 +198,32 @@ def execute_plan(
         # Re-scan on a tick, and at once when the last target is gone: its children were
         # re-parented before its exit became visible, so the scan finds them if there are any.
         if not live() or clock() >= next_rescan:
-            sweep(signal.SIGTERM)
+            pending = sweep(signal.SIGTERM)
             next_rescan = clock() + RESCAN_INTERVAL
-            if not live():
-                break  # everything exited and a fresh scan found nothing new
+            if not live() and not pending:
+                return _results(tracked)  # everything exited, and a scan after the last exit found nothing
         wait_any_exit(handles(), max(0.0, min(deadline, next_rescan) - clock()))
 
-    reap_exits()
-    sweep(signal.SIGKILL)
-    for item in live():
-        if not any(s.startswith("SIGKILL") for s in item.signals):
-            send(item, signal.SIGKILL)
+    # SIGKILL rounds: each scan is taken after the previous round's exits were seen.
     kill_deadline = clock() + kill_wait
-    while live() and clock() < kill_deadline:
-        wait_any_exit(handles(), min(kill_deadline - clock(), RESCAN_INTERVAL))
+    while True:
         reap_exits()
+        pending = sweep(signal.SIGKILL)
+        kill_live()
+        if not live() and not pending:
+            return _results(tracked)  # the last word: a scan after the last SIGKILL's wait found nothing
+        if clock() >= kill_deadline:
+            break
+        wait_any_exit(handles(), min(kill_deadline - clock(), RESCAN_INTERVAL))
+    reap_exits()
+    sweep(signal.SIGKILL, final=True)  # the last word: what it finds, new or left, is a survivor
     for item in live():
         item.outcome = Outcome.SURVIVED
         emit(
             "survivor",
             item.target.pid,
-            f"pid {item.target.pid} ({item.target.comm}) still alive "
-            f"{kill_wait:.1f} s after SIGKILL (D state in the driver?)",
+            f"pid {item.target.pid} ({item.target.comm}) still alive {kill_wait:.1f} s after SIGKILL "
+            "(D state in the driver?), or found by the final scan",
         )
         if item.handle is not None:
             item.handle.close()

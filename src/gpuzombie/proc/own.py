@@ -35,6 +35,15 @@ def open_pid1_stdout(path: str = PID1_STDOUT) -> tuple[int | None, str | None]:
         return None, f"cannot open {path}: {exc.strerror}"
 
 
+def open_fd_count(procfs_root: str = PROCFS) -> int | None:
+    """How many files this process has open (its fd/ entries, less the one listing them); None when
+    that cannot be listed."""
+    try:
+        return len(os.listdir(os.path.join(procfs_root, "self", "fd"))) - 1
+    except OSError:
+        return None
+
+
 def cgroup_v2_only(procfs_root: str = PROCFS) -> bool:
     """Does this process sit in the unified (v2) hierarchy alone? False for v1, hybrid or unreadable."""
     try:

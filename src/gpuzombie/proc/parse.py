@@ -14,6 +14,9 @@ PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 DEAD_STATES = frozenset("Xx")
 """Dead (``X``; ``x`` on kernels before 4.14): exiting past the zombie state, so gone."""
 SIGTERM_BIT = 1 << (15 - 1)  # bit N-1 of the SigBlk/SigIgn/SigCgt masks in /proc/<pid>/status
+STATES = frozenset("RSDZTtWXxKPI")
+"""Every state letter a kernel prints (fs/proc/array.c, since 2.6; W, K and x only before 4.14).
+Anything else, a lower-case ``z`` included, is no state: the stat is malformed."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class StatFields:
     comm: str
     state: str
     ppid: int
+    pid: int
     pgid: int
     sid: int
     start_ticks: int
@@ -75,8 +79,19 @@ def _int(text: str, what: str) -> int:
     return int(text)
 
 
+def _uint(text: str, what: str) -> int:
+    """A field the kernel prints unsigned (``%u``): a minus sign means the text is not the kernel's."""
+    if text.startswith("-"):
+        raise ValueError(f"{what} is negative, the kernel prints it unsigned: {text[:40]!r}")
+    return _int(text, what)
+
+
 def parse_stat(text: str) -> StatFields:
-    """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'."""
+    """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'.
+
+    Strict where a wrong value changes a verdict: the state must be one of the kernel's letters
+    (``STATES``) and the flags unsigned (``-1`` would set PF_KTHREAD and hide a GPU holder as a
+    kernel thread)."""
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 0 or close_paren < open_paren:
@@ -88,17 +103,18 @@ def parse_stat(text: str) -> StatFields:
     if len(rest) < 22:
         raise ValueError(f"stat has {len(rest) + 2} fields, fewer than 24")
     state = rest[0]
-    if len(state) != 1 or not state.isascii() or not state.isalpha():
-        raise ValueError(f"stat state is not one letter: {state[:40]!r}")
+    if state not in STATES:
+        raise ValueError(f"stat state is not a kernel state letter: {state[:40]!r}")
     return StatFields(
         comm=comm,
         state=state,
+        pid=_uint(text[:open_paren].strip(), "pid"),
         ppid=_int(rest[1], "ppid"),
         pgid=_int(rest[2], "pgrp"),
         sid=_int(rest[3], "session"),
         start_ticks=_int(rest[19], "starttime"),
         rss_pages=_int(rest[21], "rss"),
-        flags=_int(rest[6], "flags"),
+        flags=_uint(rest[6], "flags"),
     )
 
 

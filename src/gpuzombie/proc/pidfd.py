@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import resource
 import select
 import signal
 from collections.abc import Iterable
@@ -22,7 +23,7 @@ from enum import Enum
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.proc.own import PROCFS
+from gpuzombie.proc.own import PROCFS, open_fd_count
 from gpuzombie.proc.parse import parse_stat
 from gpuzombie.proc.read import read_text
 
@@ -139,28 +140,79 @@ class ProcessHandle:
             self.pidfd = None
 
 
+RESERVED_FDS = 64
+"""Files kept free while pinning, for the scan that follows (a /proc file, an fd/ directory, a log)."""
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def open_files_limit() -> str:
+    """The open-files limit, as a person raises it: ``ulimit -n 1024 (hard 1024)``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def show(n: int) -> str:
+        return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+
+    return f"ulimit -n {show(soft)} (hard {show(hard)})"
+
+
+def _fd_budget(reserve: int) -> int | None:
+    """How many more files may be opened with ``reserve`` left free; None when unknown or unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = open_fd_count()
+    if soft == resource.RLIM_INFINITY or in_use is None:
+        return None
+    return max(0, soft - in_use - reserve)
+
+
 class PinnedPids:
     """pidfds opened before a snapshot reads the processes, so what was read is what gets signalled.
 
     ``take`` hands one over once the snapshot has read its process; ``close`` releases the rest.
-    ``unpinned`` says why a pid has none (e.g. too many open files): such a process is never signalled.
+    ``unpinned`` says why a pid has none: the open-files limit (``RESERVED_FDS`` stay free for the
+    scan, so running out never fails the scan itself), or another error. Such a process is never
+    signalled; ``out_of_fds`` tells the caller the limit was the reason.
     """
 
-    def __init__(self, pids: Iterable[int]) -> None:
+    def __init__(self, pids: Iterable[int], *, reserve: int = RESERVED_FDS) -> None:
         self._pidfds: dict[int, int] = {}
         self.unpinned: dict[int, str] = {}
+        self.out_of_fds = False
+        budget = _fd_budget(reserve)
         try:
             for pid in pids:
+                if self.out_of_fds or (budget is not None and len(self._pidfds) >= budget):
+                    self.out_of_fds = True
+                    self.unpinned[pid] = f"no pidfd: the open-files limit is reached ({open_files_limit()})"
+                    continue
                 try:
                     pidfd = open_pidfd(pid)
                 except OSError as exc:
-                    self.unpinned[pid] = f"no pidfd: {exc.strerror}"
+                    if exc.errno in _OUT_OF_FDS:
+                        self.out_of_fds = True
+                        self.unpinned[pid] = f"no pidfd: the open-files limit is reached ({open_files_limit()})"
+                    else:
+                        self.unpinned[pid] = f"no pidfd: {exc.strerror}"
                     continue
                 if pidfd is not None:
                     self._pidfds[pid] = pidfd
+            if self.out_of_fds:
+                self._free_reserve(reserve)
         except BaseException:
             self.close()
             raise
+
+    def _free_reserve(self, reserve: int) -> None:
+        """After EMFILE the scan still needs files: give back the last pins until ``reserve`` are free."""
+        budget = _fd_budget(0)
+        while budget is not None and budget < reserve and self._pidfds:
+            pid, pidfd = self._pidfds.popitem()
+            os.close(pidfd)
+            self.unpinned[pid] = f"no pidfd: the open-files limit is reached ({open_files_limit()})"
+            budget += 1
+
+    def __contains__(self, pid: object) -> bool:
+        """Holds a pidfd for ``pid`` (opened before the scan read it), not yet taken."""
+        return pid in self._pidfds
 
     def __enter__(self) -> PinnedPids:
         return self

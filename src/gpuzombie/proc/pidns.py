@@ -22,7 +22,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import parse_ns_link
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table, not_a_procfs
 
 ROOT_PIDNS_INODE = 0xEFFFFFFC
 """The kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)."""
@@ -61,7 +61,8 @@ def own_pid_in(procfs_root: str = PROCFS) -> int:
     try:
         return int(os.readlink(os.path.join(procfs_root, "self")))
     except (OSError, ValueError) as exc:
-        raise GpuzombieError(f"cannot read {procfs_root}/self: {exc}", ExitStatus.ERROR) from exc
+        why = not_a_procfs(procfs_root) or f"cannot read {procfs_root}/self: {exc}"
+        raise GpuzombieError(why, ExitStatus.ERROR) from exc
 
 
 def is_live_procfs(root: str) -> bool:

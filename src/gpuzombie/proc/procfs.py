@@ -10,6 +10,7 @@ marked incomplete with the file and the reason.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ from gpuzombie.proc.read import (
 )
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
+NVIDIA_DEVICE_NAMES = r"(?:[0-9]{1,3}|ctl|-uvm|-uvm-tools|-modeset|-caps/nvidia-cap[0-9]{1,6})"
+"""What follows the prefix in a device the driver creates: /dev/nvidia0..N, nvidiactl, nvidia-uvm,
+nvidia-uvm-tools, nvidia-modeset, nvidia-caps/nvidia-capN (MIG). Any other link under the prefix
+(a 4,000-character name, ``/dev/nvidia0 (deleted)``) is no GPU device: the fd is malformed."""
 DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
 """Files whose loss can hide a finding: the state and parent (stat), a /dev/nvidia* fd (fd), the
 namespace and the pid inside it (ns/pid, status). cmdline and cgroup only name what was found."""
@@ -171,6 +176,23 @@ def describe_unreadable(table: ProcessTable, shown: Iterable[int] = ()) -> str |
     )
 
 
+def not_a_procfs(root: str) -> str | None:
+    """Why the directory ``root`` is no procfs tree (the kernel's, a recording's or a test's), as a
+    sentence for a person: it has neither a ``stat`` nor one pid directory. None otherwise, also for
+    a root that is missing or no directory (the caller's own error says that) or a broken tree
+    (whose failing file then says what is wrong)."""
+    if not os.path.isdir(root) or os.path.lexists(os.path.join(root, "stat")):
+        return None
+    try:
+        if Procfs(root).pids():
+            return None
+    except OSError:
+        return None
+    return (
+        f"{root} is not a procfs (no stat file, no process directories): give the root of one, e.g. /proc or /host/proc"
+    )
+
+
 def build_table(
     processes: Mapping[int, ProcessInfo],
     *,
@@ -249,6 +271,7 @@ class Procfs:
     ) -> None:
         self.root = root.rstrip("/") or "/"
         self.device_prefix = device_prefix  # a stand-in path on machines without /dev/nvidia*
+        self._device = re.compile(re.escape(device_prefix) + NVIDIA_DEVICE_NAMES)
         self.deadline_s = deadline_s
         self.clock_ticks = os.sysconf("SC_CLK_TCK")
         self.page_size = os.sysconf("SC_PAGE_SIZE")
@@ -261,19 +284,34 @@ class Procfs:
         return Deadline(self.deadline_s)
 
     def pids(self) -> list[int]:
-        """Numeric entries of the tree; raises OSError when the root cannot be listed."""
-        return sorted(int(name) for name in os.listdir(self.root) if name.isascii() and name.isdigit())
+        """Pid directories of the tree: numeric names that are real directories (a symlink named
+        like a pid would read another process twice); raises OSError when the root cannot be listed."""
+        with os.scandir(self.root) as entries:
+            return sorted(
+                int(e.name)
+                for e in entries
+                if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)
+            )
 
     def boot_time(self) -> float:
         """The tree's boot time; raises OSError (unreadable, FIFO, too large) or ValueError (no btime)."""
         return parse_boot_time(read_text(self.path("stat"), "proc_stat"))
 
-    def _nvidia_fds(self, fd_dir: str) -> tuple[str, ...]:
-        """Targets of the fds in ``fd_dir`` that point at the device prefix (/dev/nvidia*), sorted;
-        raises OSError when the directory cannot be listed."""
+    def _nvidia_fds(self, fd_dir: str) -> tuple[tuple[str, ...], str | None]:
+        """Targets of the fds in ``fd_dir`` that are NVIDIA devices (exactly: ``NVIDIA_DEVICE_NAMES``),
+        sorted, and what is wrong with a link that starts with the prefix but names no device (None
+        when none does); raises OSError when the directory cannot be listed."""
         prefix = self.device_prefix
-        found = {target for target in fd_targets(fd_dir) if target.startswith(prefix)}
-        return tuple(sorted(found)) if found else ()
+        found: set[str] = set()
+        odd: list[str] = []
+        for target in fd_targets(fd_dir):
+            if target.startswith(prefix):
+                if self._device.fullmatch(target):
+                    found.add(target)
+                else:
+                    odd.append(target)
+        why = f"{len(odd)} link(s) under {prefix} name no NVIDIA device, e.g. {odd[0][:80]!r}" if odd else None
+        return (tuple(sorted(found)) if found else ()), why
 
     def pidns(self, pid: int) -> int | None:
         """The PID-namespace inode of ``pid``; None when gone, denied or not a namespace link."""
@@ -300,6 +338,13 @@ class Procfs:
         """The argv of ``pid``; None when gone or unreadable."""
         try:
             return parse_cmdline(read_capped(self.path(pid, "cmdline"), "cmdline"))
+        except OSError:
+            return None
+
+    def cgroup(self, pid: int) -> tuple[str, ...] | None:
+        """The lines of /proc/<pid>/cgroup; None when gone or unreadable."""
+        try:
+            return parse_cgroup(read_text(self.path(pid, "cgroup"), "cgroup"))
         except OSError:
             return None
 
@@ -391,6 +436,9 @@ class Procfs:
             stat = parse_stat(raw.decode(errors="replace"))
         except ValueError as exc:
             return self._unknown(pid, boot_time, (unreadable("stat", exc),), uid=owner)
+        if stat.pid != pid:
+            why = ValueError(f"stat names pid {stat.pid}: not the directory of its own process")
+            return self._unknown(pid, boot_time, (unreadable("stat", why),), uid=owner)
         if stat.state in DEAD_STATES:
             return None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
@@ -411,7 +459,9 @@ class Procfs:
         if ns_failure is not None:
             reading.failed("ns/pid", ns_failure)
         try:
-            fds = self._nvidia_fds(f"{base}/fd")
+            fds, odd = self._nvidia_fds(f"{base}/fd")
+            if odd is not None:
+                reading.failed("fd", ValueError(odd))
         except OSError as exc:
             reading.failed("fd", exc)
         nspid = status.nspid or (pid,)
