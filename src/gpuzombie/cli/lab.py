@@ -14,7 +14,7 @@ from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, run_lab
 from gpuzombie.lab.runtime.pidns import INITS
-from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
+from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
@@ -35,7 +35,11 @@ def exact_command() -> list[str]:
     for name, value in ctx.params.items():
         if value is not None:
             option = next(o for o in ctx.command.params if o.name == name)
-            argv += [option.opts[0], str(value)]
+            if isinstance(option, click.Argument):
+                argv += [str(value)]
+                continue
+            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
+                argv += [option.opts[0], str(one)]
     return argv
 
 
@@ -75,9 +79,11 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 @click.option(
     "--scenario",
     type=click.Choice(CHOICES),
-    default="all",
+    multiple=True,
+    default=("all",),
     show_default=True,
-    help="One scenario (S1-S4 the seed's, S5 shareProcessNamespace), all five, or the NCCL comparison.",
+    help="A scenario (S1-S4 the seed's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
+    "hook), all five, or the NCCL comparison; repeat the option to run several side by side.",
 )
 @click.option(
     "--runtime",
@@ -172,7 +178,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     help="Where results.json, comparison.md, the plots and one folder per scenario go.",
 )
 def run_command(
-    scenario: str,
+    scenario: tuple[str, ...],
     runtime: str,
     cri_socket: str | None,
     repeat: int,
@@ -209,7 +215,7 @@ def run_command(
     console = Console(stderr=True, log_path=False)
     config = LabConfig(workers=workers, grace=grace, size_mib=size_mib, uid=uid, init=init, main=main_process)
     request = LabRequest(
-        scenarios=list(SCENARIOS) if scenario == "all" else [scenario],
+        scenarios=list(dict.fromkeys(n for name in scenario for n in (DEFAULT_SCENARIOS if name == "all" else [name]))),
         config=config,
         out=out,
         command=exact_command(),

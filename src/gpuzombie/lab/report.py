@@ -330,7 +330,7 @@ def _is_variant(key: str, e: Entry) -> bool:
     return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
 
 
-SPREAD_SCENARIOS = (*BASE, "s5-sharepid")
+SPREAD_SCENARIOS = (*BASE, "s5-sharepid", "s4-fullfix-fasthook")
 TIMINGS = (
     ("deletion → free", "release_latency_s", "s"),
     ("kill -9 → free", "kill9_to_free_s", "s"),
