@@ -36,7 +36,7 @@ def exact_command() -> list[str]:
         if value is not None:
             option = next(o for o in ctx.command.params if o.name == name)
             if isinstance(option, click.Argument):
-                argv += [str(value)]
+                argv += [str(getattr(value, "name", value))]
                 continue
             for one in value if isinstance(value, tuple) else (value,):  # a repeated option
                 argv += [option.opts[0], str(one)]
@@ -315,3 +315,13 @@ def report_command(directory: Path) -> int:
     for path in written:
         click.echo(str(path))
     return ExitStatus.OK
+
+
+def _register_pod() -> None:
+    """``lab pod`` lives in its own module (cli/labpod.py)."""
+    from gpuzombie.cli.labpod import pod_command
+
+    command.add_command(pod_command)
+
+
+_register_pod()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie.jsonout import dumps
+from gpuzombie.lab.podreport import is_pod, pod_notes, pods_md
 from gpuzombie.lab.results import load
 
 Entry = Mapping[str, Any]
@@ -192,7 +193,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     if len(commands) > 1:
         lines.append("- runs merged here, each with its own command:")
         lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
-    if first is not None:
+    if first is not None and not is_pod(first):
         c = first["config"]
         lines.append(
             f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
@@ -292,6 +293,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                 f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
                 f"{format_seconds(m['kill9_to_free_s'])} |"
             )
+    lines += pods_md(scenarios)
     if nccl is not None:
         lines += [
             "",
@@ -327,7 +329,7 @@ def _observe_summary(obs: Mapping[str, Any]) -> str:
 
 def _is_variant(key: str, e: Entry) -> bool:
     """A run outside the main table and the runtimes table: another init, uid, backend..."""
-    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
+    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1 and not is_pod(e)
 
 
 SPREAD_SCENARIOS = (*BASE, "s5-sharepid", "s4-fullfix-fasthook")
@@ -443,6 +445,8 @@ def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
 
 def notes_for(key: str, e: Entry) -> str:
     """A scenario's notes.md."""
+    if is_pod(e):
+        return pod_notes(key, e)
     m, c, d = e["metrics"], e["config"], e["deletion"]
     number = e["scenario"]["number"]
     lines = [f"# {key}: scenario {number}, {e['scenario']['title']}", ""]

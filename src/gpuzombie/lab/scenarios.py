@@ -144,6 +144,8 @@ class ScenarioRun:
     """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
     attempt: int = 1
     """Which repetition of the scenario this is (``--repeat``)."""
+    manifest: Mapping[str, Any] | None = None
+    """``lab pod``: the manifest's pod as it ran (names, grace, the lab's notes); None for a scenario."""
 
 
 def _memory_flags(config: LabConfig) -> list[str]:
