@@ -12,8 +12,8 @@ the grace; then ``StopContainer`` with the whole seconds left, at least the kube
 results.json, comparison.md, notes.md and the plots are written as ``lab run`` writes them.
 
 Every image is the lab's (busybox with the host's directories mounted read-only, nothing pulled),
-whose ENTRYPOINT is empty. ``python3`` in a container is the host's, with the project on
-PYTHONPATH. The fast preStop hook is built fresh and mounted read-only at
+whose ENTRYPOINT is empty. ``python3`` in a container is the lab's own (its directory is on PATH
+after the image's /bin), with the project on PYTHONPATH, as the scenarios run it. The fast preStop hook is built fresh and mounted read-only at
 ``/opt/gpuzombie/prestop.pyz`` in every container, as the gpuzombie node image ships it, so a
 manifest patched by ``gpuzombie webhook --patch`` runs unchanged.
 """
@@ -25,6 +25,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +62,8 @@ HOOK_PATH = "/opt/gpuzombie/prestop.pyz"
 """Where the node image has the fast hook; lab pod mounts a fresh build there."""
 TINI_STATIC = "/usr/bin/tini-static"
 """Debian's tini package: the webhook's init container copies it from the node image."""
+LAB_PYTHON_BIN = os.path.dirname(sys.executable)
+"""On a container's PATH after the image's /bin: ``python3`` (and ``gpuzombie``) are the lab's."""
 INIT_TIMEOUT_S = 120.0
 SETTLE_S = 1.0
 """The pod is measured once its processes and memory held have not changed for this long."""
@@ -104,8 +107,8 @@ class PodRssProbe:
 def lab_notes(manifest: PodManifest, device: str) -> list[str]:
     """What the lab does differently from a node, for the output (nothing silently)."""
     notes = [IMAGE_NOTE, ENTRYPOINT_NOTE]
-    python3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-    notes.append(f"python3 in a container is the host's ({python3 or 'none on /usr/bin'}), the project on PYTHONPATH")
+    python3 = shutil.which("python3", path=LAB_PYTHON_BIN) or shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    notes.append(f"python3 in a container is the lab's ({python3}, as the scenarios run it), the project on PYTHONPATH")
     notes.append(f"the fast preStop hook is built fresh and mounted read-only at {HOOK_PATH}")
     gpus = sum(c.resources.gpus for c in manifest.containers)
     if gpus:
@@ -224,6 +227,8 @@ class ManifestPod:
 
     def _env(self, c: Container) -> dict[str, str]:
         env = lab_environment(os.environ, self.gpu if c.resources.gpus else None)
+        head, _, rest = env["PATH"].partition(":")  # the image's /bin, then the lab's Python
+        env["PATH"] = ":".join([head, LAB_PYTHON_BIN, rest])
         project = str(Path(__file__).resolve().parents[2])  # the gpuzombie package, as the lab image has it
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, project]))
