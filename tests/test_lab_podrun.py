@@ -138,3 +138,19 @@ spec:
     stop = next(ev["detail"] for ev in e["events"] if ev["name"] == "sigterm")
     assert stop == "main: StopContainer(timeout=3)"  # 4 s grace, 1 s slept (whole seconds, as the kubelet)
     assert rc == 1 and d["sigkill_at"] is not None and d["leftovers"] == []
+
+
+def test_repeat_runs_the_pod_again_and_json_is_one_line_per_run(tmp_path, monkeypatch, capsys):
+    text = small(FIXTURES / "pod-nofix.webhook-patched.handmade.yaml")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    argv = ["lab", "pod", "-", "--grace", str(GRACE), "--device", "cpu", "--repeat", "2", "--json"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    runs = [json.loads(line) for line in lines]
+    key = "pod-gpu-zombie-nofix-shareprocessnamespace-containerd"
+    assert [r["run"] for r in runs] == [key, f"{key}-run2"]
+    assert all(r["schema"] == "gpuzombie.labpod/1" and r["deletion"]["leftovers"] == [] for r in runs)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data["scenarios"]) == {key, f"{key}-run2"}
+    command = data["provenance"]["command"]  # as run, the flag without a value
+    assert "lab pod --grace 5 --device cpu --repeat 2 --json --out" in command and command.endswith(" -"), command

@@ -35,8 +35,12 @@ def exact_command() -> list[str]:
     for name, value in ctx.params.items():
         if value is not None:
             option = next(o for o in ctx.command.params if o.name == name)
-            if isinstance(option, click.Argument):
-                argv += [str(getattr(value, "name", value))]
+            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
+                name = getattr(value, "name", value) if not isinstance(value, str) else value
+                argv.append(name if isinstance(name, str) and name != "<stdin>" else "-")
+                continue
+            if isinstance(option, click.Option) and option.is_flag:
+                argv += [option.opts[0]] if value else []
                 continue
             for one in value if isinstance(value, tuple) else (value,):  # a repeated option
                 argv += [option.opts[0], str(one)]

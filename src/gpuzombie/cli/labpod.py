@@ -56,7 +56,14 @@ def load_manifest(stream: IO[str]) -> Any:
     default=None,
     help="Import the pause and busybox images from these archives (`gpuzombie lab images`).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON (schema gpuzombie.labpod/1).")
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="Run the pod N times (one containerd); the report shows each run.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/1).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -65,7 +72,13 @@ def load_manifest(stream: IO[str]) -> Any:
     help="Where results.json, comparison.md, the plots and the pod's folder go (lab run's layout).",
 )
 def pod_command(
-    manifest: IO[str], grace: int | None, device: str, image_archives: Path | None, as_json: bool, out: Path
+    manifest: IO[str],
+    grace: int | None,
+    device: str,
+    image_archives: Path | None,
+    repeat: int,
+    as_json: bool,
+    out: Path,
 ) -> int:
     """Run the Pod in MANIFEST (a file, or - for stdin) on a private containerd as the kubelet
     would, delete it as the kubelet does, and measure it like the scenarios.
@@ -118,7 +131,7 @@ def pod_command(
                 console.log(line)
                 status.update(line)
 
-            run, path = run_lab_pod(
+            runs, path = run_lab_pod(
                 parsed,
                 config,
                 out=out,
@@ -126,6 +139,7 @@ def pod_command(
                 archives=image_archives,
                 nvml=nvml,
                 progress=say,
+                repeat=repeat,
             )
     except (CriError, ContainerdError, PodRunError) as exc:
         raise GpuzombieError(str(exc)) from exc
@@ -133,20 +147,21 @@ def pod_command(
         raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
     from gpuzombie.lab.results import run_key, run_to_json
 
-    key = run_key(run)
-    m, d = run.metrics, run.deletion
-    before = next((o for o in run.observations if o.point == "after-spawn"), None)
-    zombies = before.zombies if before else 0
-    if as_json:
-        click.echo(json.dumps({"schema": SCHEMA, "run": key, **run_to_json(run)}, default=str))
-    else:
+    findings = False
+    for run in runs:
+        key = run_key(run)
+        m, d = run.metrics, run.deletion
+        before = next((o for o in run.observations if o.point == "after-spawn"), None)
+        findings = findings or bool(d.leftovers) or bool(m["waited_whole_grace"])
+        if as_json:
+            click.echo(json.dumps({"schema": SCHEMA, "run": key, **run_to_json(run)}, default=str))
+            continue
         free = "—" if m["release_latency_s"] is None else f"{m['release_latency_s']:.3f} s"
         click.echo(
-            f"{key}: PID 1 {run.init}; zombies {zombies}, orphans {before.orphans if before else 0} before deletion; "
-            f"deletion → free {free}; whole grace ({d.grace_s:g} s) waited: {'yes' if m['waited_whole_grace'] else 'no'}; "
-            f"grace waste {m['grace_waste_gib_s']:.2f} GiB·s; processes left: {len(d.leftovers)}"
+            f"{key}: PID 1 {run.init}; zombies {before.zombies if before else 0}, orphans "
+            f"{before.orphans if before else 0} before deletion; deletion → free {free}; whole grace "
+            f"({d.grace_s:g} s) waited: {'yes' if m['waited_whole_grace'] else 'no'}; grace waste "
+            f"{m['grace_waste_gib_s']:.2f} GiB·s; processes left: {len(d.leftovers)}"
         )
-    console.print(f"wrote {path.parent}/ ({key}/, comparison.md, results.json, memory-timeline.png)")
-    if d.leftovers or m["waited_whole_grace"]:
-        return ExitStatus.FINDINGS
-    return ExitStatus.OK
+    console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
+    return ExitStatus.FINDINGS if findings else ExitStatus.OK

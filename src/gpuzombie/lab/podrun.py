@@ -156,28 +156,36 @@ class PodVolumes:
         self.paths: dict[str, str] = {}
         self._tmpfs: list[str] = []
         self._workdir = workdir
-        for v in volumes:
-            if v.kind == "hostPath" and v.host_path:
-                if v.host_type == "DirectoryOrCreate":
-                    os.makedirs(v.host_path, mode=0o755, exist_ok=True)
-                self.paths[v.name] = v.host_path
-                continue
-            path = workdir / "volumes" / v.name
-            path.mkdir(parents=True)
-            if v.memory:
-                size = f",size={v.size_limit}" if v.size_limit else ""
-                done = subprocess.run(
-                    ["mount", "-t", "tmpfs", "-o", f"mode=0777{size}", f"gpuzombie-{v.name}", str(path)],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                    check=False,
-                )
-                if done.returncode != 0:
-                    raise PodRunError(f"volume {v.name}: cannot mount a tmpfs: {done.stderr.strip()[:200]}")
-                self._tmpfs.append(str(path))
-            os.chmod(path, 0o777)  # the kubelet's emptyDir mode: any uid of the pod writes there
-            self.paths[v.name] = str(path)
+        try:
+            for v in volumes:
+                self._make(v)
+        except BaseException:
+            self.close()  # the tmpfs mounted so far
+            raise
+
+    def _make(self, v: Volume) -> None:
+        """One volume: a hostPath as it is; an emptyDir a directory (a tmpfs with medium Memory)."""
+        if v.kind == "hostPath" and v.host_path:
+            if v.host_type == "DirectoryOrCreate":
+                os.makedirs(v.host_path, mode=0o755, exist_ok=True)
+            self.paths[v.name] = v.host_path
+            return
+        path = self._workdir / "volumes" / v.name
+        path.mkdir(parents=True)
+        if v.memory:
+            size = f",size={v.size_limit}" if v.size_limit else ""
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"mode=0777{size}", f"gpuzombie-{v.name}", str(path)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise PodRunError(f"volume {v.name}: cannot mount a tmpfs: {done.stderr.strip()[:200]}")
+            self._tmpfs.append(str(path))
+        os.chmod(path, 0o777)  # the kubelet's emptyDir mode: any uid of the pod writes there
+        self.paths[v.name] = str(path)
 
     def close(self) -> None:
         for path in self._tmpfs:
@@ -489,11 +497,19 @@ class _PodMeasurement:
         self.events = EventLog()
         self.standin = config.device != "cuda"
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuzombie-labpod-"))
-        self.pod = ManifestPod(runtime, manifest, config, self.events, self.workdir)
         self.cri_socket = runtime.socket
         self.observations: list[Observation] = []
         self.logs: dict[str, str] = {}
-        self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
+        try:
+            self.pod = ManifestPod(runtime, manifest, config, self.events, self.workdir)
+            try:
+                self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
+            except BaseException:
+                self.pod.volumes.close()
+                raise
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
 
     def _probe(self) -> Probe:
         if self.standin:
@@ -559,6 +575,7 @@ class _PodMeasurement:
                 time.sleep(0.3)  # a tail of samples after the release, for the plot
         finally:
             pod.kill()
+            shutil.rmtree(self.workdir, ignore_errors=True)  # its emptyDirs and the hook's build
         self.logs["pod.log"] = pod.log_text()
         if deletion.prestop_rc is not None:
             self.logs["prestop.log"] = (
@@ -566,7 +583,6 @@ class _PodMeasurement:
             )
         self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
         self.observe("after-delete")
-        shutil.rmtree(self.workdir, ignore_errors=True)
         return self.finish(deletion, at_delete)
 
     def finish(self, deletion: Deletion, at_delete: int) -> ScenarioRun:
@@ -656,10 +672,12 @@ def run_lab_pod(
     archives: Path | None = None,
     nvml: NvmlBackend | None = None,
     progress: Progress = lambda _: None,
-) -> tuple[ScenarioRun, Path]:
-    """``lab pod`` as a library call: a private containerd, the pod run and measured, OUT/results.json
-    (merged with earlier runs of the same kind) and the report. Ctrl-C or SIGTERM removes the pod and
-    the containerd before KeyboardInterrupt propagates."""
+    repeat: int = 1,
+) -> tuple[list[ScenarioRun], Path]:
+    """``lab pod`` as a library call: a private containerd, the pod run and measured ``repeat``
+    times (``-runN`` folders after the first), OUT/results.json (merged with earlier runs of the
+    same kind) and the report. Ctrl-C or SIGTERM removes the pod and the containerd before
+    KeyboardInterrupt propagates."""
     from gpuzombie.lab import report
     from gpuzombie.lab.results import write_results
     from gpuzombie.lab.runner import check_can_make_pods, interrupts_as_keyboard_interrupt
@@ -673,7 +691,11 @@ def run_lab_pod(
         interrupts_as_keyboard_interrupt(),
         cri_runtime(socket=None, gpu=config.device == "cuda", archives=archives) as cri,
     ):
-        run = _PodMeasurement(cri, manifest, config, nvml, progress).run()
-    path = write_results([run], out, command=command, gpus=gpus)
+        runs = []
+        for attempt in range(1, repeat + 1):
+            say = progress if repeat == 1 else (lambda line, n=attempt: progress(f"[{n}/{repeat}] {line}"))
+            run = _PodMeasurement(cri, manifest, config, nvml, say).run()
+            runs.append(replace(run, attempt=attempt))
+    path = write_results(runs, out, command=command, gpus=gpus)
     report.build(out)
-    return run, path
+    return runs, path
