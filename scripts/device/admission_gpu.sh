@@ -82,7 +82,7 @@ lab_pod() {  # lab_pod LABEL REPEAT FILE|-  (stdin when -)
   [ "$limit" -gt 25 ] || { log "$label: skipped (budget)"; return 0; }
   log "$label: gpuzombie lab pod $file --device $DEVICE --repeat $repeat"
   PYTHONUNBUFFERED=1 timeout -s TERM -k 20 "$limit" python3 -m gpuzombie lab pod "$file" --device "$DEVICE" \
-    --repeat "$repeat" --image-archives .lab-images --out "$WORK/labpod" 2>&1 | tee -a "$LOG" | grep -E '^(pod-|gpuzombie)'
+    --repeat "$repeat" --image-archives .lab-images --out "$WORK/labpod" 2>&1 | tee -a "$LOG" | grep -E '^(pod-[^ ,]*: PID|gpuzombie)'
   log "$label: exit ${PIPESTATUS[0]}"
 }
 
