@@ -4,7 +4,7 @@
 #
 #   here, once:   scripts/device/admission_gpu.sh prepare
 #                 fills the gitignored .debs/ (containerd, runc, catatonit, tini), .whl/ (the CRI
-#                 stubs and PyYAML for python 3.12) and .lab-images/ (pause and busybox archives).
+#                 stubs, PyYAML for python 3.12, jsonpatch) and .lab-images/ (pause, busybox), ~33 MB.
 #   GPU machine:  scripts/device/admission_gpu.sh run        (carry: .debs .whl .lab-images)
 #
 # On a private containerd (Debian's .debs unpacked with dpkg -x, as lab_runtimes.sh does), with the
@@ -46,6 +46,8 @@ prepare() {
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$PYYAML_WHEEL" || return 2
+  # gpuzombie webhook --patch applies its JSONPatch with jsonpatch (pure Python)
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d .whl jsonpatch jsonpointer || return 2
   du -shc .debs .whl .lab-images
 }
 
@@ -107,8 +109,8 @@ run() {
     containerd --version; runc --version | head -n 1; tini --version
   } 2>&1 | tee -a "$LOG"
   HAVE_WEBHOOK=0
-  python3 -m gpuzombie webhook --help >/dev/null 2>&1 && HAVE_WEBHOOK=1
-  log "gpuzombie webhook: $([ $HAVE_WEBHOOK = 1 ] && echo 'present (its --patch output is run)' || echo "absent: the hand-made copies in $FIXTURES stand in")"
+  python3 -m gpuzombie webhook --patch deploy/pod-nofix.yaml 2>/dev/null | grep -q '^kind: Pod' && HAVE_WEBHOOK=1
+  log "gpuzombie webhook --patch: $([ $HAVE_WEBHOOK = 1 ] && echo 'works (its output is run)' || echo "not there or failing: the hand-made copies in $FIXTURES stand in")"
 
   lab_pod "1 unpatched" 1 deploy/pod-nofix.yaml
 
