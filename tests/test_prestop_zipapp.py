@@ -99,3 +99,43 @@ def test_the_zipapp_asks_nvml_when_the_fd_scan_cannot_decide(tmp_path, pyz, monk
     assert res["rc"] == 1, res["stderr"]
     assert report["results"] == [] and res["alive"] == {"sleep": True}
     assert report["gpu_reason"] != NVML_NOT_ASKED.reason
+
+
+PYENV = Path("/root/.pyenv/versions")
+
+
+def other_pythons() -> list[Path]:
+    """Other CPython versions installed here (pyenv), to run the archive built by this one."""
+    found = sorted(PYENV.glob("3.*/bin/python3")) if PYENV.is_dir() else []
+    return [p for p in found if p.resolve() != Path(sys.executable).resolve()]
+
+
+@pytest.mark.skipif(not other_pythons(), reason="no other Python installed (pyenv) to run the archive with")
+def test_other_pythons_run_its_sources_and_an_old_one_is_refused_in_one_line(pyz):
+    """A training image's python3 is not ours: 3.10+ run the sources beside the bytecode; an older
+    one gets one line and exit 2, never a traceback."""
+    for python in other_pythons():
+        version = tuple(int(x) for x in python.parts[-3].split(".")[:2])
+        done = subprocess.run(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                str(python),
+                "-S",
+                "-I",
+                str(pyz),
+                "--dry-run",
+                "--no-pid1-log",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if version >= (3, 10):
+            assert done.returncode == 0 and "DRY RUN" in done.stdout, (python, done.stderr)
+        else:
+            assert done.returncode == 2 and "Traceback" not in done.stderr, (python, done.stderr)
+            assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+            assert "needs Python >= 3.10" in done.stderr

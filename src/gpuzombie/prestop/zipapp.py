@@ -30,9 +30,15 @@ PACKAGE = "gpuzombie"
 ENTRY = "gpuzombie.prestop.hook"
 OPTIONAL = frozenset({"pynvml"})
 """Imported lazily and only when NVML is asked (a missing one is a reported state, not an error)."""
-MAIN = """\
+OLDEST = (3, 10)
+"""The oldest Python the hook's sources run on (a training image's python3 may be older than ours)."""
+MAIN = f"""\
 import sys
 
+if sys.version_info < {OLDEST!r}:
+    print("gpuzombie: error: prestop.pyz needs Python >= {".".join(map(str, OLDEST))}, this is "
+          + sys.version.split()[0], file=sys.stderr)
+    sys.exit(2)
 from gpuzombie.prestop.hook import main
 
 sys.exit(main(prog="python3 -S -I prestop.pyz", nvml_default="undecided"))
