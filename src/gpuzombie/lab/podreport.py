@@ -88,3 +88,29 @@ def pod_notes(key: str, e: Entry) -> str:
     if d.get("prestop_log"):
         lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
     return "\n".join(lines)
+
+
+def pods_comparison_md(scenarios: Mapping[str, Entry]) -> str:
+    """comparison.md of a folder with ``lab pod`` runs only: their provenance and the pods' table."""
+    first = next(iter(scenarios.values()))
+    lines = ["# gpuzombie lab pod: manifests run and deleted as the kubelet does, measured", ""]
+    if first["cpu_standin"]:
+        lines += ["> **CPU STAND-IN**: no GPU was used; memory is the pods' host RSS.", ""]
+    prov = first.get("provenance", {})
+    gpu = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in prov.get("gpus", [])) or "none"
+    lines += [
+        f"- machine: {prov.get('hostname')} ({prov.get('cpu')}, {prov.get('cpus')} CPUs) · kernel "
+        f"{prov.get('kernel')} · GPU: {gpu} · driver: {prov.get('driver') or '—'}",
+        "- each run's command and date:",
+        *(
+            f"  - {key}: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}"
+            for key, e in scenarios.items()
+        ),
+    ]
+    lines += pods_md(scenarios)
+    lines += [
+        "",
+        "Plots: [memory-timeline.png](memory-timeline.png); each run's folder has memory.png and notes.md.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie.jsonout import dumps
-from gpuzombie.lab.podreport import is_pod, pod_notes, pods_md
+from gpuzombie.lab.podreport import is_pod, pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.results import load
 
 Entry = Mapping[str, Any]
@@ -167,6 +167,8 @@ def _cell(entry: Entry | None, seed: str, seed_yes: bool, read: Callable[[Entry]
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
+    if scenarios and all(is_pod(e) for e in scenarios.values()):
+        return pods_comparison_md(scenarios)
     base = [scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in BASE]
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
     # Runs of the same kind merge into one results.json: describe the main table's own run.
