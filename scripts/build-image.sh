@@ -38,4 +38,7 @@ fi
   -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
   --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
   -t "$IMAGE" .
+# The two files the webhook's init container copies (ADMISSION-CONTRACT.md) must be in the image.
+"${PODMAN[@]}" run --rm --entrypoint /bin/sh "$IMAGE" -c 'test -x /usr/bin/tini-static && python3 -S -I /opt/gpuzombie/prestop.pyz --help >/dev/null' \
+  || { echo "build-image: $IMAGE lacks /usr/bin/tini-static or a working /opt/gpuzombie/prestop.pyz" >&2; exit 1; }
 echo "built $IMAGE (base $base); push: podman tag $IMAGE REGISTRY/gpu-zombie/gpuzombie-node:$version && podman push ..." >&2

@@ -89,11 +89,17 @@ def first_child(pid: int, limit: float = 5.0) -> int | None:
     return None
 
 
+def hook_argv() -> list[str]:
+    """``gpuzombie prestop``, or the fast hook's zipapp when GPUZOMBIE_TEST_HOOK names one."""
+    pyz = os.environ.get("GPUZOMBIE_TEST_HOOK")
+    return [sys.executable, "-S", "-I", pyz] if pyz else [sys.executable, "-m", "gpuzombie", "prestop"]
+
+
 def run_cli(*args: str, json_report: bool = True, user: int | None = None, prefix: tuple[str, ...] = ()) -> dict:
     t0 = time.monotonic()
     as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
     done = subprocess.run(
-        [*prefix, *as_user, sys.executable, "-m", "gpuzombie", "prestop", *(["--json"] if json_report else []), *args],
+        [*prefix, *as_user, *hook_argv(), *(["--json"] if json_report else []), *args],
         capture_output=True,
         text=True,
     )
@@ -214,11 +220,11 @@ def scenario_pid1_program() -> dict:
     return result
 
 
-def scenario_unread() -> dict:
+def scenario_unread(*nvml: str) -> dict:
     """The hook as uid 1000 (a training image's user) beside a root-owned orphan whose fds and namespace
     it may not read: it must neither signal it nor claim it saw everything."""
     pids = spawn_orphans("sleep")
-    result = run_cli("--no-nvml", "--timeout", "1", "--kill-wait", "1", user=1000)
+    result = run_cli(*(nvml or ("--no-nvml",)), "--timeout", "1", "--kill-wait", "1", user=1000)
     result["pids"] = pids
     result["alive"] = {role: alive(pid) for role, pid in pids.items()}
     return result
@@ -392,6 +398,8 @@ def main() -> None:
         result = scenario_reuse()
     elif scenario == "unread":
         result = scenario_unread()
+    elif scenario == "unread-nvml-undecided":
+        result = scenario_unread("--nvml", "undecided")
     elif scenario == "host-scope":
         result = scenario_host_scope()
     elif scenario == "fd-limit":

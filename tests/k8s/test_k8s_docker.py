@@ -212,3 +212,13 @@ def test_pod_commands_resolve():
                 _assert_resolves(pre_stop)
                 seen += 1
     assert seen == 4 + 2 + 1  # four parents, two preStop hooks, the exporter
+
+
+def test_node_image_ships_what_the_webhooks_init_container_copies():
+    """ADMISSION-CONTRACT.md: /usr/bin/tini-static (Debian's tini) and /opt/gpuzombie/prestop.pyz,
+    built by the zipapp module after gpuzombie is installed."""
+    runs = [value for name, value in STAGES["node"].instructions if name == "RUN"]
+    install = next(i for i, r in enumerate(runs) if "pip install" in r)
+    hook = next(i for i, r in enumerate(runs) if "gpuzombie.prestop.zipapp /opt/gpuzombie/prestop.pyz" in r)
+    assert install < hook and re.search(r"apt-get install .*\btini\b", runs[hook])
+    assert importlib.util.find_spec("gpuzombie.prestop.zipapp") is not None

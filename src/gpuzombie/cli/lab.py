@@ -15,7 +15,7 @@ from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import INITS
-from gpuzombie.lab.scenarios import RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
+from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
@@ -36,7 +36,15 @@ def exact_command() -> list[str]:
     for name, value in ctx.params.items():
         if value is not None:
             option = next(o for o in ctx.command.params if o.name == name)
-            argv += [option.opts[0], str(value)]
+            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
+                name = getattr(value, "name", value) if not isinstance(value, str) else value
+                argv.append(name if isinstance(name, str) and name != "<stdin>" else "-")
+                continue
+            if isinstance(option, click.Option) and option.is_flag:
+                argv += [option.opts[0]] if value else []
+                continue
+            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
+                argv += [option.opts[0], str(one)]
     return argv
 
 
@@ -82,9 +90,11 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 @click.option(
     "--scenario",
     type=click.Choice(CHOICES),
-    default="all",
+    multiple=True,
+    default=("all",),
     show_default=True,
-    help="One scenario (S1-S4 the seed's, S5 shareProcessNamespace), all five, or the NCCL comparison.",
+    help="A scenario (S1-S4 the seed's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
+    "hook), all five, or the NCCL comparison; repeat the option to run several side by side.",
 )
 @click.option(
     "--runtime",
@@ -212,7 +222,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     help="Where results.json, comparison.md, the plots and one folder per scenario go.",
 )
 def run_command(
-    scenario: str,
+    scenario: tuple[str, ...],
     runtime: str,
     cri_socket: str | None,
     repeat: int,
@@ -259,7 +269,7 @@ def run_command(
     size_given = click.get_current_context().get_parameter_source("size_mib") is not ParameterSource.DEFAULT
     config = LabConfig(workers=workers, grace=grace, size_mib=size_mib, uid=uid, init=init, main=main_process)
     request = LabRequest(
-        scenarios=list(SCENARIOS) if scenario == "all" else [scenario],
+        scenarios=list(dict.fromkeys(n for name in scenario for n in (DEFAULT_SCENARIOS if name == "all" else [name]))),
         config=config,
         out=out,
         command=exact_command(),
@@ -369,3 +379,13 @@ def report_command(directory: Path) -> int:
     for path in written:
         click.echo(str(path))
     return ExitStatus.OK
+
+
+def _register_pod() -> None:
+    """``lab pod`` lives in its own module (cli/labpod.py)."""
+    from gpuzombie.cli.labpod import pod_command
+
+    command.add_command(pod_command)
+
+
+_register_pod()

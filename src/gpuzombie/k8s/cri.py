@@ -98,6 +98,16 @@ class ContainerSpec:
     """Host device nodes given to the container at the same path (``rwm``), as device plugins do."""
     run_as_user: int | None = None
     """The uid its processes run as (``securityContext.runAsUser``); the image's user when None."""
+    run_as_group: int | None = None
+    readonly_rootfs: bool = False
+    no_new_privs: bool = False
+    """``allowPrivilegeEscalation: false``."""
+    drop_capabilities: tuple[str, ...] = ()
+    memory_limit: int | None = None
+    """Bytes (``resources.limits.memory``), the container cgroup's limit."""
+    cpu_request: float | None = None
+    cpu_limit: float | None = None
+    """CPUs, as the kubelet turns them into cpu shares and a CFS quota."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +164,31 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
             security_context=pb.LinuxContainerSecurityContext(
                 namespace_options=_namespaces(host_network, pod.share_process_namespace),
                 run_as_user=None if container.run_as_user is None else pb.Int64Value(value=container.run_as_user),
+                run_as_group=None if container.run_as_group is None else pb.Int64Value(value=container.run_as_group),
+                readonly_rootfs=container.readonly_rootfs,
+                no_new_privs=container.no_new_privs,
+                capabilities=pb.Capability(drop_capabilities=list(container.drop_capabilities))
+                if container.drop_capabilities
+                else None,
             ),
+            resources=_resources(container),
         ),
+    )
+
+
+CFS_PERIOD_US = 100_000
+
+
+def _resources(container: ContainerSpec) -> pb.LinuxContainerResources | None:
+    """The kubelet's translation: shares = request × 1024 (at least 2), quota = limit × the period."""
+    if container.memory_limit is None and container.cpu_request is None and container.cpu_limit is None:
+        return None
+    request = container.cpu_request if container.cpu_request is not None else container.cpu_limit
+    return pb.LinuxContainerResources(
+        cpu_shares=max(2, int(request * 1024)) if request is not None else 0,
+        cpu_period=CFS_PERIOD_US if container.cpu_limit is not None else 0,
+        cpu_quota=max(1000, int(container.cpu_limit * CFS_PERIOD_US)) if container.cpu_limit is not None else 0,
+        memory_limit_in_bytes=container.memory_limit or 0,
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie.jsonout import dumps
+from gpuzombie.lab.podreport import is_pod, pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.results import load
 
 Entry = Mapping[str, Any]
@@ -206,6 +207,8 @@ def main_entries(scenarios: Mapping[str, Entry]) -> dict[str, Entry | None]:
 
 def comparison_md(data: Mapping[str, Any]) -> str:
     scenarios: Mapping[str, Entry] = data.get("scenarios", {})
+    if scenarios and all(is_pod(e) for e in scenarios.values()):
+        return pods_comparison_md(scenarios)
     columns = main_entries(scenarios)
     base = list(columns.values())
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
@@ -234,7 +237,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     if len(commands) > 1:
         lines.append("- runs merged here, each with its own command:")
         lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
-    if first is not None:
+    if first is not None and not is_pod(first):
         c = first["config"]
         lines.append(
             f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
@@ -337,6 +340,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
                 f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
                 f"{format_seconds(m['kill9_to_free_s'])} |"
             )
+    lines += pods_md(scenarios)
     if nccl is not None:
         lines += [
             "",
@@ -372,10 +376,10 @@ def _observe_summary(obs: Mapping[str, Any]) -> str:
 
 def _is_variant(key: str, e: Entry) -> bool:
     """A run outside the main table and the runtimes table: another init, uid, backend..."""
-    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1
+    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1 and not is_pod(e)
 
 
-SPREAD_SCENARIOS = (*BASE, SHARE_PID)
+SPREAD_SCENARIOS = (*BASE, SHARE_PID, "s4-fullfix-fasthook")
 TIMINGS = (
     ("deletion → free", "release_latency_s", "s"),
     ("kill -9 → free", "kill9_to_free_s", "s"),
@@ -488,6 +492,8 @@ def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
 
 def notes_for(key: str, e: Entry) -> str:
     """A scenario's notes.md."""
+    if is_pod(e):
+        return pod_notes(key, e)
     m, c, d = e["metrics"], e["config"], e["deletion"]
     number = e["scenario"]["number"]
     lines = [f"# {key}: scenario {number}, {e['scenario']['title']}", ""]

@@ -145,6 +145,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
                 else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)
             ),
         },
+        **({"pod_manifest": dict(run.manifest)} if run.manifest is not None else {}),
         "origin_epoch": run.origin_epoch,
         "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
         "samples": {

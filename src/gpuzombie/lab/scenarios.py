@@ -8,8 +8,11 @@ worker → observe → delete the pod (the kubelet's order) → observe. The par
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +61,9 @@ class Scenario:
     init: str
     prestop: bool
     fixed: bool
+    hook: str = "module"
+    """How the preStop hook runs: ``module`` (``python3 -m gpuzombie.prestop``) or ``zipapp`` (the
+    fast hook the webhook injects: ``python3 -S -I prestop.pyz``)."""
 
 
 SCENARIOS: Mapping[str, Scenario] = {
@@ -68,10 +74,14 @@ SCENARIOS: Mapping[str, Scenario] = {
         Scenario("s3-tini-prestop", 3, "tini + preStop", "tini", prestop=True, fixed=False),
         Scenario("s4-fullfix", 4, "Full Fix", "tini", prestop=True, fixed=True),
         Scenario("s5-sharepid", 5, "shareProcessNamespace", PAUSE, prestop=False, fixed=False),
+        Scenario("s4-fullfix-fasthook", 4, "Full Fix, fast hook", "tini", prestop=True, fixed=True, hook="zipapp"),
     )
 }
 """S1-S4 are the seed's; S5 is Kubernetes' own fix: S1's workload with ``shareProcessNamespace:
-true`` (the pod's pause is PID 1 and reaps; no tini)."""
+true`` (the pod's pause is PID 1 and reaps; no tini). ``s4-fullfix-fasthook`` is S4 with the fast
+hook (the stdlib-only zipapp), run by name beside S4 to compare the two hooks in one run."""
+DEFAULT_SCENARIOS = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid")
+"""What ``--scenario all`` runs."""
 RUNTIMES = ("namespaces", "containerd")
 
 
@@ -135,6 +145,8 @@ class ScenarioRun:
     """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
     attempt: int = 1
     """Which repetition of the scenario this is (``--repeat``)."""
+    manifest: Mapping[str, Any] | None = None
+    """``lab pod``: the manifest's pod as it ran (names, grace, the lab's notes); None for a scenario."""
 
 
 def _memory_flags(config: LabConfig) -> list[str]:
@@ -180,13 +192,25 @@ def main_process(scenario: Scenario, config: LabConfig) -> list[str]:
     ]
 
 
-def prestop_command(config: LabConfig) -> list[str]:
-    """The hook as a pod would run it; the stdlib-only entry of ``gpuzombie prestop`` (same
-    options and JSON), which starts without click and rich: its start-up is part of S4's latency."""
+@functools.cache
+def fast_hook() -> str:
+    """The fast hook's zipapp, built once per lab process into a temp dir removed at exit."""
+    from gpuzombie.prestop.zipapp import build
+
+    directory = tempfile.mkdtemp(prefix="gpuzombie-hook-")
+    os.chmod(directory, 0o755)  # a pod's uid reads it too
+    atexit.register(shutil.rmtree, directory, True)
+    return str(build(os.path.join(directory, "prestop.pyz")))
+
+
+def prestop_command(config: LabConfig, hook: str = "module") -> list[str]:
+    """The hook as a pod would run it: the stdlib-only entry of ``gpuzombie prestop`` (same options
+    and JSON), which starts without click and rich, or the fast hook's zipapp under ``-S -I``; its
+    start-up is part of S4's latency."""
+    entry = ["-S", "-I", fast_hook()] if hook == "zipapp" else ["-m", "gpuzombie.prestop"]
     return [
         sys.executable,
-        "-m",
-        "gpuzombie.prestop",
+        *entry,
         "--json",
         "--timeout",
         f"{config.prestop_timeout:g}",
@@ -259,9 +283,20 @@ class _Run:
         command = parent_command(self.scenario, self.config)
         if runtime is None:
             return Pod(self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
+        from gpuzombie.k8s.cri import BindMount
         from gpuzombie.lab.runtime.cri import CriPod
 
-        return CriPod(runtime, self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
+        hook = [fast_hook()] if self.scenario.hook == "zipapp" else []
+        return CriPod(
+            runtime,
+            self.scenario.name,
+            self.init,
+            command,
+            log=self.log,
+            events=self.events,
+            then=self.then,
+            extra_mounts=tuple(BindMount(p, p, readonly=True) for p in hook),
+        )
 
     def _probe(self) -> Probe:
         """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
@@ -379,7 +414,7 @@ class _Run:
                 self.progress(
                     f"{s.name}: deleting the pod (grace {c.grace:g} s" + (", preStop first)" if s.prestop else ")")
                 )
-                deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c) if s.prestop else None)
+                deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c, s.hook) if s.prestop else None)
                 threshold = release_tolerance(c.size_mib * MIB)
                 _wait(lambda: self.held_now() <= threshold, 5.0)
                 time.sleep(0.3)  # a tail of samples after the release, for the plot

@@ -13,7 +13,7 @@ import os
 import resource
 import sys
 import traceback
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
@@ -33,6 +33,9 @@ from gpuzombie.prestop.terminate import PrestopEvent
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
+
+if TYPE_CHECKING:
+    from gpuzombie.gpu.nvml import NvmlBackend
 
 LOG_LINE_LIMIT = 1000
 """A log line names a process, its reasons and (the plan line) PID 1's command line: bounded, escaped."""
@@ -88,6 +91,7 @@ def run_hook(
     cgroup: str | None = None,
     container: str | None = None,
     use_nvml: bool = True,
+    nvml_only_if_undecided: bool = False,
     pid1_log: bool = True,
     as_json: bool = False,
     out: TextIO | None = None,
@@ -113,15 +117,12 @@ def run_hook(
         if sink is not None:
             sink.write_line(line)
 
-    nvml = None
-    if use_nvml:
-        from gpuzombie.gpu.nvml import default_backend
-
-        nvml = default_backend()
+    nvml = nvml_backend() if use_nvml and not nvml_only_if_undecided else None
     try:
         report = run_prestop(
             procfs=Procfs(procfs),
             nvml=nvml,
+            nvml_if_undecided=nvml_backend if use_nvml and nvml_only_if_undecided else None,
             timeout=timeout,
             kill_wait=kill_wait,
             dry_run=dry_run,
@@ -142,6 +143,18 @@ def run_hook(
     return report.exit_status
 
 
+def nvml_backend() -> NvmlBackend:
+    """NVML through nvidia-ml-py; under ``python3 -S`` (the zipapp) the image's own site-packages
+    are added first, as the one place outside the standard library the hook looks for it."""
+    if sys.flags.no_site and "pynvml" not in sys.modules:
+        import site
+
+        site.main()
+    from gpuzombie.gpu.nvml import default_backend
+
+    return default_backend()
+
+
 class _UsageError(Exception):
     pass
 
@@ -153,10 +166,13 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click)."""
+def main(
+    argv: list[str] | None = None, *, prog: str = "python3 -m gpuzombie.prestop", nvml_default: str = "always"
+) -> int:
+    """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click).
+    The zipapp's ``__main__`` passes ``nvml_default="undecided"``."""
     ap = _Parser(
-        prog="python3 -m gpuzombie.prestop",
+        prog=prog,
         description="SIGTERM this container's GPU holders and orphans, wait, SIGKILL the rest. Exit 0 all "
         "gone, 1 survivors or unreadable processes, 2 error (or host PID namespace without a scope), 130 interrupted.",
     )
@@ -170,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-wait", type=float, default=DEFAULT_KILL_WAIT)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-orphans", action="store_true")
-    ap.add_argument("--no-nvml", action="store_true")
+    ap.add_argument("--no-nvml", action="store_true", help="never ask NVML (same as --nvml never)")
+    ap.add_argument(
+        "--nvml",
+        choices=("always", "undecided", "never"),
+        default=nvml_default,
+        help=f"ask NVML always, only when the /proc fd scan could not read every process, or never (default {nvml_default})",
+    )
     ap.add_argument(
         "--same-cgroup",
         action="store_true",
@@ -202,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             same_cgroup=args.same_cgroup,
             cgroup=args.cgroup,
             container=args.container,
-            use_nvml=not args.no_nvml,
+            use_nvml=not args.no_nvml and args.nvml != "never",
+            nvml_only_if_undecided=args.nvml == "undecided",
             pid1_log=not args.no_pid1_log,
             as_json=args.json,
         )

@@ -263,6 +263,7 @@ class CriPod:
         log: IO[str],
         events: EventLog,
         then: Sequence[str] = ("sleep", "infinity"),
+        extra_mounts: tuple[BindMount, ...] = (),
     ) -> None:
         self.runtime, self.name, self.init, self.events, self.log = runtime, name, init, events, log
         share = init == "pause"
@@ -273,7 +274,7 @@ class CriPod:
             namespace=LAB_NAMESPACE,
             share_process_namespace=share,
         )
-        mounts = runtime.mounts
+        mounts = (*runtime.mounts, *extra_mounts)  # e.g. the fast hook's zipapp
         if os.path.isabs(self.argv[0]) and not any(_under(self.argv[0], [m.host_path]) for m in mounts):
             mounts = (*mounts, BindMount(self.argv[0], self.argv[0], readonly=True))  # the init's binary
         self.container = ContainerSpec(

@@ -1,0 +1,167 @@
+"""`gpuzombie lab pod FILE|-`: a Pod manifest on the lab's containerd, deleted as the kubelet deletes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+
+SCHEMA = "gpuzombie.labpod/1"
+DEFAULT_OUT = Path("lab-out")
+
+
+def load_manifest(stream: IO[str]) -> Any:
+    """The one Pod of a YAML (or JSON) stream, as parsed data; GpuzombieError for anything else."""
+    try:
+        import yaml
+    except ImportError as exc:
+        raise GpuzombieError(f"lab pod needs PyYAML ({exc})") from exc
+    from gpuzombie.lab.manifest import ManifestError, pick_pod
+
+    try:
+        documents = list(yaml.safe_load_all(stream.read()))
+        return pick_pod(documents)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise GpuzombieError(f"{stream.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    except ManifestError as exc:
+        raise GpuzombieError(f"{stream.name}: {exc}") from exc
+
+
+@click.command("pod", short_help="Run a Pod manifest on the lab's containerd and measure its deletion.")
+@click.argument("manifest", type=click.File("r"))
+@click.option(
+    "--grace",
+    type=click.IntRange(0, 600),
+    default=None,
+    help="terminationGracePeriodSeconds instead of the manifest's (whole seconds, as the CRI takes it).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="cuda: GPU containers get the GPU's devices; cpu: none (the labelled stand-in: host memory); "
+    "auto: cuda when NVML sees a GPU.",
+)
+@click.option(
+    "--image-archives",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Import the pause and busybox images from these archives (`gpuzombie lab images`).",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="Run the pod N times (one containerd); the report shows each run.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/1).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_OUT,
+    show_default=True,
+    help="Where results.json, comparison.md, the plots and the pod's folder go (lab run's layout).",
+)
+def pod_command(
+    manifest: IO[str],
+    grace: int | None,
+    device: str,
+    image_archives: Path | None,
+    repeat: int,
+    as_json: bool,
+    out: Path,
+) -> int:
+    """Run the Pod in MANIFEST (a file, or - for stdin) on a private containerd as the kubelet
+    would, delete it as the kubelet does, and measure it like the scenarios.
+
+    \b
+    Start: volumes (emptyDir, medium Memory a tmpfs; hostPath), RunPodSandbox,
+    each init container to completion, then the containers. Delete: every
+    container's preStop (exec by ExecSync, or sleep) within the grace, then
+    StopContainer with the seconds left (at least 2), then the sandbox.
+    Every image runs as the lab's (busybox with the host's directories; its
+    ENTRYPOINT is empty), so a container runs command + args. A field the lab
+    cannot apply is refused by name; those without effect on a lab node
+    (pull secrets, scheduling, probes) are listed.
+
+    \b
+    Exit codes: 0 the pod was gone within the grace and left nothing,
+    1 it waited the whole grace (SIGKILL at its end) or left processes,
+    2 usage error, an unsupported field, or an environment error,
+    130 interrupted (the pod and containerd are removed).
+    """
+    from rich.console import Console
+
+    from gpuzombie.cli.lab import exact_command
+    from gpuzombie.gpu.nvml import default_backend
+    from gpuzombie.lab.manifest import ManifestError, parse_pod
+    from gpuzombie.lab.runner import choose_device_and_backend
+
+    doc = load_manifest(manifest)
+    try:
+        parsed = parse_pod(doc)
+    except ManifestError as exc:
+        raise GpuzombieError(f"{manifest.name}: {exc}") from exc
+    try:  # grpcio and the CRI stubs are an extra
+        from gpuzombie.k8s.cri import CriError
+        from gpuzombie.lab.podrun import PodRunConfig, PodRunError, lab_notes, run_lab_pod
+        from gpuzombie.lab.runtime.containerd import ContainerdError
+    except ImportError as exc:
+        raise GpuzombieError(f"lab pod needs the node extra ({exc})") from exc
+    nvml = default_backend()
+    gpus = nvml.read()
+    resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))
+    console = Console(stderr=True, log_path=False)
+    for note in lab_notes(parsed, resolved):
+        console.print(f"[yellow]lab pod:[/] {note}")
+    config = PodRunConfig(device=resolved, grace=grace)
+    try:
+        with console.status("starting") as status:
+
+            def say(line: str) -> None:
+                console.log(line)
+                status.update(line)
+
+            runs, path = run_lab_pod(
+                parsed,
+                config,
+                out=out,
+                command=exact_command(),
+                archives=image_archives,
+                nvml=nvml,
+                progress=say,
+                repeat=repeat,
+            )
+    except (CriError, ContainerdError, PodRunError) as exc:
+        raise GpuzombieError(str(exc)) from exc
+    except OSError as exc:
+        raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
+    from gpuzombie.lab.results import run_key, run_to_json
+
+    findings = False
+    for run in runs:
+        key = run_key(run)
+        m, d = run.metrics, run.deletion
+        before = next((o for o in run.observations if o.point == "after-spawn"), None)
+        findings = findings or bool(d.leftovers) or bool(m["waited_whole_grace"])
+        if as_json:
+            click.echo(json.dumps({"schema": SCHEMA, "run": key, **run_to_json(run)}, default=str))
+            continue
+        free = "—" if m["release_latency_s"] is None else f"{m['release_latency_s']:.3f} s"
+        click.echo(
+            f"{key}: PID 1 {run.init}; zombies {before.zombies if before else 0}, orphans "
+            f"{before.orphans if before else 0} before deletion; deletion → free {free}; whole grace "
+            f"({d.grace_s:g} s) waited: {'yes' if m['waited_whole_grace'] else 'no'}; grace waste "
+            f"{m['grace_waste_gib_s']:.2f} GiB·s; processes left: {len(d.leftovers)}"
+        )
+    console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
+    return ExitStatus.FINDINGS if findings else ExitStatus.OK

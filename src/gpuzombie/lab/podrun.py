@@ -1,0 +1,323 @@
+"""``gpuzombie lab pod``: a Pod manifest run on the lab's CRI runtime as the kubelet runs it
+(``lab.runtime.manifestpod``), deleted as the kubelet deletes it, and measured like the scenarios.
+
+Memory held is sampled every 10 ms from before the start (NVML above the pre-pod baseline on a GPU,
+the pod's RSS on the CPU stand-in); once the pod's processes and memory have been steady for a
+second it is observed, deleted, and observed again. The run is a ``ScenarioRun``, so results.json,
+comparison.md, notes.md and the plots are written as ``lab run`` writes them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.manifest import PodManifest
+from gpuzombie.lab.metrics import release_tolerance, sampling_stats, scenario_metrics
+from gpuzombie.lab.observation import Observation, observe, pod_table
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
+from gpuzombie.lab.runtime.cri import (
+    CriRuntime,
+)
+from gpuzombie.lab.runtime.manifestpod import (
+    HOOK_PATH,
+    LAB_PYTHON_BIN,
+    TINI_STATIC,
+    ManifestPod,
+    PodRunConfig,
+    PodRunError,
+)
+from gpuzombie.lab.runtime.pidns import PROCFS, Deletion
+from gpuzombie.lab.sampler import NvmlProbe, Probe, Sampler
+from gpuzombie.lab.scenarios import LabConfig, Scenario, ScenarioRun, trace_from_host
+from gpuzombie.lab.smi import render_smi
+from gpuzombie.units import MIB
+from gpuzombie.workloads.memory import CPU_STANDIN
+
+SETTLE_S = 1.0
+"""The pod is measured once its processes and memory held have not changed for this long."""
+STEADY_BYTES = 8 * MIB
+IMAGE_NOTE = (
+    f"every image runs as the lab's ({BUSYBOX_IMAGE}: busybox with the host's /usr, /lib, /lib64 and "
+    "/opt mounted read-only; nothing is pulled)"
+)
+ENTRYPOINT_NOTE = "an image's ENTRYPOINT is taken as empty (the lab's image has none): a container runs command + args"
+Progress = Callable[[str], None]
+
+
+class PodRssProbe:
+    """CPU stand-in: the RSS of every process of the pod (host memory, not GPU memory)."""
+
+    source = "RSS of the pod's processes (CPU stand-in)"
+
+    def __init__(self, pod: ManifestPod) -> None:
+        self.pod = pod
+
+    def read(self) -> tuple[int, int]:
+        total = sum(PROCFS.rss_bytes(pid) or 0 for pid in self.pod.tree())
+        return total, total
+
+
+def lab_notes(manifest: PodManifest, device: str) -> list[str]:
+    """What the lab does differently from a node, for the output (nothing silently)."""
+    notes = [IMAGE_NOTE, ENTRYPOINT_NOTE]
+    python3 = shutil.which("python3", path=LAB_PYTHON_BIN) or shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    notes.append(f"python3 in a container is the lab's ({python3}, as the scenarios run it), the project on PYTHONPATH")
+    notes.append(f"the fast preStop hook is built fresh and mounted read-only at {HOOK_PATH}")
+    gpus = sum(c.resources.gpus for c in manifest.containers)
+    if gpus:
+        notes.append(
+            "GPU resources: the GPU's /dev/nvidia* devices and driver libraries"
+            if device == "cuda"
+            else "GPU resources: no GPU device (CPU stand-in: the workload holds host memory)"
+        )
+    if manifest.no_effect:
+        notes.append("accepted without effect on a lab node: " + ", ".join(manifest.no_effect))
+    return notes
+
+
+def check_runnable(manifest: PodManifest) -> None:
+    """What the kubelet (or this host) would refuse before the first container, in one line."""
+    for c in (*manifest.init_containers, *manifest.containers):
+        sec = c.security
+        if sec.run_as_non_root and not sec.run_as_user:
+            raise PodRunError(
+                f"container {c.name}: runAsNonRoot, but it would run as root (no runAsUser, and the lab's "
+                "image runs as root): the kubelet refuses it (CreateContainerConfigError)"
+            )
+        uses_tini = any(TINI_STATIC in arg for arg in c.argv)
+        if uses_tini and not os.path.isfile(TINI_STATIC):
+            raise PodRunError(f"container {c.name} copies {TINI_STATIC}: install Debian's tini package on this host")
+    for v in manifest.volumes:
+        if v.kind == "hostPath" and v.host_type in ("Directory", "File") and v.host_path:
+            exists = os.path.isdir(v.host_path) if v.host_type == "Directory" else os.path.isfile(v.host_path)
+            if not exists:
+                raise PodRunError(f"volume {v.name}: hostPath {v.host_path} is not a {v.host_type.lower()}")
+
+
+def run_key_for(manifest: PodManifest) -> str:
+    """``pod-<name>``, and what the webhook did to it (its annotation), so before and after differ."""
+    done = manifest.annotations.get("gpuzombie.dev/injected", "")
+    suffix = "".join(ch if ch.isalnum() else "-" for ch in done.lower()).strip("-")
+    return f"pod-{manifest.name}" + (f"-{suffix}" if suffix else "")
+
+
+class _PodMeasurement:
+    """One ``lab pod`` run while it runs: the pod, the sampler, what it recorded."""
+
+    def __init__(
+        self, runtime: CriRuntime, manifest: PodManifest, config: PodRunConfig, nvml: NvmlBackend, progress: Progress
+    ) -> None:
+        self.manifest, self.config, self.nvml, self.progress = manifest, config, nvml, progress
+        self.events = EventLog()
+        self.standin = config.device != "cuda"
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpuzombie-labpod-"))
+        self.cri_socket = runtime.socket
+        self.observations: list[Observation] = []
+        self.logs: dict[str, str] = {}
+        try:
+            self.pod = ManifestPod(runtime, manifest, config, self.events, self.workdir)
+            try:
+                self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
+            except BaseException:
+                self.pod.volumes.close()
+                raise
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    def _probe(self) -> Probe:
+        if self.standin:
+            return PodRssProbe(self.pod)
+        before = self.nvml.read()
+        dev = before.device(self.config.gpu_index)
+        if dev is None:
+            raise PodRunError(f"NVML shows no GPU {self.config.gpu_index}: {before.reason}")
+        return NvmlProbe(self.pod, self.nvml, self.config.gpu_index, dev.memory_used)
+
+    def held_now(self) -> int:
+        latest = self.sampler.latest()
+        return latest.held_bytes if latest else 0
+
+    def snapshot(self, title: str) -> str:
+        table = pod_table(self.pod) if self.pod.running else None
+        procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
+        return render_smi(self.nvml.read(), procs, title=title, standin=self.standin)
+
+    def observe(self, point: str) -> None:
+        obs, text = observe(self.pod, point, self.events.now(), {})
+        self.observations.append(obs)
+        self.logs[f"observe-{point}.log"] = text
+        self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
+        self.progress(f"observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
+
+    def wait_steady(self) -> None:
+        """Until the pod's processes and memory held have not changed for SETTLE_S (the workload is
+        set up), or the ready timeout."""
+        deadline = time.monotonic() + self.config.ready_timeout
+        last: tuple[frozenset[int], int] | None = None
+        since = time.monotonic()
+        while time.monotonic() < deadline:
+            now = (frozenset(self.pod.processes()), self.held_now())
+            if last is None or now[0] != last[0] or abs(now[1] - last[1]) > STEADY_BYTES:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= SETTLE_S and now[1] > 0:
+                self.events.add("steady", f"{len(now[0])} process(es), {now[1] // MIB} MiB held")
+                return
+            time.sleep(0.05)
+        self.events.add("not-steady", f"still changing after {self.config.ready_timeout:.0f} s")
+
+    def run(self) -> ScenarioRun:
+        pod = self.pod
+        try:
+            with self.sampler:
+                self.progress(f"starting {self.manifest.namespace}/{self.manifest.name} on the lab's containerd")
+                pod.start()
+                self.wait_steady()
+                pid1 = PROCFS.stat(pod.pid1)
+                pod.init = pid1.comm if pid1 else "?"
+                self.observe("after-spawn")
+                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
+                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
+                self.progress(f"deleting the pod (grace {pod.grace} s, as the kubelet: preStop, StopContainer)")
+                deletion = pod.delete(grace=pod.grace)
+                held = self.sampler.samples
+                at_delete = max((s.held_bytes for s in held if s.t <= deletion.requested_at), default=0)
+                threshold = release_tolerance(max(at_delete, 1))
+                waited = time.monotonic()
+                while self.held_now() > threshold and time.monotonic() - waited < 5.0:
+                    time.sleep(0.01)
+                time.sleep(0.3)  # a tail of samples after the release, for the plot
+        finally:
+            pod.kill()
+            shutil.rmtree(self.workdir, ignore_errors=True)  # its emptyDirs and the hook's build
+        self.logs["pod.log"] = pod.log_text()
+        if deletion.prestop_rc is not None:
+            self.logs["prestop.log"] = (
+                f"# exit {deletion.prestop_rc}\n{deletion.prestop_stdout}{deletion.prestop_stderr}"
+            )
+        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
+        self.observe("after-delete")
+        return self.finish(deletion, at_delete)
+
+    def finish(self, deletion: Deletion, at_delete: int) -> ScenarioRun:
+        samples = tuple(self.sampler.samples)
+        marks = {"delete": deletion.requested_at, "sigkill": deletion.sigkill_at, "pod_exit": deletion.exited_at}
+        metrics = scenario_metrics(samples=samples, marks=marks, grace=self.pod.grace, worker_bytes=max(at_delete, 1))
+        if metrics["released_at_s"] is not None:
+            self.events.add(
+                "memory-released",
+                f"{metrics['release_latency_s']} s after the deletion",
+                at=float(metrics["released_at_s"]),
+            )
+        hooks = [c.name for c in self.manifest.containers if c.prestop is not None]
+        scenario = Scenario(
+            name=run_key_for(self.manifest),
+            number=0,
+            title=f"lab pod {self.manifest.namespace}/{self.manifest.name}",
+            init=self.pod.init,
+            prestop=bool(hooks),
+            fixed=False,
+        )
+        config = LabConfig(
+            grace=float(self.pod.grace),
+            device=self.config.device,
+            backend=CPU_STANDIN if self.standin else "the pod's workload",
+            size_mib=at_delete // MIB,
+            runtime="containerd",
+            gpu_index=self.config.gpu_index,
+        )
+        run = ScenarioRun(
+            scenario=scenario,
+            config=config,
+            init=self.pod.init,
+            pod_command=self.pod.command_line,
+            probe_source=self.sampler.probe.source,
+            events=tuple(self.events.events),
+            samples=samples,
+            observations=tuple(self.observations),
+            deletion=deletion,
+            victim_reaped=True,
+            pod_ids=self.pod.ids,
+            metrics=metrics,
+            sampler={
+                "cpu_seconds": round(self.sampler.cpu_seconds, 4),
+                "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
+                **sampling_stats(samples),
+            },
+            origin_epoch=self.events.origin_epoch,
+            logs=self.logs,
+        )
+        pod_info = {
+            "name": self.manifest.name,
+            "namespace": self.manifest.namespace,
+            "annotations": dict(self.manifest.annotations),
+            "grace_s": self.pod.grace,
+            "manifest_grace_s": self.manifest.grace_s,
+            "share_process_namespace": self.manifest.share_process_namespace,
+            "qos": self.manifest.qos,
+            "init_containers": [c.name for c in self.manifest.init_containers],
+            "containers": [c.name for c in self.manifest.containers],
+            "prestop_containers": hooks,
+            "pid1_comm": self.pod.init,
+            "notes": lab_notes(self.manifest, self.config.device),
+        }
+        return replace(run, manifest=pod_info)
+
+
+def run_pod(
+    runtime: CriRuntime,
+    manifest: PodManifest,
+    config: PodRunConfig,
+    *,
+    nvml: NvmlBackend,
+    progress: Progress = lambda _: None,
+) -> ScenarioRun:
+    """Run, delete and measure the pod; nothing of it is left when this returns, whatever happened."""
+    check_runnable(manifest)
+    return _PodMeasurement(runtime, manifest, config, nvml, progress).run()
+
+
+def run_lab_pod(
+    manifest: PodManifest,
+    config: PodRunConfig,
+    *,
+    out: Path,
+    command: Sequence[str],
+    archives: Path | None = None,
+    nvml: NvmlBackend | None = None,
+    progress: Progress = lambda _: None,
+    repeat: int = 1,
+) -> tuple[list[ScenarioRun], Path]:
+    """``lab pod`` as a library call: a private containerd, the pod run and measured ``repeat``
+    times (``-runN`` folders after the first), OUT/results.json (merged with earlier runs of the
+    same kind) and the report. Ctrl-C or SIGTERM removes the pod and the containerd before
+    KeyboardInterrupt propagates."""
+    from gpuzombie.lab import report
+    from gpuzombie.lab.results import write_results
+    from gpuzombie.lab.runner import check_can_make_pods, interrupts_as_keyboard_interrupt
+    from gpuzombie.lab.runtime.cri import cri_runtime
+
+    check_can_make_pods()
+    nvml = nvml or default_backend()
+    gpus = nvml.read()
+    check_runnable(manifest)
+    with (
+        interrupts_as_keyboard_interrupt(),
+        cri_runtime(socket=None, gpu=config.device == "cuda", archives=archives) as cri,
+    ):
+        runs = []
+        for attempt in range(1, repeat + 1):
+            say = progress if repeat == 1 else (lambda line, n=attempt: progress(f"[{n}/{repeat}] {line}"))
+            run = _PodMeasurement(cri, manifest, config, nvml, say).run()
+            runs.append(replace(run, attempt=attempt))
+    path = write_results(runs, out, command=command, gpus=gpus)
+    report.build(out)
+    return runs, path
