@@ -138,14 +138,16 @@ def line_of(node: Any, pointer: str) -> int | None:
     for token in pointer.split("/")[1:] if pointer else []:
         token = token.replace("~1", "/").replace("~0", "~")
         value = node.value
+        mark = None
         if isinstance(value, list) and value and isinstance(value[0], tuple):
-            found = [v for k, v in value if getattr(k, "value", None) == token]
-            node = found[-1] if found else None
+            found = [(k, v) for k, v in value if getattr(k, "value", None) == token]
+            node, mark = (found[-1][1], found[-1][0].start_mark) if found else (None, None)
         elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
             node = value[int(token)]
+            mark = node.start_mark
         else:
             node = None
-        if node is None:
+        if node is None or mark is None:
             break
-        line = int(node.start_mark.line) + 1
+        line = int(mark.line) + 1  # a key's line, not its value's
     return line
