@@ -180,3 +180,24 @@ def validate_pod(pod: dict[str, Any]) -> None:
     """Strictly, as the API server would after the patch (unknown fields rejected)."""
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(pod, version, strict=True)
+
+
+def make_pki(directory: Any) -> Any:
+    """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    run(*"req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem".split())
+    run(*"req -newkey rsa:2048 -nodes -subj /CN=gpuzombie-webhook -keyout server.key -out server.csr".split())
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc\n")
+    run(
+        *"x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out server.pem "
+        "-extfile server.ext".split()
+    )
+    return directory

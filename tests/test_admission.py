@@ -90,7 +90,9 @@ def test_argv_cases(command, args, kind, fix, rule):
         assert spec["containers"][0] == pod["spec"]["containers"][0]  # no command is guessed
         assert "initContainers" not in spec
         assert any("no registry lookup" in w for w in response["warnings"])
-    assert rules.check_pod_spec(spec) == [] or all(f.severity is rules.Severity.NOTE for f in rules.check_pod_spec(spec))
+    assert rules.check_pod_spec(spec) == [] or all(
+        f.severity is rules.Severity.NOTE for f in rules.check_pod_spec(spec)
+    )
     # idempotent: the patched pod seen again (reinvocation, a re-applied manifest) gets nothing more
     again = answer(patched)["response"]
     assert "patch" not in again and again["allowed"] is True
@@ -106,7 +108,9 @@ def test_init_container_is_explicit_and_least_privileged():
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert init["resources"]["limits"]
     assert fetch["name"] == "fetch"  # the pod's own init containers run after ours, unchanged
-    assert {"name": "gpuzombie-bin", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} in patched["spec"]["volumes"]
+    assert {"name": "gpuzombie-bin", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} in patched["spec"][
+        "volumes"
+    ]
 
 
 @pytest.mark.parametrize(

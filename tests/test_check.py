@@ -63,7 +63,12 @@ OBJECTS: list[tuple[str, dict[str, Any]]] = [
                     "metadata": {"name": "ss"},
                     "spec": {"serviceName": "ss", "selector": SELECTOR, "template": template()},
                 },
-                {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "once"}, "spec": {"template": template()}},
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": "once"},
+                    "spec": {"template": template()},
+                },
             ],
         },
     ),
@@ -139,7 +144,12 @@ def test_clean_and_non_gpu_inputs_exit_0():
         "metadata": {"name": "ok"},
         "spec": {
             "containers": [
-                {"name": "t", "image": "i", "command": ["tini", "--", "python3"], "resources": {"limits": {"amd.com/gpu": 1}}}
+                {
+                    "name": "t",
+                    "image": "i",
+                    "command": ["tini", "--", "python3"],
+                    "resources": {"limits": {"amd.com/gpu": 1}},
+                }
             ]
         },
     }
@@ -182,7 +192,10 @@ def test_sarif_is_valid_sarif_2_1_0(tmp_path):
     rules = run["tool"]["driver"]["rules"]
     assert all(rules[r["ruleIndex"]]["id"] == r["ruleId"] for r in run["results"])
     regions = [r["locations"][0]["physicalLocation"] for r in run["results"]]
-    assert {p["artifactLocation"]["uri"] for p in regions} == {str(tmp_path / "all.yaml"), str(tmp_path / "nested/pod.json")}
+    assert {p["artifactLocation"]["uri"] for p in regions} == {
+        str(tmp_path / "all.yaml"),
+        str(tmp_path / "nested/pod.json"),
+    }
     assert all(p["region"]["startLine"] > 0 for p in regions)
 
 

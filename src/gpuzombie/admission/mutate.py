@@ -218,7 +218,7 @@ def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mut
                 warnings.append(f"container {c.name} has a preStop hook already; the gpuzombie hook was not added")
         shutdown = rules.torchrun_shutdown(c)
         if want_torchrun and shutdown is not None:
-            hook_time = prestop_timeout(effective_grace) if c in hooks else 0
+            hook_time = prestop_timeout(effective_grace) if hooks and hooks[-1] is c else 0
             target = max(1, effective_grace - hook_time - TORCHRUN_MARGIN_SECONDS)
             explicit = "shutdown-timeout" in " ".join(c.words).replace("_", "-")
             if explicit or rules.TORCHRUN_SHUTDOWN_ENV in c.env:
@@ -248,13 +248,14 @@ def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mut
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
-    for c in {id(c): c for c in wrap + hooks}.values():
+    wrapped, hooked = {c.index for c in wrap}, {c.index for c in hooks}
+    for c in sorted({c.index: c for c in wrap + hooks}.values(), key=lambda c: c.index):
         path = f"/spec/containers/{c.index}"
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
-        if c in wrap:
+        if c.index in wrapped:
             assert c.command is not None
             ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
-        if c in hooks:
+        if c.index in hooked:
             hook = {"exec": {"command": _hook_command(effective_grace)}}
             if isinstance(c.raw.get("lifecycle"), Mapping):
                 ops.append({"op": "add", "path": f"{path}/lifecycle/preStop", "value": hook})
