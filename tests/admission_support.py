@@ -193,11 +193,55 @@ def make_pki(directory: Any) -> Any:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
 
-    run(*"req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem".split())
-    run(*"req -newkey rsa:2048 -nodes -subj /CN=gpuzombie-webhook -keyout server.key -out server.csr".split())
+    run(
+        *[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]
+    )
+    run(
+        *[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=gpuzombie-webhook",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]
+    )
     (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc\n")
     run(
-        *"x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out server.pem "
-        "-extfile server.ext".split()
+        *[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ]
     )
     return directory

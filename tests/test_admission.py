@@ -8,8 +8,8 @@ import copy
 import json
 
 import pytest
-from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 
+from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 from gpuzombie.admission import mutate, rules
 from gpuzombie.admission.mutate import INJECTED, MOUNT, TINI, Mode, Policy
 from gpuzombie.admission.review import review

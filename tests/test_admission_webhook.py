@@ -16,8 +16,8 @@ import time
 import tracemalloc
 
 import pytest
-from admission_support import admission_review, api_server_pod, apply, container, make_pki, patch_of, validate_pod
 
+from admission_support import admission_review, api_server_pod, apply, container, make_pki, patch_of, validate_pod
 from gpuzombie.admission.app import make_app
 from gpuzombie.admission.mutate import Policy
 from gpuzombie.admission.review import review
@@ -50,6 +50,10 @@ def webhook(pki):
     bound = server.start()
     yield bound.port, ssl.create_default_context(cafile=str(pki / "ca.pem"))
     server.stop()
+
+
+def tls_to(port: int, context: ssl.SSLContext) -> ssl.SSLSocket:
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
 
 
 def post(webhook, body: bytes, *, method: str = "POST", headers: dict[str, str] | None = None):
@@ -155,26 +159,23 @@ def test_bodies_over_the_bound_are_refused_before_they_are_read(webhook):
     got, answer = post(webhook, b"x" * (MAX_BODY + 1))
     assert got == 413 and answer["reason"] == "RequestEntityTooLarge"
     port, context = webhook
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # claims 1 GiB, sends nothing
-        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
-            head = tls.recv(4096)
-    assert head.startswith(b"HTTP/1.0 413") or head.startswith(b"HTTP/1.1 413"), head
+    with tls_to(port, context) as tls:  # claims 1 GiB, sends nothing
+        tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
+        head = tls.recv(4096)
+    assert head.startswith((b"HTTP/1.0 413", b"HTTP/1.1 413")), head
 
 
 def test_wrong_method_and_no_length(webhook):
     assert post(webhook, b"", method="GET")[0] == 405
     port, context = webhook
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
-            assert re.match(rb"HTTP/1\.[01] 411", tls.recv(4096))
+    with tls_to(port, context) as tls:
+        tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        assert re.match(rb"HTTP/1\.[01] 411", tls.recv(4096))
 
 
 def test_a_slow_sender_is_cut_and_others_are_served(webhook):
     port, context = webhook
-    slow = socket.create_connection(("127.0.0.1", port), timeout=10)
-    tls = context.wrap_socket(slow, server_hostname="127.0.0.1")
+    tls = tls_to(port, context)
     tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")  # and never the rest
     try:
         status, _ = post(webhook, json.dumps(admission_review(api_server_pod())).encode())
@@ -203,14 +204,26 @@ def test_a_pod_with_500_containers_is_answered_in_bounded_time_and_memory(webhoo
     assert all(c["command"][0] == "/.gpuzombie/tini-static" for c in patched["spec"]["containers"])
     assert len(answer.body["response"]["warnings"]) <= 13  # capped: the API server prints each one
     big = api_server_pod(*[container(f"c{i}", command=S1) for i in range(1500)])
-    got, refused = post(webhook, json.dumps(admission_review(big)).encode())
+    got, _refused = post(webhook, json.dumps(admission_review(big)).encode())
     assert got == 413  # over this server's 256 KiB bound: refused, not parsed
 
 
 def test_the_cli_serves_https_and_stops_on_sigterm(pki):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0", "--namespace", "gpuzombie"]
-        + ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--namespace",
+            "gpuzombie",
+            "--tls-cert",
+            str(pki / "server.pem"),
+            "--tls-key",
+            str(pki / "server.key"),
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -238,8 +251,18 @@ def test_the_cli_refuses_to_serve_without_tls_in_one_line(tmp_path):
     assert done.returncode == 2 and "--tls-cert" in done.stderr and "Traceback" not in done.stderr
     missing = [str(tmp_path / "no.pem"), str(tmp_path / "no.key")]
     done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0", "--tls-cert", missing[0]]
-        + ["--tls-key", missing[1]],
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            missing[0],
+            "--tls-key",
+            missing[1],
+        ],
         capture_output=True,
         text=True,
         timeout=60,

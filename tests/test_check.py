@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+
 from admission_support import validate_pod
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the 'admission' extra")
