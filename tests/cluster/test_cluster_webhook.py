@@ -99,10 +99,8 @@ def test_webhook_objects_validate_strictly(helm_binary, toggle, kube_version):
     assert WEBHOOK_KINDS <= set(objects)
     config = objects["MutatingWebhookConfiguration"]["webhooks"][0]
     assert ("matchConditions" in config) is (kube_version != "1.25.0")  # GA in 1.30, beta on in 1.28
-    certificates = {"Certificate", "Issuer"} & set(objects)
-    assert certificates == {"cert-manager": {"Certificate", "Issuer"}, "cert-manager-issuer": {"Certificate"}}.get(
-        toggle, {"Certificate", "Issuer"} if toggle == "warn-opt-ins" else set()
-    )
+    expected = {"cert-manager-issuer": {"Certificate"}, "own-secret": set()}.get(toggle, {"Certificate", "Issuer"})
+    assert {"Certificate", "Issuer"} & set(objects) == expected
 
 
 def test_the_configuration_never_blocks_pods_and_is_reinvoked(helm_binary):
