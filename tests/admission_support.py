@@ -182,8 +182,9 @@ def validate_pod(pod: dict[str, Any]) -> None:
         kubernetes_validate.validate(pod, version, strict=True)
 
 
-def make_pki(directory: Any) -> Any:
-    """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl."""
+def make_pki(directory: Any, *, ecdsa: bool = False) -> Any:
+    """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl; RSA 2048,
+    or ECDSA P-256 as the chart's cert-manager Certificate asks for."""
     import shutil
     import subprocess
 
@@ -193,55 +194,12 @@ def make_pki(directory: Any) -> Any:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
 
-    run(
-        *[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]
-    )
-    run(
-        *[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=gpuzombie-webhook",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ]
-    )
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if ecdsa else ["-newkey", "rsa:2048"]
+    run("req", "-x509", *key, "-nodes", "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", *key, "-nodes", "-subj", "/CN=gpuzombie-webhook", "-keyout", "server.key", "-out", "server.csr")
     (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc\n")
     run(
-        *[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-out",
-            "server.pem",
-            "-extfile",
-            "server.ext",
-        ]
+        *["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"],
+        *["-days", "2", "-out", "server.pem", "-extfile", "server.ext"],
     )
     return directory
