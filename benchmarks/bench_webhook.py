@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ class Series:
         ordered = sorted(self.latencies_ms)
 
         def pct(p: float) -> float:
-            return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+            return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] if ordered else float("nan")
 
         return {
             "requests": len(ordered) + len(self.errors),
@@ -133,9 +133,11 @@ def main() -> int:
         # --max-connections: main's serving.py keeps one table entry per TLS connection until branch
         # h17-serve (e41d79f) is merged; room for every connection of the run until then.
         server = subprocess.Popen(
-            [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0"]
-            + ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
-            + ["--max-connections", str(int((args.seconds + WARM_UP_S) * args.rate * 2) + 100)],
+            [
+                *[sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0"],
+                *["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
+                *["--max-connections", str(int((args.seconds + WARM_UP_S) * args.rate * 2) + 100)],
+            ],
             stderr=subprocess.PIPE,
             text=True,
             env=env,
