@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -269,3 +271,43 @@ def test_the_cli_refuses_to_serve_without_tls_in_one_line(tmp_path):
     )
     assert done.returncode == 2 and "cannot serve TLS" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _atomic_writer_swap(live, source, version: str) -> None:
+    """Write ``source``'s server files into ``live`` the way the kubelet updates a Secret volume:
+    a new ``..<version>`` directory, then the ``..data`` symlink swapped in one rename."""
+    (live / version).mkdir()
+    for name in ("server.pem", "server.key"):
+        shutil.copy(source / name, live / version / name)
+        if not (live / name).is_symlink():
+            (live / name).symlink_to(f"..data/{name}")
+    (live / "..tmp").symlink_to(version)
+    os.replace(live / "..tmp", live / "..data")
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
+    """cert-manager renews the Secret, the kubelet swaps its files: the next connection gets the new one."""
+    old, new, live = tmp_path / "old", tmp_path / "new", tmp_path / "live"
+    for d in (old, new, live):
+        d.mkdir()
+    make_pki(old)
+    make_pki(new, ecdsa=True)
+    _atomic_writer_swap(live, old, "..v1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0", "--tls-reload-seconds", "0.2", "--tls-cert", str(live / "server.pem"), "--tls-key", str(live / "server.key")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(re.search(r"https://127\.0\.0\.1:(\d+)/mutate", proc.stderr.readline()).group(1))
+        trust_new = ssl.create_default_context(cafile=str(new / "ca.pem"))
+        body = json.dumps(admission_review(api_server_pod())).encode()
+        assert post((port, ssl.create_default_context(cafile=str(old / "ca.pem"))), body)[0] == 200
+        with pytest.raises(ssl.SSLCertVerificationError):
+            post((port, trust_new), body)
+        _atomic_writer_swap(live, new, "..v2")
+        assert "TLS certificate reloaded" in proc.stderr.readline()
+        assert post((port, trust_new), body)[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -17,7 +17,6 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
 DEFAULT_LISTEN = "127.0.0.1:8443"
-CERT_CHECK_SECONDS = 30.0
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
@@ -106,10 +105,10 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
 
     tls = TlsFiles(serving["tls_cert"], serving["tls_key"])
 
-    def make() -> Any:
+    def make(listen: Any) -> Any:
         return Server(
             {"/mutate": app},
-            listen=serving["listen"],
+            listen=listen,
             tls=tls,
             probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
             read_timeout=serving["read_timeout"],
@@ -124,7 +123,7 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
         received.append(signum)
         stop.set()
 
-    server = make()
+    server = make(serving["listen"])
     try:
         bound = server.start()
     except OSError as exc:
@@ -133,7 +132,7 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
     stamp = _stamp(tls.certfile, tls.keyfile)
     click.echo(f"gpuzombie webhook: serving https://{bound}/mutate, /healthz and /readyz", err=True)
     try:
-        while not stop.wait(CERT_CHECK_SECONDS):
+        while not stop.wait(serving["tls_reload_seconds"]):
             now = _stamp(tls.certfile, tls.keyfile)
             if now == stamp:
                 continue
@@ -144,7 +143,7 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
                 continue
             stamp = now
             server.stop()
-            server = make()
+            server = make(bound)  # the same port, also when 0 was asked
             server.start()
             click.echo("gpuzombie webhook: TLS certificate reloaded", err=True)
     finally:
@@ -199,6 +198,13 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
     metavar="NS:KEY=VALUE",
     help="A namespace's default for the pod annotation gpuzombie.dev/KEY: prestop=true, grace-seconds=N, "
     "torchrun-shutdown=true (repeatable; a pod's annotation wins).",
+)
+@click.option(
+    "--tls-reload-seconds",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    hidden=True,
+    help="How often the TLS files are checked for a renewed certificate.",
 )
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, metavar="N")
