@@ -294,7 +294,20 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
     make_pki(new, ecdsa=True)
     _atomic_writer_swap(live, old, "..v1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0", "--tls-reload-seconds", "0.2", "--tls-cert", str(live / "server.pem"), "--tls-key", str(live / "server.key")],
+        [
+            sys.executable,
+            "-m",
+            "gpuzombie",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-reload-seconds",
+            "0.2",
+            "--tls-cert",
+            str(live / "server.pem"),
+            "--tls-key",
+            str(live / "server.key"),
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -234,3 +234,15 @@ def test_patch_of_the_seed_pod_shares_the_process_namespace():
 def test_patch_refuses_bad_input_in_one_line():
     assert "not YAML" in one_line_error(gpuzombie("webhook", "--patch", "-", stdin="a: [b\n"))
     assert "NAMESPACE:KEY=VALUE" in one_line_error(gpuzombie("webhook", "--patch", "-", "--opt-in", "ml:x=1"))
+
+
+def test_the_readmes_prevent_it_commands_run_as_shown():
+    from docs import doc, section
+
+    shown = section(doc("README"), "## Prevent it")
+    commands = [line.split("#")[0].split() for line in shown.splitlines() if line.startswith("gpuzombie ")]
+    assert [c[:2] for c in commands] == [["gpuzombie", "check"], ["gpuzombie", "webhook"]]
+    check = subprocess.run([sys.executable, "-m", *commands[0]], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert check.returncode == 1 and "GZ001" in check.stdout and "deploy/pod-nofix.yaml" in check.stdout
+    patch = subprocess.run([sys.executable, "-m", *commands[1]], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert patch.returncode == 0 and yaml.safe_load(patch.stdout)["spec"]["shareProcessNamespace"] is True
