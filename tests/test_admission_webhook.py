@@ -324,3 +324,20 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_serving_loads_no_optional_library():
+    """The webhook's image needs no extra: answering a review loads neither PyYAML, jsonpatch nor rich."""
+    probe = (
+        "import sys, json\n"
+        "from gpuzombie.cli.main import main\n"
+        "main(['webhook', '--help'])\n"
+        "from gpuzombie.admission.app import make_app\n"
+        "from gpuzombie.admission.review import review\n"
+        "from gpuzombie.admission.mutate import Policy\n"
+        f"review({json.dumps(admission_review(api_server_pod(container(command=S1)))).encode()!r}, Policy())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('yaml', 'jsonpatch', 'rich')), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]"
