@@ -127,6 +127,7 @@ def test_every_kind_with_a_pod_template(tmp_path):
     assert deployment["namespace"] == "ml" and lines[deployment["line"] - 1] == "    spec:"  # the template's
     finding = deployment["findings"][0]
     assert "30.13 s" in finding["evidence"] and finding["fix"]
+    assert lines[finding["line"] - 1].strip() == "- name: train"
 
 
 def test_the_seed_pods_and_the_table():
@@ -197,7 +198,9 @@ def test_sarif_is_valid_sarif_2_1_0(tmp_path):
         str(tmp_path / "all.yaml"),
         str(tmp_path / "nested/pod.json"),
     }
-    assert all(p["region"]["startLine"] > 0 for p in regions)
+    for p in regions:  # each at its container's line
+        lines = pathlib.Path(p["artifactLocation"]["uri"]).read_text().splitlines()
+        assert lines[p["region"]["startLine"] - 1].strip().startswith(("- name: train", "- name: worker")), p
 
 
 def test_patch_fixes_templates_in_place_keeps_other_documents_and_checks_clean(tmp_path):

@@ -22,6 +22,8 @@ class PodResult:
     line: int | None
     gpu_containers: tuple[str, ...]
     findings: tuple[rules.Finding, ...]
+    finding_lines: tuple[int | None, ...] = ()
+    """The line of each finding's container (SARIF's region), as many as findings."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -33,7 +35,7 @@ class PodResult:
             "pointer": self.ref.pointer,
             "line": self.line,
             "gpu_containers": list(self.gpu_containers),
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [{**f.to_dict(), "line": line} for f, line in zip(self.findings, self.finding_lines)],
         }
 
 
@@ -50,11 +52,19 @@ class CheckReport:
         for ref in manifests.pods(documents):
             try:
                 findings = rules.check_pod_spec(ref.spec)
-                gpu = tuple(c.name for c in rules.gpu_containers(ref.spec))
+                index = {c.name: c.index for c in rules.containers(ref.spec)}
             except rules.SpecError as exc:
                 raise rules.SpecError(f"{path}: {ref.label}: {exc}") from exc
-            line = manifests.line_of(nodes.get(ref.document), ref.pointer + "/spec")
-            self.pods.append(PodResult(path, ref, line, gpu, tuple(findings)))
+            node = nodes.get(ref.document)
+            gpu = tuple(c.name for c in rules.gpu_containers(ref.spec))
+            lines = tuple(
+                manifests.line_of(node, f"{ref.pointer}/spec/containers/{index[f.container]}")
+                if f.container in index
+                else None
+                for f in findings
+            )
+            line = manifests.line_of(node, ref.pointer + "/spec")
+            self.pods.append(PodResult(path, ref, line, gpu, tuple(findings), lines))
 
     @property
     def findings(self) -> list[tuple[PodResult, rules.Finding]]:
@@ -88,32 +98,9 @@ class CheckReport:
     def to_sarif(self) -> dict[str, Any]:
         ids = list(rules.RULES)
         results = []
-        for pod, finding in self.findings:
-            location: dict[str, Any] = {"artifactLocation": {"uri": _uri(pod.path)}}
-            if pod.line is not None:
-                location["region"] = {"startLine": pod.line}
-            results.append(
-                {
-                    "ruleId": finding.rule,
-                    "ruleIndex": ids.index(finding.rule),
-                    "level": finding.severity.value,
-                    "message": {"text": f"{pod.ref.label}, container {finding.container}: {finding.message}"},
-                    "locations": [
-                        {
-                            "physicalLocation": location,
-                            "logicalLocations": [
-                                {
-                                    "fullyQualifiedName": f"{pod.ref.label}/{finding.container}",
-                                    "kind": "object",
-                                }
-                            ],
-                        }
-                    ],
-                    "partialFingerprints": {
-                        "podContainerRule/v1": f"{pod.ref.label}/{finding.container}/{finding.rule}"
-                    },
-                }
-            )
+        for pod in self.pods:
+            for finding, line in zip(pod.findings, pod.finding_lines):
+                results.append(_sarif_result(pod, finding, line or pod.line, ids.index(finding.rule)))
         driver = {
             "name": "gpuzombie check",
             "version": __version__,
@@ -121,6 +108,23 @@ class CheckReport:
             "rules": [_sarif_rule(rules.RULES[r]) for r in ids],
         }
         return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}
+
+
+def _sarif_result(pod: PodResult, finding: rules.Finding, line: int | None, rule_index: int) -> dict[str, Any]:
+    location: dict[str, Any] = {"artifactLocation": {"uri": _uri(pod.path)}}
+    if line is not None:
+        location["region"] = {"startLine": line}
+    where = f"{pod.ref.label}/{finding.container}"
+    return {
+        "ruleId": finding.rule,
+        "ruleIndex": rule_index,
+        "level": finding.severity.value,
+        "message": {"text": f"{pod.ref.label}, container {finding.container}: {finding.message}"},
+        "locations": [
+            {"physicalLocation": location, "logicalLocations": [{"fullyQualifiedName": where, "kind": "object"}]}
+        ],
+        "partialFingerprints": {"podContainerRule/v1": f"{where}/{finding.rule}"},
+    }
 
 
 def _rule_dict(rule: rules.Rule) -> dict[str, str]:

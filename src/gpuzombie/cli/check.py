@@ -68,14 +68,15 @@ def render_table(report: Any) -> None:
         table.add_column("rule", overflow="fold", max_width=18)
         table.add_column("finding", overflow="fold", ratio=1)
         style = {"error": "bold red", "warning": "yellow", "note": "cyan"}
-        for pod, finding in report.findings:
-            where = f"{pod.path}:{pod.line}" if pod.line else pod.path
-            table.add_row(
-                Text.assemble(pod.ref.label, "\n", (where, "dim")),
-                finding.container or "",
-                Text.assemble((finding.severity.value, style[finding.severity.value]), f"\n{finding.rule}"),
-                Text(finding.message),
-            )
+        for pod in report.pods:
+            for finding, line in zip(pod.findings, pod.finding_lines):
+                where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
+                table.add_row(
+                    Text.assemble(pod.ref.label, "\n", (where, "dim")),
+                    finding.container or "",
+                    Text.assemble((finding.severity.value, style[finding.severity.value]), f"\n{finding.rule}"),
+                    Text(finding.message),
+                )
         console.print(table)
         for rule_id in sorted({f.rule for _, f in report.findings}):
             rule = RULES[rule_id]
