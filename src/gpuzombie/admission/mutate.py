@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuzombie import __version__
 from gpuzombie.admission import rules
 from gpuzombie.admission.manifests import escape
 
@@ -33,7 +34,7 @@ PRESTOP_PYZ = f"{MOUNT}/prestop.pyz"
 INIT_CONTAINER = "gpuzombie-install"
 IMAGE_TINI = "/usr/bin/tini-static"
 IMAGE_PRESTOP = "/opt/gpuzombie/prestop.pyz"
-DEFAULT_IMAGE = "localhost/gpu-zombie/gpuzombie-node:0.1.0"
+DEFAULT_IMAGE = f"localhost/gpu-zombie/gpuzombie-node:{__version__}"
 """What the chart's image values render to by default; the chart passes --image explicitly."""
 ALWAYS_SKIPPED_NAMESPACES = frozenset({"kube-system"})
 MAX_WARNINGS = 12
