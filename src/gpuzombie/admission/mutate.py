@@ -168,111 +168,120 @@ def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) 
     return None
 
 
-def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mutation:
-    """The fix of ``pod`` as JSONPatch operations. Raises rules.SpecError or ValueError (a bad
-    opt-in value) for a pod it cannot understand; the caller then admits the pod unchanged."""
-    reason = _skip_reason(pod, namespace, policy)
-    if reason is not None:
-        return Mutation([], [], [], reason)
-    spec: Mapping[str, Any] = pod["spec"]
-    gpu = rules.gpu_containers(spec)
-    if not gpu:
-        return Mutation([], [], [], "no GPU container")
-    opt_ins = _opt_ins(pod, namespace, policy)
+@dataclass
+class _Plan:
+    """What to do to one pod, decided before any operation is written."""
+
+    grace: int
+    """The grace the pod will have (an opt-in's, else its own)."""
+    set_grace: bool = False
+    share: bool = False
+    wrap: list[rules.Container] = field(default_factory=list)
+    hooks: list[rules.Container] = field(default_factory=list)
+    torchrun: list[tuple[rules.Container, int]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _plan(spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[str, str], mode: Mode) -> _Plan:
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
-    effective_grace = grace if grace is not None else rules.grace_seconds(spec)
+    plan = _Plan(grace=grace if grace is not None else rules.grace_seconds(spec))
     want_prestop = opt_ins.get("prestop", "").lower() == "true"
     want_torchrun = opt_ins.get("torchrun-shutdown", "").lower() == "true"
-
-    actions: list[str] = []
-    warnings: list[str] = []
-    wrap: list[rules.Container] = []
-    hooks: list[rules.Container] = []
-    torchrun: list[tuple[rules.Container, int]] = []
-    share = False
     sharing = rules.shares_process_namespace(spec)
     for c in gpu:
         mounts = c.raw.get("volumeMounts")
         if isinstance(mounts, list) and any(isinstance(m, Mapping) and m.get("mountPath") == MOUNT for m in mounts):
-            warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
+            plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
             continue
-        pid1 = c.pid1
-        if sharing or pid1.kind is rules.Pid1Kind.INIT:
+        if sharing or c.pid1.kind is rules.Pid1Kind.INIT:
             pass
         elif c.argv_known:
-            wrap.append(c)
-            actions.append(f"tini:{c.name}")
-        elif not share:
-            share = True
-            actions.append("shareProcessNamespace")
-            verb = "would be" if policy.mode is Mode.WARN else "is"
-            warnings.append(
+            plan.wrap.append(c)
+            plan.actions.append(f"tini:{c.name}")
+        elif not plan.share:
+            plan.share = True
+            plan.actions.append("shareProcessNamespace")
+            verb = "would be" if mode is Mode.WARN else "is"
+            plan.warnings.append(
                 f"container {c.name} has no command: its PID 1 is the image's ENTRYPOINT, unknown at admission "
                 f"(no registry lookup), so shareProcessNamespace: true {verb} set instead of tini (measured: "
                 f"{rules.EVIDENCE['S5'].result}; set command to get tini)"
             )
-        if want_prestop:
-            if not _has_prestop(c.raw):
-                hooks.append(c)
-                actions.append(f"prestop:{c.name}")
-            else:
-                warnings.append(f"container {c.name} has a preStop hook already; the gpuzombie hook was not added")
+        hooked = want_prestop and not _has_prestop(c.raw)
+        if hooked:
+            plan.hooks.append(c)
+            plan.actions.append(f"prestop:{c.name}")
+        elif want_prestop:
+            plan.warnings.append(f"container {c.name} has a preStop hook already; the gpuzombie hook was not added")
         shutdown = rules.torchrun_shutdown(c)
         if want_torchrun and shutdown is not None:
-            hook_time = prestop_timeout(effective_grace) if hooks and hooks[-1] is c else 0
-            target = max(1, effective_grace - hook_time - TORCHRUN_MARGIN_SECONDS)
-            explicit = "shutdown-timeout" in " ".join(c.words).replace("_", "-")
-            if explicit or rules.TORCHRUN_SHUTDOWN_ENV in c.env:
-                if shutdown > target:
-                    warnings.append(
-                        f"container {c.name}: torchrun's shutdown timeout is set ({shutdown} s); left as is"
-                    )
+            target = max(1, plan.grace - (prestop_timeout(plan.grace) if hooked else 0) - TORCHRUN_MARGIN_SECONDS)
+            given = "shutdown-timeout" in " ".join(c.words).replace("_", "-") or rules.TORCHRUN_SHUTDOWN_ENV in c.env
+            if shutdown > target and given:
+                plan.warnings.append(
+                    f"container {c.name}: torchrun's shutdown timeout is set ({shutdown} s); left as is"
+                )
             elif shutdown > target:
-                torchrun.append((c, target))
-                actions.append(f"torchrun-shutdown:{c.name}")
+                plan.torchrun.append((c, target))
+                plan.actions.append(f"torchrun-shutdown:{c.name}")
     if grace is not None and grace != spec.get("terminationGracePeriodSeconds"):
-        actions.append(f"grace:{grace}")
-    if not actions:
-        return _none(*warnings)
+        plan.set_grace = True
+        plan.actions.append(f"grace:{grace}")
+    return plan
 
-    described = [_describe(a) for a in actions if a != "shareProcessNamespace"]
-    if policy.mode is Mode.WARN:
-        return _none(*[f"would {d} (--mode warn)" for d in described], *warnings)
+
+def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]]:
+    """The plan as explicit operations, each valid after the ones before it."""
+    spec: Mapping[str, Any] = pod["spec"]
     ops: list[dict[str, Any]] = []
-    _annotate(ops, pod, actions)
-    if share:
+    _annotate(ops, pod, plan.actions)
+    if plan.share:
         ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
-    if wrap or hooks:
+    if plan.wrap or plan.hooks:
         _append(ops, spec, "/spec", "volumes", {"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
-        init = install_container(policy.image, prestop=bool(hooks))
+        init = install_container(image, prestop=bool(plan.hooks))
         if isinstance(spec.get("initContainers"), list) and spec["initContainers"]:
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
-    wrapped, hooked = {c.index for c in wrap}, {c.index for c in hooks}
-    for c in sorted({c.index: c for c in wrap + hooks}.values(), key=lambda c: c.index):
+    wrapped, hooked = {c.index for c in plan.wrap}, {c.index for c in plan.hooks}
+    for c in sorted({c.index: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: c.index):
         path = f"/spec/containers/{c.index}"
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
         if c.index in wrapped:
             assert c.command is not None
             ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
         if c.index in hooked:
-            hook = {"exec": {"command": _hook_command(effective_grace)}}
+            hook = {"exec": {"command": _hook_command(plan.grace)}}
             if isinstance(c.raw.get("lifecycle"), Mapping):
                 ops.append({"op": "add", "path": f"{path}/lifecycle/preStop", "value": hook})
             else:
                 ops.append({"op": "add", "path": f"{path}/lifecycle", "value": {"preStop": hook}})
-    for c, seconds in torchrun:
-        _append(
-            ops,
-            c.raw,
-            f"/spec/containers/{c.index}",
-            "env",
-            {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)},
-        )
-    if grace is not None and f"grace:{grace}" in actions:
-        ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": grace})
-    return Mutation(ops, actions, [*described, *warnings])
+    for c, seconds in plan.torchrun:
+        variable = {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)}
+        _append(ops, c.raw, f"/spec/containers/{c.index}", "env", variable)
+    if plan.set_grace:
+        ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": plan.grace})
+    return ops
+
+
+def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mutation:
+    """The fix of ``pod`` as JSONPatch operations. Raises rules.SpecError or ValueError (a bad
+    opt-in value) for a pod it cannot understand; the caller then admits the pod unchanged."""
+    reason = _skip_reason(pod, namespace, policy)
+    if reason is not None:
+        return Mutation([], [], [], reason)
+    gpu = rules.gpu_containers(pod["spec"])
+    if not gpu:
+        return Mutation([], [], [], "no GPU container")
+    plan = _plan(pod["spec"], gpu, _opt_ins(pod, namespace, policy), policy.mode)
+    if not plan.actions:
+        return _none(*plan.warnings)
+    described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]
+    if policy.mode is Mode.WARN:
+        return _none(*[f"would {d} (--mode warn)" for d in described], *plan.warnings)
+    return Mutation(_ops(pod, plan, policy.image), plan.actions, [*described, *plan.warnings])
 
 
 def _has_prestop(container: Mapping[str, Any]) -> bool:
