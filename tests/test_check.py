@@ -265,3 +265,10 @@ def test_patch_prints_what_the_lab_pod_tests_run(name):
     done = gpuzombie("webhook", "--patch", str(source))
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout) == yaml.safe_load(handmade.read_text())
+
+
+@pytest.mark.parametrize("argv", [["check", "deploy/pod-nofix.yaml"], ["webhook", "--patch", "deploy/pod-nofix.yaml"]])
+def test_without_the_admission_extra_one_line_says_what_to_install(argv):
+    probe = f"import sys; sys.modules['yaml'] = None\nfrom gpuzombie.cli.main import main\nsys.exit(main({argv!r}))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert "pip install 'gpuzombie[admission]'" in one_line_error(done)

@@ -16,6 +16,17 @@ SUFFIXES = (".yaml", ".yml", ".json")
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 
+def require_admission_extra(*modules: str) -> None:
+    """One line instead of a traceback where the 'admission' extra is not installed."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise GpuzombieError(f"this needs {module}: pip install 'gpuzombie[admission]' ({exc})") from exc
+
+
 def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """(path, text) of each input: a file, ``-`` (stdin), or a directory's YAML and JSON files.
     Raises GpuzombieError (exit 2) with one line for what cannot be read."""
@@ -38,6 +49,7 @@ def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def build_report(paths: tuple[str, ...]) -> Any:
+    require_admission_extra("yaml")
     from gpuzombie.admission.manifests import ManifestError
     from gpuzombie.admission.report import CheckReport
     from gpuzombie.admission.rules import SpecError

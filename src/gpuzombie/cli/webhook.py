@@ -74,10 +74,12 @@ def patch_manifests(text: str, policy: Any) -> tuple[list[Any], list[str]]:
 
 
 def _patch(source: str, policy: Any) -> int:
+    from gpuzombie.cli.check import read_inputs, require_admission_extra
+
+    require_admission_extra("yaml", "jsonpatch")
     import yaml
 
     from gpuzombie.admission.manifests import ManifestError
-    from gpuzombie.cli.check import read_inputs
 
     ((path, text),) = read_inputs((source,))
     try:
