@@ -23,10 +23,12 @@ TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
-INITS = frozenset({"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir"})
-"""Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay) and
-``/dev/init`` (podman, docker --init) by path."""
-INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/tini", "/usr/bin/tini"})
+INITS = frozenset(
+    {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir", "supervisord", "systemd"}
+)
+"""Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
+(podman, docker --init) and a distribution's ``/sbin/init`` by path."""
+INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 SOURCE = "results/runtimes/comparison.md"
@@ -476,9 +478,9 @@ def _shutdown_findings(c: Container, grace: int) -> Iterator[Finding]:
     where = f"spec.containers[{c.index}]"
     hook = prestop(c.raw, where)
     if hook is not None and hook.only_waits:
-        yield Finding(
+        yield Finding(  # advice: a drain delay for a load balancer is a choice, its cost is the point
             "GZ003",
-            Severity.WARNING,
+            Severity.NOTE,
             c.name,
             f"preStop ({hook.shown}) only waits {hook.wait_seconds:g} s: the GPU memory stays held that long",
         )
