@@ -289,3 +289,34 @@ def test_the_patch_applies_to_pods_that_lack_the_lists_it_extends():
     validate_pod({**patched, "metadata": {**patched["metadata"], "name": "t"}})
     assert bare == json.loads(json.dumps(bare))  # the input is not changed in place
     assert copy.deepcopy(bare)["spec"]["containers"][0]["command"] == S1
+
+
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _restricted_violations(pod):
+    """The container-level checks of Pod Security "restricted" (a stand-in for the PodSecurity
+    admission plugin, which runs after mutating webhooks and would refuse the pod)."""
+    pod_level = pod["spec"].get("securityContext", {})
+    out = []
+    for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
+        sc = c.get("securityContext", {})
+        for key, value in RESTRICTED.items():
+            if sc.get(key, pod_level.get(key) if key in ("runAsNonRoot", "seccompProfile") else None) != value:
+                out.append(f"{c['name']}.{key}")
+    return out
+
+
+def test_a_restricted_pod_stays_restricted_after_the_patch():
+    """Never blocks a pod: the injected init container passes Pod Security "restricted" on its own."""
+    pod = api_server_pod(_container(S1, None, securityContext=dict(RESTRICTED)))
+    pod["metadata"]["annotations"] = {"gpuzombie.dev/prestop": "true"}
+    assert _restricted_violations(pod) == []
+    patched, _ = mutated(pod)
+    assert patched["spec"]["initContainers"][0]["name"] == "gpuzombie-install"
+    assert _restricted_violations(patched) == []

@@ -122,6 +122,9 @@ def install_container(image: str, *, prestop: bool) -> dict[str, Any]:
             "runAsNonRoot": True,
             "runAsUser": 65532,
             "capabilities": {"drop": ["ALL"]},
+            # Pod Security "restricted" needs it on every container unless the pod sets it: without
+            # it a pod that sets it per container would be refused after the patch
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
     }
