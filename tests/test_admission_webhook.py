@@ -5,6 +5,7 @@ wrong kind, missing fields, 500 containers, slow): always an answer, in bounded 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import os
 import re
@@ -319,7 +320,8 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
         with pytest.raises(ssl.SSLCertVerificationError):
             post((port, trust_new), body)
         _atomic_writer_swap(live, new, "..v2")
-        assert "TLS certificate reloaded" in proc.stderr.readline()
+        logged = [proc.stderr.readline() for _ in range(2)]  # the pod changed by the first post, the reload
+        assert "shareProcessNamespace" in logged[0] and "TLS certificate reloaded" in logged[-1], logged
         assert post((port, trust_new), body)[0] == 200
     finally:
         proc.terminate()
@@ -341,3 +343,21 @@ def test_serving_loads_no_optional_library():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_one_escaped_log_line_per_pod_changed():
+    lines: list[str] = []
+    app = make_app(Policy(), log=lines.append)
+    pod = api_server_pod(container(command=S1), container("c2\x1b[2J", command=S1))
+    request = admission_review(pod)
+    body = json.dumps(request).encode()
+    environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
+    b"".join(app(environ, lambda status, headers: None))
+    (line,) = lines
+    assert line.startswith(f"ml-train/train-7c9d5b8f6d-* (uid {request['request']['uid']}): tini:train,tini:c2")
+    assert "\x1b" not in line and "\\x1b" in line
+    for quiet in (api_server_pod(container(gpu=False)), api_server_pod(container(command=["tini", "--", "x"]))):
+        body = json.dumps(admission_review(quiet)).encode()
+        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
+        b"".join(app(environ, lambda status, headers: None))
+    assert len(lines) == 1  # nothing to say about pods left as they are

@@ -31,8 +31,14 @@ def _read(environ: dict[str, Any], limit: int) -> bytes | Answer:
     return b"".join(chunks)
 
 
-def make_app(policy: Policy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Callable[..., Iterable[bytes]]:
-    """The WSGI app of ``/mutate``."""
+def make_app(
+    policy: Policy,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log: Callable[[str], None] | None = None,
+) -> Callable[..., Iterable[bytes]]:
+    """The WSGI app of ``/mutate``; ``log`` gets one line per pod changed (or that would be, or that
+    could not be understood)."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST":
@@ -40,6 +46,8 @@ def make_app(policy: Policy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) ->
         else:
             body = _read(environ, max_body_bytes)
             answer = body if isinstance(body, Answer) else review(body, policy)
+        if log is not None and answer.note is not None:
+            log(answer.note)
         data = answer.encode()
         status = f"{answer.status} {HTTPStatus(answer.status).phrase}"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])

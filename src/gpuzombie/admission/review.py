@@ -8,11 +8,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuzombie.admission.mutate import MAX_WARNINGS, Mutation, Policy, mutate
 from gpuzombie.admission.rules import short
+from gpuzombie.escape import escape
 
 API_VERSION = "admission.k8s.io/v1"
 WARNING_PREFIX = "gpuzombie: "
@@ -26,6 +27,8 @@ class Answer:
 
     status: int
     body: dict[str, Any]
+    note: str | None = None
+    """One escaped line for the webhook's log: what was done to which pod (None: nothing to say)."""
 
     def encode(self) -> bytes:
         return json.dumps(self.body, separators=(",", ":")).encode()
@@ -109,14 +112,22 @@ def review(body: bytes, policy: Policy) -> Answer:
     pod = request.get("object")
     if not isinstance(pod, Mapping):
         return respond(uid, warnings=["the request has no pod object; admitted unchanged"])
+    meta: Mapping[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), Mapping) else {}
     namespace = request.get("namespace")
     if not isinstance(namespace, str):
-        meta = pod.get("metadata")
-        namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else None
+    name = meta.get("name") or f"{meta.get('generateName') or ''}*"
+    who = escape(f"{namespace or ''}/{name} (uid {uid})", 160)
     try:
-        mutation = mutate(pod, namespace if isinstance(namespace, str) else None, policy)
+        mutation = mutate(pod, namespace, policy)
     except ValueError as exc:  # a spec of wrong types, a bad opt-in value
-        return respond(uid, warnings=[f"could not understand the pod ({short(str(exc), 120)}); admitted unchanged"])
+        why = f"could not understand the pod ({short(str(exc), 120)}); admitted unchanged"
+        return replace(respond(uid, warnings=[why]), note=f"{who}: {escape(why)}")
     except Exception as exc:  # noqa: BLE001 -- a pod on the creation path is admitted, whatever went wrong here
-        return respond(uid, warnings=[f"internal error ({type(exc).__name__}); admitted unchanged"])
-    return respond(uid, mutation)
+        why = f"internal error ({type(exc).__name__}); admitted unchanged"
+        return replace(respond(uid, warnings=[why]), note=f"{who}: {why}")
+    answer = respond(uid, mutation)
+    if mutation.actions:
+        done = ("would do " if not mutation.ops else "") + ",".join(mutation.actions)
+        return replace(answer, note=f"{who}: {escape(done)}")
+    return answer

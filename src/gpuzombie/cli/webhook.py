@@ -246,4 +246,7 @@ def command(
         raise click.UsageError("serving needs --tls-cert and --tls-key (the API server calls webhooks over HTTPS)")
     from gpuzombie.admission.app import make_app
 
-    return _serve(make_app(policy, max_body_bytes=max_body_bytes), serving)
+    def log(line: str) -> None:
+        click.echo(f"gpuzombie webhook: {line}", err=True)
+
+    return _serve(make_app(policy, max_body_bytes=max_body_bytes, log=log), serving)
