@@ -21,6 +21,7 @@ others; on a smaller one both share every CPU (the client's handshakes then coun
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client
 import json
 import os
@@ -151,10 +152,13 @@ def main() -> int:
         )
         os.sched_setaffinity(0, client_cpus)
         try:
-            line = server.stderr.readline() if server.stderr else ""
+            assert server.stderr is not None
+            line = server.stderr.readline()
             match = re.search(r"https://127\.0\.0\.1:(\d+)/mutate", line)
             if not match:
                 raise SystemExit(f"the webhook did not start: {line.strip()}")
+            logged = collections.deque(maxlen=3)  # its log, a line per pod patched: drained, the last kept
+            threading.Thread(target=logged.extend, args=(server.stderr,), daemon=True).start()
             context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
             run(WARM_UP_S, args.rate, int(match.group(1)), context)  # not counted
             cpu_before = _cpu_seconds(server.pid)
