@@ -167,6 +167,9 @@ class _Handler(WSGIRequestHandler):
 
     def setup(self) -> None:
         self.request.settimeout(self.server.connections.read_timeout)
+        # wsgiref writes the headers and the body apart: with Nagle the body waits for the client's
+        # delayed ACK, 40 ms an answer (measured over TLS on 127.0.0.1: p50 48 ms, 1.6 ms without)
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.server.tls is not None:  # the handshake here, in this connection's thread
             raw = self.request
             self.request = self.server.tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)

@@ -14,7 +14,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
 # Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
-COMMAND_MODULES = ("observe", "trace", "lab", "prestop", "exporter", "reap")
+COMMAND_MODULES = ("observe", "trace", "lab", "prestop", "exporter", "reap", "check", "webhook")
 
 
 class LazyCommands(click.Group):

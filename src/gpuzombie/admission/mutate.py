@@ -1,0 +1,306 @@
+"""The webhook's fix of a GPU pod as explicit JSONPatch operations (RFC 6902), from the same rules
+``check`` reports. Pure: a pod-shaped object (``metadata`` + ``spec``) and a policy in, operations,
+the actions taken and the warnings for kubectl out. No I/O, no registry lookup.
+
+Per GPU container that runs no init (the contract in ADMISSION-CONTRACT.md):
+- ``command`` set: an init container copies a static tini into a memory-backed emptyDir and the
+  command becomes ``[/.gpuzombie/tini-static, -s, -g, --, <command...>]``, ``args`` untouched;
+- ``command`` empty (the image's ENTRYPOINT, unknown here): ``shareProcessNamespace: true``.
+Opt-ins (pod annotation, or a namespace default): the gpuzombie preStop hook, the grace, torchrun's
+shutdown timeout. The annotation ``gpuzombie.dev/injected`` records what was done; a pod that has
+it (or the volume) gets nothing more, so reinvocation and re-applied manifests wrap nothing twice.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuzombie import __version__
+from gpuzombie.admission import rules
+from gpuzombie.admission.manifests import escape
+
+DOMAIN = "gpuzombie.dev"
+INJECT = f"{DOMAIN}/inject"
+INJECTED = f"{DOMAIN}/injected"
+OPT_INS = ("prestop", "grace-seconds", "torchrun-shutdown")
+"""Opt-in keys: the pod annotation ``gpuzombie.dev/<key>``, or a namespace default (--opt-in)."""
+VOLUME = "gpuzombie-bin"
+MOUNT = "/.gpuzombie"
+TINI = f"{MOUNT}/tini-static"
+PRESTOP_PYZ = f"{MOUNT}/prestop.pyz"
+INIT_CONTAINER = "gpuzombie-install"
+IMAGE_TINI = "/usr/bin/tini-static"
+IMAGE_PRESTOP = "/opt/gpuzombie/prestop.pyz"
+DEFAULT_IMAGE = f"localhost/gpu-zombie/gpuzombie-node:{__version__}"
+"""What the chart's image values render to by default; the chart passes --image explicitly."""
+ALWAYS_SKIPPED_NAMESPACES = frozenset({"kube-system"})
+MAX_WARNINGS = 12
+TORCHRUN_MARGIN_SECONDS = 5
+"""Time left after torchrun's SIGKILL for the exit to land before the kubelet's."""
+
+
+class Mode(enum.Enum):
+    MUTATE = "mutate"
+    WARN = "warn"
+
+
+@dataclass(frozen=True)
+class Policy:
+    image: str = DEFAULT_IMAGE
+    mode: Mode = Mode.MUTATE
+    skip_namespaces: frozenset[str] = ALWAYS_SKIPPED_NAMESPACES
+    """kube-system, and the webhook's own namespace (the CLI adds it)."""
+    namespace_opt_ins: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """namespace -> {opt-in key: value}, the defaults of the pod annotations."""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    ops: list[dict[str, Any]]
+    actions: list[str]
+    warnings: list[str]
+    skipped: str | None = None
+    """Why the pod was left alone as a whole (None: it was looked at)."""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.ops)
+
+
+def _none(*warnings: str) -> Mutation:
+    return Mutation([], [], list(warnings))
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def _opt_ins(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> dict[str, str]:
+    chosen = dict(policy.namespace_opt_ins.get(namespace or "", {}))
+    for key in OPT_INS:
+        value = _annotations(pod).get(f"{DOMAIN}/{key}")
+        if isinstance(value, str):
+            chosen[key] = value
+    return chosen
+
+
+def _grace_opt_in(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 86400:
+        raise ValueError(f"{DOMAIN}/grace-seconds must be a whole number of seconds from 1 to 86400, not {value!r}")
+    return int(value)
+
+
+def prestop_timeout(grace: int) -> int:
+    """The injected hook's --timeout: two thirds of the grace (S4 measured 20 s in a 30 s grace), so
+    the SIGKILL fallback and the exit fit before the kubelet's."""
+    return max(1, grace * 2 // 3)
+
+
+def install_container(image: str, *, prestop: bool) -> dict[str, Any]:
+    """The init container that copies tini (and the hook) into the shared emptyDir: an explicit
+    command, never the image's (kubernetes#69467), least privilege."""
+    sources = [IMAGE_TINI, *([IMAGE_PRESTOP] if prestop else [])]
+    return {
+        "name": INIT_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["cp", *sources, f"{MOUNT}/"],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "capabilities": {"drop": ["ALL"]},
+            # Pod Security "restricted" needs it on every container unless the pod sets it: without
+            # it a pod that sets it per container would be refused after the patch
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
+    }
+
+
+def _append(ops: list[dict[str, Any]], obj: Mapping[str, Any], path: str, key: str, item: Any) -> None:
+    """Add ``item`` to the list ``obj[key]`` at ``path``, creating the list when absent."""
+    if isinstance(obj.get(key), list) and obj[key]:
+        ops.append({"op": "add", "path": f"{path}/{key}/-", "value": item})
+    else:
+        ops.append({"op": "add", "path": f"{path}/{key}", "value": [item]})
+
+
+def _annotate(ops: list[dict[str, Any]], pod: Mapping[str, Any], actions: list[str]) -> None:
+    value = ",".join(actions)
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        ops.append({"op": "add", "path": "/metadata", "value": {"annotations": {INJECTED: value}}})
+    elif not isinstance(meta.get("annotations"), Mapping):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {INJECTED: value}})
+    else:
+        ops.append({"op": "add", "path": f"/metadata/annotations/{escape(INJECTED)}", "value": value})
+
+
+def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> str | None:
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return "no pod spec"
+    if namespace in policy.skip_namespaces:
+        return f"namespace {namespace} is excluded"
+    annotations = _annotations(pod)
+    if str(annotations.get(INJECT, "")).lower() == "false":
+        return f"{INJECT}: false"
+    if INJECTED in annotations:
+        return f"already mutated ({INJECTED}: {annotations[INJECTED]})"
+    volumes = spec.get("volumes")
+    if isinstance(volumes, list) and any(isinstance(v, Mapping) and v.get("name") == VOLUME for v in volumes):
+        return f"already mutated (volume {VOLUME})"
+    os_name = spec.get("os", {}).get("name") if isinstance(spec.get("os"), Mapping) else None
+    if os_name == "windows":
+        return "a Windows pod"
+    if spec.get("hostPID") is True:
+        return "hostPID: the containers' processes are not PID 1"
+    return None
+
+
+@dataclass
+class _Plan:
+    """What to do to one pod, decided before any operation is written."""
+
+    grace: int
+    """The grace the pod will have (an opt-in's, else its own)."""
+    set_grace: bool = False
+    share: bool = False
+    wrap: list[rules.Container] = field(default_factory=list)
+    hooks: list[rules.Container] = field(default_factory=list)
+    torchrun: list[tuple[rules.Container, int]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _plan(spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[str, str], mode: Mode) -> _Plan:
+    grace = _grace_opt_in(opt_ins.get("grace-seconds"))
+    plan = _Plan(grace=grace if grace is not None else rules.grace_seconds(spec))
+    want_prestop = opt_ins.get("prestop", "").lower() == "true"
+    want_torchrun = opt_ins.get("torchrun-shutdown", "").lower() == "true"
+    sharing = rules.shares_process_namespace(spec)
+    for c in gpu:
+        mounts = c.raw.get("volumeMounts")
+        if isinstance(mounts, list) and any(isinstance(m, Mapping) and m.get("mountPath") == MOUNT for m in mounts):
+            plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
+            continue
+        if sharing or c.pid1.kind is rules.Pid1Kind.INIT:
+            pass
+        elif c.argv_known:
+            plan.wrap.append(c)
+            plan.actions.append(f"tini:{c.name}")
+        elif not plan.share:
+            plan.share = True
+            plan.actions.append("shareProcessNamespace")
+            verb = "would be" if mode is Mode.WARN else "is"
+            plan.warnings.append(
+                f"container {c.name} has no command: its PID 1 is the image's ENTRYPOINT, unknown at admission "
+                f"(no registry lookup), so shareProcessNamespace: true {verb} set instead of tini (measured: "
+                f"{rules.EVIDENCE['S5'].result}; set command to get tini)"
+            )
+        hooked = want_prestop and not _has_prestop(c.raw)
+        if hooked:
+            plan.hooks.append(c)
+            plan.actions.append(f"prestop:{c.name}")
+        elif want_prestop:
+            plan.warnings.append(f"container {c.name} has a preStop hook already; the gpuzombie hook was not added")
+        shutdown = rules.torchrun_shutdown(c)
+        if want_torchrun and shutdown is not None:
+            target = max(1, plan.grace - (prestop_timeout(plan.grace) if hooked else 0) - TORCHRUN_MARGIN_SECONDS)
+            given = "shutdown-timeout" in " ".join(c.words).replace("_", "-") or rules.TORCHRUN_SHUTDOWN_ENV in c.env
+            if shutdown > target and given:
+                plan.warnings.append(
+                    f"container {c.name}: torchrun's shutdown timeout is set ({shutdown} s); left as is"
+                )
+            elif shutdown > target:
+                plan.torchrun.append((c, target))
+                plan.actions.append(f"torchrun-shutdown:{c.name}")
+    if grace is not None and grace != spec.get("terminationGracePeriodSeconds"):
+        plan.set_grace = True
+        plan.actions.append(f"grace:{grace}")
+    return plan
+
+
+def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]]:
+    """The plan as explicit operations, each valid after the ones before it."""
+    spec: Mapping[str, Any] = pod["spec"]
+    ops: list[dict[str, Any]] = []
+    _annotate(ops, pod, plan.actions)
+    if plan.share:
+        ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
+    if plan.wrap or plan.hooks:
+        _append(ops, spec, "/spec", "volumes", {"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+        init = install_container(image, prestop=bool(plan.hooks))
+        if isinstance(spec.get("initContainers"), list) and spec["initContainers"]:
+            ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
+        else:
+            ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
+    wrapped, hooked = {c.index for c in plan.wrap}, {c.index for c in plan.hooks}
+    for c in sorted({c.index: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: c.index):
+        path = f"/spec/containers/{c.index}"
+        _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
+        if c.index in wrapped:
+            assert c.command is not None
+            ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
+        if c.index in hooked:
+            hook = {"exec": {"command": _hook_command(plan.grace)}}
+            if isinstance(c.raw.get("lifecycle"), Mapping):
+                ops.append({"op": "add", "path": f"{path}/lifecycle/preStop", "value": hook})
+            else:
+                ops.append({"op": "add", "path": f"{path}/lifecycle", "value": {"preStop": hook}})
+    for c, seconds in plan.torchrun:
+        variable = {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)}
+        _append(ops, c.raw, f"/spec/containers/{c.index}", "env", variable)
+    if plan.set_grace:
+        ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": plan.grace})
+    return ops
+
+
+def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mutation:
+    """The fix of ``pod`` as JSONPatch operations. Raises rules.SpecError or ValueError (a bad
+    opt-in value) for a pod it cannot understand; the caller then admits the pod unchanged."""
+    reason = _skip_reason(pod, namespace, policy)
+    if reason is not None:
+        return Mutation([], [], [], reason)
+    gpu = rules.gpu_containers(pod["spec"])
+    if not gpu:
+        return Mutation([], [], [], "no GPU container")
+    plan = _plan(pod["spec"], gpu, _opt_ins(pod, namespace, policy), policy.mode)
+    if not plan.actions:
+        return _none(*plan.warnings)
+    described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]
+    if policy.mode is Mode.WARN:
+        return _none(*[f"would {d} (--mode warn)" for d in described], *plan.warnings)
+    return Mutation(_ops(pod, plan, policy.image), plan.actions, [*described, *plan.warnings])
+
+
+def _has_prestop(container: Mapping[str, Any]) -> bool:
+    lifecycle = container.get("lifecycle")
+    return isinstance(lifecycle, Mapping) and lifecycle.get("preStop") is not None
+
+
+def _hook_command(grace: int) -> list[str]:
+    return ["python3", "-S", "-I", PRESTOP_PYZ, "--timeout", str(prestop_timeout(grace))]
+
+
+def _describe(action: str) -> str:
+    what, _, detail = action.partition(":")
+    return {
+        "tini": f"run container {detail}'s command under tini (measured: {rules.EVIDENCE['S2'].result})",
+        "prestop": f"add the gpuzombie preStop hook to container {detail}",
+        "torchrun-shutdown": f"set {rules.TORCHRUN_SHUTDOWN_ENV} in container {detail} below the grace",
+        "grace": f"set terminationGracePeriodSeconds: {detail}",
+    }[what]

@@ -1,0 +1,517 @@
+"""The rules of ``gpuzombie check`` and the webhook: pure functions over a pod spec (a dict as the API
+sends it) -> findings, each with the lab's measured cost as its evidence.
+
+What PID 1 will be is read from the spec only (Kubernetes' argv rule): ``command`` set -> it replaces
+the image's ENTRYPOINT and ``args`` (or nothing) follow; ``command`` empty -> the image's ENTRYPOINT
+runs, which admission cannot see without a registry lookup, so PID 1 is "cannot tell", never guessed.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+import re
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_GRACE_SECONDS = 30
+"""What the API server defaults ``terminationGracePeriodSeconds`` to (a file may leave it out)."""
+TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
+"""torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
+TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
+INITS = frozenset(
+    {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir", "supervisord", "systemd"}
+)
+"""Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
+(podman, docker --init) and a distribution's ``/sbin/init`` by path."""
+INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
+TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+SOURCE = "results/runtimes/comparison.md"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured outcome of the lab (H200, 2 GiB SIGTERM-ignoring worker, 30 s grace, 3 runs)."""
+
+    scenario: str
+    setup: str
+    result: str
+
+
+EVIDENCE: Mapping[str, Measured] = {
+    "S1": Measured("S1", "sleep as PID 1, worker in the background", "30.13 s deletion → free (whole grace), 78 GiB·s"),
+    "S2": Measured("S2", "tini as PID 1", "0.15 s deletion → free"),
+    "S3": Measured("S3", "tini + a preStop that waits --timeout 20 for the worker", "20.4 s deletion → free"),
+    "S4": Measured("S4", "tini + preStop + a SIGTERM handler", "0.45 s deletion → free"),
+    "S5": Measured("S5", "shareProcessNamespace: true (pause is PID 1)", "0.16–0.22 s deletion → free"),
+}
+"""The lab's numbers every finding cites, from results/runtimes/comparison.md (2026-12-01, NVIDIA H200,
+driver 580.159.04; medians of 3 runs on the namespaces and containerd runtimes)."""
+
+
+def evidence(*keys: str) -> str:
+    return "; ".join(f"{EVIDENCE[k].scenario} {EVIDENCE[k].setup}: {EVIDENCE[k].result}" for k in keys) + (
+        f" ({SOURCE})"
+    )
+
+
+class Severity(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+    """Advice: ``check`` still exits 0."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    summary: str
+    evidence: str
+    fix: str
+
+
+RULES: Mapping[str, Rule] = {
+    r.id: r
+    for r in (
+        Rule(
+            "GZ001",
+            "pid1-without-reaping",
+            "PID 1 is a shell or sleep with work in the background: it reaps no zombies and the kernel "
+            "drops the SIGTERM it has no handler for, so the pod holds its GPU memory the whole grace",
+            evidence("S1", "S2"),
+            "run an init as PID 1 (command: [tini, -s, -g, --, ...]) or set shareProcessNamespace: true",
+        ),
+        Rule(
+            "GZ002",
+            "no-init",
+            "a GPU container has no init as PID 1 and the pod does not share its process namespace",
+            evidence("S1", "S2", "S5"),
+            "run an init as PID 1 (tini, dumb-init, catatonit) or set shareProcessNamespace: true",
+        ),
+        Rule(
+            "GZ003",
+            "prestop-only-waits",
+            "the preStop hook only waits: a worker that ignores SIGTERM holds its memory until the wait ends",
+            evidence("S3", "S4"),
+            "let the hook signal the workers and exit (gpuzombie prestop), and handle SIGTERM in the worker",
+        ),
+        Rule(
+            "GZ004",
+            "grace-shorter-than-prestop",
+            "the preStop hook's timeout does not fit in terminationGracePeriodSeconds: the kubelet kills "
+            "the hook (2 s after the grace) and the containers get no SIGTERM time",
+            evidence("S3"),
+            "make terminationGracePeriodSeconds longer than the hook's timeout plus the time to exit",
+        ),
+        Rule(
+            "GZ005",
+            "torchrun-shutdown-exceeds-grace",
+            "torchrun's shutdown timeout (the wait before it SIGKILLs its workers, 30 s unless set) is not "
+            "shorter than the grace left after preStop: the kubelet's SIGKILL comes first",
+            evidence("S1"),
+            f"set --shutdown-timeout or {TORCHRUN_SHUTDOWN_ENV} below the grace",
+        ),
+        Rule(
+            "GZ006",
+            "pid1-cannot-tell",
+            "command is not set: PID 1 is the image's ENTRYPOINT, which a manifest does not show",
+            evidence("S1", "S5"),
+            "set command explicitly, or shareProcessNamespace: true (what the webhook does)",
+        ),
+    )
+}
+
+
+class SpecError(ValueError):
+    """A pod spec that is not what the API would accept (a wrong type where a list or a map goes)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: Severity
+    container: str | None
+    message: str
+
+    @property
+    def name(self) -> str:
+        return RULES[self.rule].name
+
+    def to_dict(self) -> dict[str, Any]:
+        rule = RULES[self.rule]
+        return {
+            "rule": self.rule,
+            "name": rule.name,
+            "severity": self.severity.value,
+            "container": self.container,
+            "message": self.message,
+            "evidence": rule.evidence,
+            "fix": rule.fix,
+        }
+
+
+class Pid1Kind(enum.Enum):
+    INIT = "init"
+    SLEEP = "sleep"
+    SHELL = "shell"
+    PROGRAM = "program"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Pid1:
+    """What a known argv makes PID 1, and whether it starts work in the background."""
+
+    kind: Pid1Kind
+    program: str | None = None
+    background: bool = False
+    script: str | None = None
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container of a pod spec, as the rules see it."""
+
+    index: int
+    name: str
+    gpu: bool
+    command: tuple[str, ...] | None
+    """None: not set, the image's ENTRYPOINT runs."""
+    args: tuple[str, ...] | None
+    env: Mapping[str, str]
+    raw: Mapping[str, Any]
+
+    @property
+    def argv_known(self) -> bool:
+        return self.command is not None
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """What the spec shows of the argv: command + args, or args alone after an unseen ENTRYPOINT."""
+        return (self.command or ()) + (self.args or ())
+
+    @property
+    def pid1(self) -> Pid1:
+        return analyse_argv(self.command + (self.args or ())) if self.command is not None else Pid1(Pid1Kind.UNKNOWN)
+
+    @property
+    def seen(self) -> Pid1:
+        """What the spec's words would make PID 1 if the image had no ENTRYPOINT (evidence, not a claim)."""
+        return analyse_argv(self.words)
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where} is not a map")
+    return value
+
+
+def _list(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError(f"{where} is not a list")
+    return value
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...] | None:
+    """A list of strings; None when absent or empty (Kubernetes treats an empty command as unset)."""
+    items = _list(value, where)
+    if not all(isinstance(i, str) for i in items):
+        raise SpecError(f"{where} holds something other than strings")
+    return tuple(items) or None
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name in GPU_RESOURCES or name.startswith(GPU_RESOURCE_PREFIXES)
+
+
+def _asks_for_gpu(container: Mapping[str, Any], where: str) -> bool:
+    resources = _mapping(container.get("resources"), f"{where}.resources")
+    for part in ("limits", "requests"):
+        for name, quantity in _mapping(resources.get(part), f"{where}.resources.{part}").items():
+            if is_gpu_resource(str(name)) and str(quantity).strip() not in ("0", ""):
+                return True
+    return False
+
+
+def containers(spec: Mapping[str, Any]) -> list[Container]:
+    """The pod's regular containers (init containers, native sidecars included, run no training)."""
+    out = []
+    for i, raw in enumerate(_list(spec.get("containers"), "spec.containers")):
+        where = f"spec.containers[{i}]"
+        raw = _mapping(raw, where)
+        env = {}
+        for item in _list(raw.get("env"), f"{where}.env"):
+            item = _mapping(item, f"{where}.env[]")
+            if isinstance(item.get("name"), str) and isinstance(item.get("value"), str):
+                env[item["name"]] = item["value"]
+        out.append(
+            Container(
+                index=i,
+                name=str(raw.get("name", f"#{i}")),
+                gpu=_asks_for_gpu(raw, where),
+                command=_strings(raw.get("command"), f"{where}.command"),
+                args=_strings(raw.get("args"), f"{where}.args"),
+                env=env,
+                raw=raw,
+            )
+        )
+    return out
+
+
+def gpu_containers(spec: Mapping[str, Any]) -> list[Container]:
+    return [c for c in containers(spec) if c.gpu]
+
+
+def grace_seconds(spec: Mapping[str, Any]) -> int:
+    value = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+    if value is None:
+        return DEFAULT_GRACE_SECONDS
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError("spec.terminationGracePeriodSeconds is not a number")
+    return value
+
+
+def shares_process_namespace(spec: Mapping[str, Any]) -> bool:
+    return spec.get("shareProcessNamespace") is True
+
+
+def is_init(program: str) -> bool:
+    return program in INIT_PATHS or posixpath.basename(program) in INITS
+
+
+_BACKGROUND = re.compile(r"(?<![&>|])&(?![&>])")
+_COMMANDS = re.compile(r"&&|\|\||[;&\n]")
+
+
+def _script(words: Sequence[str]) -> str | None:
+    """The script of ``sh [-opts] -c SCRIPT ...`` (``-ec``, ``-xc`` too); None for ``sh file``."""
+    rest = list(words[1:])
+    if rest and posixpath.basename(words[0]) == "busybox" and rest[0] in SHELLS:
+        rest = rest[1:]
+    for i, word in enumerate(rest):
+        if not word.startswith("-"):
+            return None
+        if "c" in word[1:] and not word.startswith("--") and i + 1 < len(rest):
+            return rest[i + 1]
+    return None
+
+
+def _last_command(script: str) -> list[str]:
+    parts = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
+    if not parts:
+        return []
+    try:
+        return shlex.split(parts[-1])
+    except ValueError:  # an unbalanced quote: the words as they are
+        return parts[-1].split()
+
+
+def analyse_argv(words: Sequence[str]) -> Pid1:
+    """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program."""
+    if not words:
+        return Pid1(Pid1Kind.UNKNOWN)
+    program = words[0]
+    base = posixpath.basename(program)
+    if is_init(program):
+        return Pid1(Pid1Kind.INIT, base)
+    if base == "sleep":
+        return Pid1(Pid1Kind.SLEEP, base)
+    if base not in SHELLS:
+        return Pid1(Pid1Kind.PROGRAM, base)
+    script = _script(words)
+    if script is None:
+        return Pid1(Pid1Kind.SHELL, base)
+    background = bool(_BACKGROUND.search(script))
+    last = _last_command(script)
+    if last[:1] == ["exec"] and len(last) > 1:  # the shell becomes the last program
+        inner = analyse_argv(last[1:])
+        return Pid1(inner.kind, inner.program, background, script)
+    return Pid1(Pid1Kind.SHELL, base, background, script)
+
+
+def short(text: str, limit: int = 72) -> str:
+    """One line of at most ``limit`` characters, its middle cut (a script's end, ``& exec sleep
+    infinity``, is what tells its PID 1)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 3
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
+def _shown(pid1: Pid1, words: Sequence[str]) -> str:
+    if pid1.script is not None:
+        return f"{posixpath.basename(words[0])} -c {short(pid1.script)!r}"
+    return short(" ".join(words))
+
+
+@dataclass(frozen=True)
+class PreStop:
+    """A preStop hook as the rules see it: how long it may wait, and whether it only waits."""
+
+    wait_seconds: float | None
+    only_waits: bool
+    shown: str
+
+
+def _number_after(words: Sequence[str], flag: str) -> float | None:
+    for i, word in enumerate(words):
+        value = None
+        if word == flag and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+        if value is not None:
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _sleep_seconds(words: Sequence[str]) -> float | None:
+    if len(words) == 2 and posixpath.basename(words[0]) == "sleep":
+        try:
+            return float(words[1])
+        except ValueError:
+            return None
+    return None
+
+
+def prestop(container: Mapping[str, Any], where: str) -> PreStop | None:
+    """The container's preStop hook, or None (no hook, or an httpGet one this cannot judge)."""
+    lifecycle = _mapping(container.get("lifecycle"), f"{where}.lifecycle")
+    hook = _mapping(lifecycle.get("preStop"), f"{where}.lifecycle.preStop")
+    if "sleep" in hook:
+        seconds = _mapping(hook["sleep"], f"{where}.lifecycle.preStop.sleep").get("seconds")
+        if isinstance(seconds, int):
+            return PreStop(float(seconds), True, f"sleep {seconds}")
+    if "exec" not in hook:
+        return None
+    words = _strings(_mapping(hook["exec"], f"{where}.lifecycle.preStop.exec").get("command"), where) or ()
+    if not words:
+        return None
+    shown = short(" ".join(words))
+    slept = _sleep_seconds(words)
+    if slept is not None:
+        return PreStop(slept, True, shown)
+    script = _script(words) if posixpath.basename(words[0]) in SHELLS else None
+    if script is not None:
+        commands = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
+        sleeps = [_sleep_seconds(c.split()) for c in commands]
+        if sleeps and all(s is not None for s in sleeps):
+            return PreStop(sum(s or 0.0 for s in sleeps), True, shown)
+    if any("prestop" in w for w in words):  # gpuzombie prestop, python -m gpuzombie.prestop, prestop.pyz
+        timeout = _number_after(words, "--timeout")
+        return PreStop(20.0 if timeout is None else timeout, False, shown)
+    return PreStop(None, False, shown)
+
+
+def torchrun_shutdown(c: Container) -> int | None:
+    """torchrun's shutdown timeout for this container, or None when it runs no torchrun."""
+    text = " ".join(c.words)
+    if not any(w in text for w in TORCHRUN_WORDS):
+        return None
+    match = re.search(r"--shutdown[-_]timeout(?:=|\s+)(\d+)", text)
+    if match:
+        return int(match.group(1))
+    for name in (TORCHRUN_SHUTDOWN_ENV, "PET_SHUTDOWN_TIMEOUT"):
+        if c.env.get(name, "").isdigit():
+            return int(c.env[name])
+    return TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT
+
+
+def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
+    if shares_process_namespace(spec) or spec.get("hostPID") is True:
+        return  # PID 1 is the pod's pause (or the host's init): it reaps, and SIGTERM reaches the workload
+    if c.argv_known:
+        pid1 = c.pid1
+        assert c.command is not None
+        shown = _shown(pid1, c.words)
+        if pid1.kind is Pid1Kind.INIT:
+            return
+        if pid1.kind is Pid1Kind.SLEEP or pid1.background:
+            what = "sleep" if pid1.kind is Pid1Kind.SLEEP else f"{pid1.program}"
+            work = " with work in the background" if pid1.background else ""
+            yield Finding("GZ001", Severity.ERROR, c.name, f"PID 1 is {what}{work}: {shown}")
+            return
+        yield Finding(
+            "GZ002",
+            Severity.WARNING,
+            c.name,
+            f"PID 1 is {pid1.program} ({shown}), not an init: it reaps no zombies and, without a "
+            "handler, never gets SIGTERM",
+        )
+        return
+    seen = c.seen
+    if seen.background and seen.kind is not Pid1Kind.INIT:
+        # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
+        yield Finding(
+            "GZ001",
+            Severity.WARNING,
+            c.name,
+            f"cannot tell PID 1 (no command: the image's ENTRYPOINT runs first), but args run "
+            f"{_shown(seen, c.words)}: unless that ENTRYPOINT is an init, PID 1 is {seen.program} "
+            "with work in the background",
+        )
+        return
+    yield Finding(
+        "GZ006",
+        Severity.NOTE,
+        c.name,
+        "cannot tell PID 1: command is not set, so the image's ENTRYPOINT runs"
+        + (f" before args {_shown(seen, c.words)!r}" if c.args else ""),
+    )
+
+
+def _shutdown_findings(c: Container, grace: int) -> Iterator[Finding]:
+    where = f"spec.containers[{c.index}]"
+    hook = prestop(c.raw, where)
+    if hook is not None and hook.only_waits:
+        yield Finding(  # advice: a drain delay for a load balancer is a choice, its cost is the point
+            "GZ003",
+            Severity.NOTE,
+            c.name,
+            f"preStop ({hook.shown}) only waits {hook.wait_seconds:g} s: the GPU memory stays held that long",
+        )
+    if hook is not None and hook.wait_seconds is not None and hook.wait_seconds >= grace:
+        yield Finding(
+            "GZ004",
+            Severity.ERROR,
+            c.name,
+            f"preStop ({hook.shown}) may take {hook.wait_seconds:g} s, terminationGracePeriodSeconds is {grace}",
+        )
+    shutdown = torchrun_shutdown(c)
+    waited = hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
+    left = grace - waited
+    if shutdown is not None and shutdown >= left:
+        yield Finding(
+            "GZ005",
+            Severity.WARNING,
+            c.name,
+            f"torchrun's shutdown timeout is {shutdown} s, the grace left after preStop {left:g} s",
+        )
+
+
+def check_pod_spec(spec: Mapping[str, Any]) -> list[Finding]:
+    """Every finding of a pod spec's GPU containers (a pod without GPUs has none).
+    Raises SpecError for a spec with a wrong type where the API takes a list or a map."""
+    spec = _mapping(spec, "spec")
+    if _mapping(spec.get("os"), "spec.os").get("name") == "windows":
+        return []
+    grace = grace_seconds(spec)
+    findings: list[Finding] = []
+    for c in gpu_containers(spec):
+        findings += _pid1_findings(c, spec)
+        findings += _shutdown_findings(c, grace)
+    return findings

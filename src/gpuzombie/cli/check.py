@@ -1,0 +1,130 @@
+"""`gpuzombie check`: static checks of Kubernetes manifests, the webhook's rules (docs/admission.md)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Any
+
+import click
+
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+
+SUFFIXES = (".yaml", ".yml", ".json")
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+
+def require_admission_extra(*modules: str) -> None:
+    """One line instead of a traceback where the 'admission' extra is not installed."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise GpuzombieError(f"this needs {module}: pip install 'gpuzombie[admission]' ({exc})") from exc
+
+
+def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(path, text) of each input: a file, ``-`` (stdin), or a directory's YAML and JSON files.
+    Raises GpuzombieError (exit 2) with one line for what cannot be read."""
+    out: list[tuple[str, str]] = []
+    for path in paths or ("-",):
+        if path == "-":
+            out.append(("-", sys.stdin.read(MAX_INPUT_BYTES)))
+            continue
+        p = pathlib.Path(path)
+        files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file()) if p.is_dir() else [p]
+        for f in files:
+            try:
+                if f.stat().st_size > MAX_INPUT_BYTES:
+                    raise GpuzombieError(f"{f}: over {MAX_INPUT_BYTES // 2**20} MiB, not a manifest")
+                out.append((str(f), f.read_text(encoding="utf-8")))
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise GpuzombieError(f"cannot read {f}: {reason}") from exc
+    return out
+
+
+def build_report(paths: tuple[str, ...]) -> Any:
+    require_admission_extra("yaml")
+    from gpuzombie.admission.manifests import ManifestError
+    from gpuzombie.admission.report import CheckReport
+    from gpuzombie.admission.rules import SpecError
+
+    report = CheckReport()
+    for path, text in read_inputs(paths):
+        try:
+            report.add(path, text)
+        except ManifestError as exc:
+            raise GpuzombieError(f"{'stdin' if path == '-' else path}: {exc}") from exc
+        except SpecError as exc:
+            raise GpuzombieError(f"not a valid pod spec: {exc}") from exc
+    return report
+
+
+def render_table(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from gpuzombie.admission.rules import RULES
+
+    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    if report.findings:
+        table = Table(header_style="bold", show_lines=True)
+        table.add_column("object", overflow="fold", max_width=40)
+        table.add_column("container", overflow="fold", max_width=16)
+        table.add_column("rule", overflow="fold", max_width=18)
+        table.add_column("finding", overflow="fold", ratio=1)
+        style = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+        for pod in report.pods:
+            for finding, line in zip(pod.findings, pod.finding_lines):
+                where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
+                table.add_row(
+                    Text.assemble(pod.ref.label, "\n", (where, "dim")),
+                    finding.container or "",
+                    Text.assemble((finding.severity.value, style[finding.severity.value]), f"\n{finding.rule}"),
+                    Text(finding.message),
+                )
+        console.print(table)
+        for rule_id in sorted({f.rule for _, f in report.findings}):
+            rule = RULES[rule_id]
+            console.print(Text.assemble((rule_id, "bold"), f" {rule.name}: {rule.summary}."))
+            console.print(Text(f"  measured: {rule.evidence}\n  fix: {rule.fix}"))
+    counts = report.counts()
+    gpu_pods = sum(1 for p in report.pods if p.gpu_containers)
+    console.print(
+        f"{len(report.findings)} finding(s): {counts.get('error', 0)} error(s), {counts.get('warning', 0)} "
+        f"warning(s), {counts.get('note', 0)} note(s) in {len(report.pods)} pod spec(s) "
+        f"({gpu_pods} with GPUs) of {len(report.files)} input(s)",
+        highlight=False,
+    )
+
+
+@click.command()
+@click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/v1).")
+@click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
+def command(paths: tuple[str, ...], as_json: bool, sarif: bool) -> int:
+    """Check Kubernetes manifests for GPU pods that hold their memory after deletion: PID 1 a shell
+    or sleep with background work, no init, a preStop that only waits, a grace the preStop does not
+    fit in, torchrun's shutdown timeout past the grace. The same rules as `gpuzombie webhook`.
+
+    Reads Pods and anything with a pod template (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
+    CronJob), `kind: List`, multi-document YAML or JSON and `helm template` output; a directory's
+    *.yaml, *.yml and *.json files; stdin when no FILE or `-` is given. A container without
+    `command` runs its image's ENTRYPOINT, which a manifest does not show: reported as cannot tell.
+
+    Exit 0 when clean (notes are advice), 1 with errors or warnings, 2 for input that cannot be read.
+    """
+    if as_json and sarif:
+        raise click.UsageError("--json and --sarif are exclusive")
+    report = build_report(paths)
+    if as_json or sarif:
+        click.echo(json.dumps(report.to_sarif() if sarif else report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        render_table(report)
+    return int(ExitStatus.FINDINGS if report.failed else ExitStatus.OK)

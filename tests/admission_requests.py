@@ -1,0 +1,170 @@
+"""AdmissionReviews as kube-apiserver (v1.30) sends them for a GPU pod, standard library only (the
+tests and benchmarks/bench_webhook.py build their requests here; the device has no pytest).
+
+The request is what the API server writes after its defaulting (field by field from the Pod
+defaults of k8s.io/kubernetes/pkg/apis/core/v1/defaults.go and the ServiceAccount admission plugin's
+token volume): a Deployment's pod carries generateName and no name, its ReplicaSet as owner, and the
+replicaset-controller as the user. No kube-apiserver runs here (ADMISSION-NOTES.md): this is the
+stand-in, named as such.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from typing import Any
+
+GPU = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+
+
+def container(name: str = "train", *, gpu: bool = True, **fields: Any) -> dict[str, Any]:
+    """A container as the API server defaults it."""
+    out: dict[str, Any] = {
+        "name": name,
+        "image": "registry.example.com/ml/train:2.1",
+        "resources": copy.deepcopy(GPU) if gpu else {},
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+        "volumeMounts": [
+            {
+                "name": "kube-api-access-x7k2p",
+                "readOnly": True,
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            }
+        ],
+    }
+    out.update(fields)
+    return out
+
+
+def api_server_pod(*containers: dict[str, Any], namespace: str = "ml-train", **spec: Any) -> dict[str, Any]:
+    """A Deployment's pod after the API server's defaulting and the ServiceAccount plugin."""
+    pod: dict[str, Any] = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "generateName": "train-7c9d5b8f6d-",
+            "namespace": namespace,
+            "creationTimestamp": None,
+            "labels": {"app": "train", "pod-template-hash": "7c9d5b8f6d"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "train-7c9d5b8f6d",
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": "2026-12-01T12:00:00Z",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:generateName": {}}},
+                }
+            ],
+        },
+        "spec": {
+            "volumes": [
+                {
+                    "name": "kube-api-access-x7k2p",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            {
+                                "downwardAPI": {
+                                    "items": [
+                                        {
+                                            "path": "namespace",
+                                            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                        }
+                                    ]
+                                }
+                            },
+                        ],
+                        "defaultMode": 420,
+                    },
+                }
+            ],
+            "containers": list(containers) or [container()],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "serviceAccount": "default",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ],
+            "priority": 0,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {},
+    }
+    pod["spec"].update(spec)
+    return pod
+
+
+def admission_review(pod: dict[str, Any], *, operation: str = "CREATE") -> dict[str, Any]:
+    """The AdmissionReview of ``pod``'s creation, with a random uid."""
+    namespace = pod["metadata"].get("namespace")
+    return {
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "uid": str(uuid.uuid4()),
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+            },
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        },
+    }
+
+
+def make_pki(directory: Any, *, ecdsa: bool = False) -> Any:
+    """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl; RSA 2048,
+    or ECDSA P-256 as the chart's cert-manager Certificate asks for."""
+    import subprocess
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if ecdsa else ["-newkey", "rsa:2048"]
+    run("req", "-x509", *key, "-nodes", "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", *key, "-nodes", "-subj", "/CN=gpuzombie-webhook", "-keyout", "server.key", "-out", "server.csr")
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc\n")
+    run(
+        *["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"],
+        *["-days", "2", "-out", "server.pem", "-extfile", "server.ext"],
+    )
+    return directory
