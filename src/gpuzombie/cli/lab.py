@@ -33,19 +33,20 @@ def exact_command() -> list[str]:
     """The command with every option spelled out (the defaults too), so it reruns the same way."""
     ctx = click.get_current_context()
     argv = ctx.command_path.split()
+    arguments: list[str] = []  # after every option, as a user types them
     for name, value in ctx.params.items():
         if value is not None:
             option = next(o for o in ctx.command.params if o.name == name)
             if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
                 name = getattr(value, "name", value) if not isinstance(value, str) else value
-                argv.append(name if isinstance(name, str) and name != "<stdin>" else "-")
+                arguments.append(name if isinstance(name, str) and name != "<stdin>" else "-")
                 continue
             if isinstance(option, click.Option) and option.is_flag:
                 argv += [option.opts[0]] if value else []
                 continue
             for one in value if isinstance(value, tuple) else (value,):  # a repeated option
                 argv += [option.opts[0], str(one)]
-    return argv
+    return argv + arguments
 
 
 def summary_table(runs: list[ScenarioRun]) -> Table:

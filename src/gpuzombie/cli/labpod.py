@@ -63,6 +63,14 @@ def load_manifest(stream: IO[str]) -> Any:
     show_default=True,
     help="Run the pod N times (one containerd); the report shows each run.",
 )
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(1, 3600),
+    default=180.0,
+    show_default=True,
+    help="Measure the pod after this long even if it never settles (its processes, memory held and "
+    "none of them running unchanged for a second).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/1).")
 @click.option(
     "--out",
@@ -77,6 +85,7 @@ def pod_command(
     device: str,
     image_archives: Path | None,
     repeat: int,
+    ready_timeout: float,
     as_json: bool,
     out: Path,
 ) -> int:
@@ -123,7 +132,7 @@ def pod_command(
     console = Console(stderr=True, log_path=False)
     for note in lab_notes(parsed, resolved):
         console.print(f"[yellow]lab pod:[/] {note}")
-    config = PodRunConfig(device=resolved, grace=grace)
+    config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout)
     try:
         with console.status("starting") as status:
 

@@ -42,7 +42,7 @@ from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
 SETTLE_S = 1.0
-"""The pod is measured once its processes and memory held have not changed for this long."""
+"""The pod is measured once its processes and memory held have not changed for this long, none running."""
 STEADY_BYTES = 8 * MIB
 IMAGE_NOTE = (
     f"every image runs as the lab's ({BUSYBOX_IMAGE}: busybox with the host's /usr, /lib, /lib64 and "
@@ -158,15 +158,20 @@ class _PodMeasurement:
         self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
         self.progress(f"observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
 
+    def busy(self, pids: frozenset[int]) -> bool:
+        """A process of the pod is running (state R): still setting up, e.g. importing torch before
+        its CUDA allocation (a few MiB of context, steady for seconds, is not the workload's memory)."""
+        return any((st := PROCFS.stat(pid)) is not None and st.state == "R" for pid in pids)
+
     def wait_steady(self) -> None:
-        """Until the pod's processes and memory held have not changed for SETTLE_S (the workload is
-        set up), or the ready timeout."""
+        """Until the pod's processes and memory held have not changed for SETTLE_S while none of
+        them ran (the workload is set up and waiting), or the ready timeout."""
         deadline = time.monotonic() + self.config.ready_timeout
         last: tuple[frozenset[int], int] | None = None
         since = time.monotonic()
         while time.monotonic() < deadline:
             now = (frozenset(self.pod.processes()), self.held_now())
-            if last is None or now[0] != last[0] or abs(now[1] - last[1]) > STEADY_BYTES:
+            if last is None or now[0] != last[0] or abs(now[1] - last[1]) > STEADY_BYTES or self.busy(now[0]):
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= SETTLE_S and now[1] > 0:
                 self.events.add("steady", f"{len(now[0])} process(es), {now[1] // MIB} MiB held")
