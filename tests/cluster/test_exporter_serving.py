@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -24,6 +23,7 @@ from gpuzombie.cli.main import main
 from gpuzombie.exporter import DEFAULT_LISTEN, NodeCollector, PrometheusExporter, TlsFiles, parse_listen
 from gpuzombie.exporter.scan import NodeScan
 from pidns import wait_until
+from pki import make_pki
 
 
 class Switch:
@@ -166,39 +166,7 @@ def test_slowloris_is_cut_at_the_read_deadline_whatever_its_pace(fake_node_scan)
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made by openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("pki")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
-
-    run(
-        *[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]
-    )
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        run(*f"req -newkey rsa:2048 -nodes -subj /CN={name} -keyout {name}.key -out {name}.csr".split())
-        (d / f"{name}.ext").write_text(ext + "\n")
-        run(
-            *f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out {name}.pem "
-            f"-extfile {name}.ext".split()
-        )
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_tls_serves_https_and_a_stalled_handshake_blocks_no_one(fake_node_scan, pki):
