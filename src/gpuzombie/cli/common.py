@@ -33,6 +33,14 @@ cri_socket_option = click.option(
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
     "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
 )
+cri_timeout_option = click.option(
+    "--cri-timeout",
+    type=click.FloatRange(min=0.1),
+    default=5.0,  # k8s.names.DEFAULT_TIMEOUT (not imported here: --help stays light)
+    show_default=True,
+    metavar="S",
+    help="Give up on the CRI runtime after S seconds per scan (ids only, a warning).",
+)
 pod_resources_socket_option = click.option(
     "--pod-resources-socket",
     default=DEFAULT_SOCKET,
