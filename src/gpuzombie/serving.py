@@ -67,6 +67,17 @@ def parse_listen(text: str) -> ListenAddress:
     return ListenAddress(host, int(port))
 
 
+class ListenError(OSError):
+    """An address that cannot be bound (in use, not local, not resolvable); names the address."""
+
+    def __init__(self, address: ListenAddress, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.address = address
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address}: {self.strerror}"
+
+
 class TlsFileError(OSError):
     """A TLS file that cannot be read or does not hold what it should; the message names it."""
 
@@ -367,27 +378,27 @@ class Server:
 
     def start(self) -> ListenAddress:
         """Bind and serve; returns the first bound address (the real port when 0 was asked; all of
-        them in ``bound``). Raises OSError when an address cannot be bound (in use, not local, not
-        resolvable; none stays bound) or a TLS file cannot be used (TlsFileError names it)."""
+        them in ``bound``). Raises ListenError when an address cannot be bound (in use, not local, not
+        resolvable; then none stays bound), TlsFileError when a TLS file cannot be used; both
+        OSErrors that name what failed."""
         context = None if self.tls is None else self.tls.context()
         app = _routed_app(self.routes, self.probes)
-        try:
-            for address in self.addresses:
-                self._servers.append(
-                    _Server(
-                        address,
-                        connections=self.connections,
-                        tls=context,
-                        app=app,
-                        max_body_bytes=self.max_body_bytes,
-                        name=self.name,
-                    )
+        for address in self.addresses:
+            try:
+                server = _Server(
+                    address,
+                    connections=self.connections,
+                    tls=context,
+                    app=app,
+                    max_body_bytes=self.max_body_bytes,
+                    name=self.name,
                 )
-        except OSError:
-            for server in self._servers:
-                server.server_close()
-            self._servers = []
-            raise
+            except OSError as exc:
+                for bound in self._servers:
+                    bound.server_close()
+                self._servers = []
+                raise ListenError(address, exc) from exc
+            self._servers.append(server)
         self.connections.start()
         for server in self._servers:
             thread = threading.Thread(target=server.serve_forever, name=self.name, daemon=True)

@@ -207,7 +207,10 @@ def test_mutual_tls_requires_a_client_certificate(fake_node_scan, pki):
     [
         (["--tls-cert", "/nonexistent.pem"], "give --tls-cert and --tls-key together"),
         (["--tls-client-ca", "/nonexistent.pem"], "needs --tls-cert and --tls-key"),
-        (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "cannot serve TLS on 127.0.0.1:0"),
+        (
+            ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
+            "cannot serve TLS on 127.0.0.1:0: certificate /nonexistent.pem: No such file or directory",
+        ),
     ],
     ids=["cert-without-key", "ca-without-cert", "missing-files"],
 )
@@ -232,6 +235,31 @@ def test_default_port_is_no_common_gpu_or_node_exporters(capsys):
     assert parse_listen(DEFAULT_LISTEN).port not in taken
     assert main(["exporter", "--help"]) == 0
     assert DEFAULT_LISTEN in capsys.readouterr().out  # the help text names the real default
+
+
+def test_cli_listens_on_every_listen_address(tmp_path):
+    """Issue 18 (6): the chart gives the pod IP and 127.0.0.1 (kubectl port-forward dials loopback)."""
+    test_exporter = pytest.importorskip("test_exporter")
+    root = tmp_path / "proc"
+    test_exporter.build_node(root)
+    replay = tmp_path / "nvml.json"
+    replay.write_text(json.dumps(dataclasses.asdict(test_exporter.gpus())))
+    argv = [sys.executable, "-m", "gpuzombie", "exporter", "--procfs", str(root), "--nvml-replay", str(replay)]
+    proc = subprocess.Popen(
+        [*argv, "--listen", "127.0.0.1:0", "--listen", "127.0.0.2:0"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = proc.stderr.readline()
+        ports = re.findall(r"http://(127\.0\.0\.[12]):(\d+)/metrics", first)
+        assert [host for host, _ in ports] == ["127.0.0.1", "127.0.0.2"], first
+        for host, port in ports:
+            assert get(f"http://{host}:{port}/healthz")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
 
 
 def test_cli_serves_probes_and_stops_on_sigterm(tmp_path):

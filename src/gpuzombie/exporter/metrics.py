@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuzombie.escape import LABEL_LIMIT, escape
+from gpuzombie.escape import label_value
 from gpuzombie.exporter.scan import NodeScan, PodLabels
 from gpuzombie.trace.report import GpuMemory
 
@@ -117,10 +117,15 @@ GAUGES = {
 
 
 def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
+    """The gauge's samples, grouped on the label values as served (escaped and capped first, so
+    no two samples can carry the same labels; label_value keeps values apart past the cap)."""
     spec = GAUGES[name]
     family = GaugeMetricFamily(name, spec.doc, labels=list(spec.labels))
-    for key, value in sorted(values.items()):
-        family.add_metric([escape(v, LABEL_LIMIT) for v in key], value)
+    served: defaultdict[tuple[str, ...], float] = defaultdict(float)
+    for key, value in values.items():
+        served[tuple(label_value(v) for v in key)] += value
+    for labels, value in sorted(served.items()):
+        family.add_metric(list(labels), value)
     return family
 
 
