@@ -7,13 +7,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 
 def make_pki(directory: Path) -> Path:
     """ca.pem/ca.key, server.pem/server.key (SAN IP:127.0.0.1) and client.pem/client.key in
-    ``directory``; a skip where openssl is not installed."""
+    ``directory``; a skip where openssl is not installed (pytest is imported only then: the soak
+    benchmark uses this too)."""
     if shutil.which("openssl") is None:
+        import pytest
+
         pytest.skip("openssl is not installed")
 
     def run(*args: str) -> None:
