@@ -217,3 +217,34 @@ def test_a_tls_file_that_cannot_be_used_is_named(pki, files, named):
         TlsFiles(cert, key, ca).context()  # type: ignore[arg-type]
     kind, name = named.rsplit(" ", 1)
     assert f"{kind} {pki / name}" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_connection_without_a_thread_releases_its_slot(monkeypatch):
+    """A process out of threads (a pids cgroup limit) drops that connection and keeps its slot free."""
+    import threading
+
+    server = Server({}, listen=LOOPBACK, probes=probes(), max_connections=1)
+    port = server.start().port
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start(thread):
+        if thread.name.endswith("-connection") and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    try:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/healthz")
+            conn.getresponse()
+        assert refused and server.connections.count() == 0
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        monkeypatch.undo()
+        server.stop()

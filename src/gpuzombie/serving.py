@@ -300,7 +300,11 @@ class _Server(WSGIServer):
         if conn is None:
             self.shutdown_request(request)
             return
-        threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-connection", daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-connection", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a process or cgroup limit): drop this one, keep serving
+            self.connections.release(conn)
+            conn.close()
 
     def _serve(self, conn: _Connection) -> None:
         """The TLS handshake (in this thread, under the read deadline) and the request; whatever
