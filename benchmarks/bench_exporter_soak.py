@@ -90,6 +90,8 @@ class Soak:
     connect_failures: int = 0
     held_at_end: int = 0
     failed_handshakes: int = 0
+    exporter_log_lines: int = 0
+    exporter_log_sample: list[str] = field(default_factory=list)
     failed_handshake_surprises: dict[str, int] = field(default_factory=dict)
     processes_spawned: int = 0
     exporter_counters: dict[str, float] = field(default_factory=dict)
@@ -125,7 +127,7 @@ class Tls:
         return ["--tls-cert", str(self.directory / "server.pem"), "--tls-key", str(self.directory / "server.key")]
 
 
-def start_exporter(args: argparse.Namespace, tls: Tls | None) -> tuple[subprocess.Popen[str], int]:
+def start_exporter(args: argparse.Namespace, tls: Tls | None, soak: Soak) -> tuple[subprocess.Popen[str], int]:
     """The exporter under an address-space limit: a scan that reads an endless file (a tenant's
     /dev/zero link, issue 10) fails with MemoryError instead of taking the machine's memory."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
@@ -160,7 +162,14 @@ def start_exporter(args: argparse.Namespace, tls: Tls | None) -> tuple[subproces
         exporter.kill()
         raise SystemExit(f"bench_exporter_soak: the exporter did not start: {first.strip()}")
     port = int(first.split("127.0.0.1:")[1].split("/")[0])
-    threading.Thread(target=exporter.stderr.read, daemon=True).start()  # type: ignore[union-attr]  # drain
+
+    def drain() -> None:  # count what the exporter logs: warnings under churn, never one per scan
+        for line in exporter.stderr:  # type: ignore[union-attr]
+            soak.exporter_log_lines += 1
+            if len(soak.exporter_log_sample) < 20:
+                soak.exporter_log_sample.append(line.rstrip("\n"))
+
+    threading.Thread(target=drain, daemon=True).start()
     return exporter, port
 
 
@@ -289,7 +298,7 @@ def run(args: argparse.Namespace) -> dict:
     soak = Soak()
     pki = tempfile.TemporaryDirectory(prefix="gpuzombie-soak-pki-")
     tls = Tls.make(Path(pki.name)) if args.tls else None
-    exporter, port = start_exporter(args, tls)
+    exporter, port = start_exporter(args, tls, soak)
     churn = subprocess.Popen([sys.executable, "-c", CHURN, str(args.churn_rate)], stdout=subprocess.PIPE, text=True)
     last_count = ["0"]
     threading.Thread(
@@ -360,6 +369,8 @@ def run(args: argparse.Namespace) -> dict:
             "exit_code_on_sigterm": exporter_rc,
             "scans": soak.exporter_counters.get("gpuzombie_scans_total"),
             "scan_errors": soak.exporter_counters.get("gpuzombie_scan_errors_total"),
+            "stderr_lines_after_its_first": soak.exporter_log_lines,
+            "stderr_sample": soak.exporter_log_sample,
         },
         "churn": {
             "processes_per_s": round(soak.processes_spawned / elapsed, 1),
@@ -398,7 +409,8 @@ def report(result: dict) -> str:
             f"{e['fds']['trend']:+}); threads: {e['threads']['after_warmup']} -> {e['threads']['end']} "
             f"(max {e['threads']['max']}, trend {e['threads']['trend']:+})",
             f"exporter CPU: {e['cpu_percent_of_one_core']}% of one core; scans {e['scans']}, failed {e['scan_errors']}; "
-            f"exit code on SIGTERM {e['exit_code_on_sigterm']}",
+            f"exit code on SIGTERM {e['exit_code_on_sigterm']}; {e['stderr_lines_after_its_first']} stderr lines "
+            "after its first",
         ]
     )
 
