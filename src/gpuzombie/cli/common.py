@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
 
@@ -36,7 +37,7 @@ cri_socket_option = click.option(
 cri_timeout_option = click.option(
     "--cri-timeout",
     type=click.FloatRange(min=0.1),
-    default=5.0,  # k8s.names.DEFAULT_TIMEOUT (not imported here: --help stays light)
+    default=CRI_TIMEOUT,
     show_default=True,
     metavar="S",
     help="Give up on the CRI runtime after S seconds per scan (ids only, a warning).",
