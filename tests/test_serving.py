@@ -207,11 +207,14 @@ def test_start_failing_on_a_second_address_releases_the_first():
         (("server.csr", "server.key", None), "certificate server.csr"),
         (("server.pem", "client.key", None), "key client.key"),
         (("server.pem", "server.key", "server.key"), "client CA server.key"),
+        (("server.pem", "fifo.key", None), "key fifo.key"),
     ],
-    ids=["no-cert", "no-key", "no-ca", "not-a-cert", "key-of-another-cert", "ca-not-a-cert"],
+    ids=["no-cert", "no-key", "no-ca", "not-a-cert", "key-of-another-cert", "ca-not-a-cert", "fifo"],
 )
 def test_a_tls_file_that_cannot_be_used_is_named(pki, files, named):
-    """Issue 18 (12): the error names the file it could not read or use."""
+    """Issue 18 (12): the error names the file it could not read or use (a FIFO: without blocking)."""
+    if not (pki / "fifo.key").exists():
+        os.mkfifo(pki / "fifo.key")
     cert, key, ca = (None if f is None else str(pki / f) for f in files)
     with pytest.raises(OSError) as caught:
         TlsFiles(cert, key, ca).context()  # type: ignore[arg-type]

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import os
 import re
 import socket
 import ssl
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -98,11 +100,7 @@ class TlsFiles:
         """Raises TlsFileError (an OSError) naming the file that is missing, unreadable or wrong."""
         for role, path in (("certificate", self.certfile), ("key", self.keyfile), ("client CA", self.client_ca)):
             if path is not None:
-                try:
-                    with open(path, "rb"):
-                        pass
-                except OSError as exc:
-                    raise TlsFileError(f"{role} {path}: {exc.strerror or exc}") from exc
+                _regular_file(role, path)
         _certificates("certificate", self.certfile)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -116,6 +114,20 @@ class TlsFiles:
             _certificates("client CA", self.client_ca, context)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+def _regular_file(role: str, path: str) -> None:
+    """Readable and a regular file (a Secret's symlinks are followed); never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TlsFileError(f"{role} {path}: {exc.strerror or exc}") from exc
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+    if not regular:
+        raise TlsFileError(f"{role} {path}: not a regular file")
 
 
 def _certificates(role: str, path: str, into: ssl.SSLContext | None = None) -> None:
