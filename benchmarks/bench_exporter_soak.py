@@ -91,6 +91,7 @@ class Soak:
     held_at_end: int = 0
     failed_handshakes: int = 0
     exporter_log_lines: int = 0
+    exporter_tracebacks: int = 0
     exporter_log_sample: list[str] = field(default_factory=list)
     failed_handshake_surprises: dict[str, int] = field(default_factory=dict)
     processes_spawned: int = 0
@@ -166,6 +167,7 @@ def start_exporter(args: argparse.Namespace, tls: Tls | None, soak: Soak) -> tup
     def drain() -> None:  # count what the exporter logs: warnings under churn, never one per scan
         for line in exporter.stderr:  # type: ignore[union-attr]
             soak.exporter_log_lines += 1
+            soak.exporter_tracebacks += line.startswith("Traceback")
             if len(soak.exporter_log_sample) < 20:
                 soak.exporter_log_sample.append(line.rstrip("\n"))
 
@@ -370,6 +372,7 @@ def run(args: argparse.Namespace) -> dict:
             "scans": soak.exporter_counters.get("gpuzombie_scans_total"),
             "scan_errors": soak.exporter_counters.get("gpuzombie_scan_errors_total"),
             "stderr_lines_after_its_first": soak.exporter_log_lines,
+            "stderr_tracebacks": soak.exporter_tracebacks,
             "stderr_sample": soak.exporter_log_sample,
         },
         "churn": {
@@ -410,7 +413,7 @@ def report(result: dict) -> str:
             f"(max {e['threads']['max']}, trend {e['threads']['trend']:+})",
             f"exporter CPU: {e['cpu_percent_of_one_core']}% of one core; scans {e['scans']}, failed {e['scan_errors']}; "
             f"exit code on SIGTERM {e['exit_code_on_sigterm']}; {e['stderr_lines_after_its_first']} stderr lines "
-            "after its first",
+            f"after its first, {e['stderr_tracebacks']} tracebacks",
         ]
     )
 

@@ -251,3 +251,27 @@ def test_a_connection_without_a_thread_releases_its_slot(monkeypatch):
     finally:
         monkeypatch.undo()
         server.stop()
+
+
+def test_connections_cut_mid_handshake_end_quietly(pki, monkeypatch):
+    """The 10-minute TLS soak found it: a connection evicted while its thread was between the TLS
+    wrap and the handshake died with AttributeError (SSLSocket.shutdown drops its SSL object), a
+    traceback on the exporter's stderr. 300 connections against a bound of 1: each evicts the last."""
+    import threading
+
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    tls = TlsFiles(str(pki / "server.pem"), str(pki / "server.key"))
+    server = Server({}, listen=LOOPBACK, probes=probes(), max_connections=1, read_timeout=5.0, tls=tls)
+    port = server.start().port
+    held = []
+    try:
+        for _ in range(300):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        assert wait_until(lambda: server.connections.count() <= 1 or None, timeout=20)
+        assert https_get(port, ssl.create_default_context(cafile=str(pki / "ca.pem"))) == 200
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+    assert errors == []

@@ -150,10 +150,12 @@ class _Connection:
         self.cut = False
 
     def cut_off(self) -> None:
-        """Unblock the connection's thread: its reads and writes fail at once."""
+        """Unblock the connection's thread: its reads and writes fail at once. The descriptor is
+        shut down under the TLS object, not through it: SSLSocket.shutdown drops its SSL object,
+        and a thread about to start its handshake would die on that (AttributeError)."""
         self.cut = True
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         except OSError:
             pass  # already closed by its thread, or detached into its TLS socket a moment ago
 
