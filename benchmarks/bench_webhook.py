@@ -137,13 +137,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         pki = make_pki(Path(tmp), ecdsa=True)  # the chart's Certificate: ECDSA P-256
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        # --max-connections: main's serving.py keeps one table entry per TLS connection until branch
-        # h17-serve (e41d79f) is merged; room for every connection of the run until then.
         server = subprocess.Popen(
             [
                 *[sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0"],
                 *["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
-                *["--max-connections", str(int((args.seconds + WARM_UP_S) * args.rate * 2) + 100)],
             ],
             stderr=subprocess.PIPE,
             text=True,

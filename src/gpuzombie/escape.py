@@ -7,6 +7,7 @@ escape must not rewrite the screen; a bidi override must not reorder what is rea
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 DEFAULT_LIMIT = 200
@@ -31,3 +32,20 @@ def escape(text: str, limit: int = DEFAULT_LIMIT) -> str:
         text = text[: limit * 6]
     safe = _UNSAFE.sub(_escaped, text)
     return safe if len(safe) <= limit else safe[: limit - 1] + "…"
+
+
+_DIGEST = 12
+"""Hex digits of the SHA-256 of the full value that end a capped label value (48 bits)."""
+
+
+def label_value(text: str) -> str:
+    """``text`` escaped for a metric label, at most LABEL_LIMIT characters. A longer value keeps
+    its first characters, ``…~`` and a digest of the whole value, so two values that differ only
+    past the cap stay two series (Prometheus drops one of two identical ones)."""
+    if len(text) <= LABEL_LIMIT:
+        safe = _UNSAFE.sub(_escaped, text)
+        capped_form = len(safe) == LABEL_LIMIT and safe[-_DIGEST - 2 : -_DIGEST] == "…~"
+        if len(safe) <= LABEL_LIMIT and not capped_form:  # one that looks capped is capped too
+            return safe
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    return escape(text, LABEL_LIMIT - _DIGEST - 1) + "~" + digest

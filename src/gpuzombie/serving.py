@@ -6,25 +6,36 @@ pod IP explicitly. Hardened for a port that anything on the network can reach: e
 deliver its request within ``read_timeout`` seconds (a watchdog cuts slow senders, slowloris
 included, whatever the pace of their bytes), at most ``max_connections`` are served at once (at the
 bound a new connection evicts the oldest one still sending its request, so a held-open flood cannot
-starve the scraper), the TLS handshake runs in the connection's thread under the same deadline, and
-nothing is logged per request. Standard library only: the webhook's image needs no extra.
+starve the scraper), the TLS handshake runs in the connection's thread under the same deadline, a
+request body is bounded by ``max_body_bytes`` (over it: 413, never read) and read under the same
+deadline, every connection (plain, TLS, failed handshake) is released and closed in one
+``finally``, and nothing is logged per request. One server may listen on several addresses (a pod
+IP and loopback) under one bound. Standard library only: the webhook's image needs no extra (why
+not cheroot: docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
+import os
+import re
 import socket
 import ssl
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
+from http import HTTPStatus
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 DEFAULT_READ_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 32
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+"""A request body over this is answered 413, unread. An AdmissionReview of an ordinary pod is a few
+KiB; a webhook that must take the largest bodies the API server accepts (3 MiB) asks for more."""
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Probe = Callable[[], tuple[bool, str]]
@@ -58,6 +69,25 @@ def parse_listen(text: str) -> ListenAddress:
     return ListenAddress(host, int(port))
 
 
+class ListenError(OSError):
+    """An address that cannot be bound (in use, not local, not resolvable); names the address."""
+
+    def __init__(self, address: ListenAddress, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.address = address
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address}: {self.strerror}"
+
+
+class TlsFileError(OSError):
+    """A TLS file that cannot be read or does not hold what it should; the message names it."""
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    return exc.reason.lower().replace("_", " ") if exc.reason else str(exc)
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """PEM files of the server certificate and key; ``client_ca`` makes clients show a certificate."""
@@ -67,42 +97,85 @@ class TlsFiles:
     client_ca: str | None = None
 
     def context(self) -> ssl.SSLContext:
-        """Raises OSError or ssl.SSLError when a file is missing or does not hold what it should."""
+        """Raises TlsFileError (an OSError) naming the file that is missing, unreadable or wrong."""
+        for role, path in (("certificate", self.certfile), ("key", self.keyfile), ("client CA", self.client_ca)):
+            if path is not None:
+                _regular_file(role, path)
+        _certificates("certificate", self.certfile)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.certfile, self.keyfile)
+        try:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        except ssl.SSLError as exc:  # the certificate itself loaded above: the key is what is wrong
+            raise TlsFileError(
+                f"key {self.keyfile}: not a PEM private key of certificate {self.certfile} ({_ssl_reason(exc)})"
+            ) from exc
         if self.client_ca is not None:
-            context.load_verify_locations(cafile=self.client_ca)
+            _certificates("client CA", self.client_ca, context)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
 
-class _Connection:
-    """One connection being served; ``deadline`` is None once its request has been read."""
+def _regular_file(role: str, path: str) -> None:
+    """Readable and a regular file (a Secret's symlinks are followed); never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TlsFileError(f"{role} {path}: {exc.strerror or exc}") from exc
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+    if not regular:
+        raise TlsFileError(f"{role} {path}: not a regular file")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+
+def _certificates(role: str, path: str, into: ssl.SSLContext | None = None) -> None:
+    """Load the PEM certificates of ``path`` as trust anchors (of a scratch context when ``into`` is
+    None: only to check that the file holds one)."""
+    try:
+        (into or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)).load_verify_locations(cafile=path)
+    except ssl.SSLError as exc:
+        raise TlsFileError(f"{role} {path}: holds no PEM certificate ({_ssl_reason(exc)})") from exc
+
+
+class _Connection:
+    """One connection being served, the same entry from accept to close whether or not TLS wraps its
+    socket; ``deadline`` is None once its request (headers and body) has been read."""
+
+    def __init__(self, sock: socket.socket, address: Any, deadline: float) -> None:
         self.sock = sock
+        self.address = address
         self.deadline: float | None = deadline
         self.cut = False
 
     def cut_off(self) -> None:
-        """Unblock the connection's thread: its reads and writes fail at once."""
+        """Unblock the connection's thread: its reads and writes fail at once. The descriptor is
+        shut down under the TLS object, not through it: SSLSocket.shutdown drops its SSL object,
+        and a thread about to start its handshake would die on that (AttributeError)."""
         self.cut = True
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         except OSError:
-            pass  # already closed by its thread
+            pass  # already closed by its thread, or detached into its TLS socket a moment ago
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 class _Connections:
     """The bound on concurrent connections and the request deadline, with the watchdog thread that
-    enforces the deadline (a socket timeout alone restarts with every byte a slow sender trickles)."""
+    enforces the deadline (a socket timeout alone restarts with every byte a slow sender trickles).
+    A connection is its own key: admitted once, released once (the server's ``finally``)."""
 
     def __init__(self, *, read_timeout: float, max_connections: int) -> None:
         self.read_timeout = read_timeout
         self.max_connections = max_connections
         self._lock = threading.Lock()
-        self._open: dict[int, _Connection] = {}
+        self._open: set[_Connection] = set()
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="gpuzombie-http-watchdog", daemon=True)
 
@@ -113,40 +186,36 @@ class _Connections:
         self._stop.set()
         self._watchdog.join(timeout=5)
         with self._lock:
-            for conn in self._open.values():
+            for conn in self._open:
                 conn.cut_off()
 
-    def admit(self, sock: socket.socket) -> bool:
+    def admit(self, sock: socket.socket, address: Any) -> _Connection | None:
         """Room for ``sock``? At the bound, the oldest connection still sending its request makes room."""
         with self._lock:
-            live = [c for c in self._open.values() if not c.cut]
+            live = [c for c in self._open if not c.cut]
             if len(live) >= self.max_connections:
                 waiting = [c for c in live if c.deadline is not None]
                 if not waiting:
-                    return False
+                    return None
                 min(waiting, key=lambda c: c.deadline or 0.0).cut_off()
-            self._open[id(sock)] = _Connection(sock, time.monotonic() + self.read_timeout)
-            return True
+            conn = _Connection(sock, address, time.monotonic() + self.read_timeout)
+            self._open.add(conn)
+            return conn
 
-    def wrapped(self, old: socket.socket, new: socket.socket) -> None:
-        """The TLS socket took over ``old``'s descriptor: cut that one from now on."""
+    def wrapped(self, conn: _Connection, tls: socket.socket) -> None:
+        """The TLS socket took over the connection's descriptor: cut that one from now on."""
         with self._lock:
-            conn = self._open.pop(id(old), None)
-            if conn is not None:
-                conn.sock = new
-                self._open[id(new)] = conn
-                if conn.cut:
-                    conn.cut_off()
+            conn.sock = tls
+            if conn.cut:
+                conn.cut_off()
 
-    def request_read(self, sock: socket.socket) -> None:
+    def request_read(self, conn: _Connection) -> None:
         with self._lock:
-            conn = self._open.get(id(sock))
-            if conn is not None:
-                conn.deadline = None
+            conn.deadline = None
 
-    def done(self, sock: socket.socket) -> None:
+    def release(self, conn: _Connection) -> None:
         with self._lock:
-            self._open.pop(id(sock), None)
+            self._open.discard(conn)
 
     def count(self) -> int:
         with self._lock:
@@ -157,43 +226,76 @@ class _Connections:
         while not self._stop.wait(tick):
             now = time.monotonic()
             with self._lock:
-                late = [c for c in self._open.values() if not c.cut and c.deadline is not None and c.deadline <= now]
+                late = [c for c in self._open if not c.cut and c.deadline is not None and c.deadline <= now]
                 for conn in late:
                     conn.cut_off()
 
 
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
 class _Handler(WSGIRequestHandler):
+    """One request per connection; the body, bounded by ``max_body_bytes``, is read under the read
+    deadline before the app runs (the app reads it from memory)."""
+
     server: _Server
 
-    def setup(self) -> None:
-        self.request.settimeout(self.server.connections.read_timeout)
-        # wsgiref writes the headers and the body apart: with Nagle the body waits for the client's
-        # delayed ACK, 40 ms an answer (measured over TLS on 127.0.0.1: p50 48 ms, 1.6 ms without)
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.server.tls is not None:  # the handshake here, in this connection's thread
-            raw = self.request
-            self.request = self.server.tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
-            self.server.connections.wrapped(raw, self.request)
-            self.request.do_handshake()
-        super().setup()
+    def __init__(self, conn: _Connection, server: _Server) -> None:
+        self.conn = conn
+        self._socket_rfile: Any = None
+        super().__init__(conn.sock, conn.address, server)
 
     def parse_request(self) -> bool:
-        ok = super().parse_request()
-        if ok:
-            self.server.connections.request_read(self.request)
-        return ok
+        if not super().parse_request():
+            return False
+        body = self._read_body()
+        if body is None:
+            return False
+        self.server.connections.request_read(self.conn)
+        self._socket_rfile, self.rfile = self.rfile, io.BytesIO(body)
+        return True
+
+    def _read_body(self) -> bytes | None:
+        """The body; None when refused (answered with 400, 411 or 413, never read) or cut short."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.send_error(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+            return None
+        text = (self.headers.get("Content-Length") or "0").strip()
+        if not _CONTENT_LENGTH.fullmatch(text):
+            self.send_error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes")
+            return None
+        length = int(text)
+        if length > self.server.max_body_bytes:
+            self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body is over {self.server.max_body_bytes} bytes")
+            return None
+        body = self.rfile.read(length) if length else b""
+        return body if len(body) == length else None
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self._socket_rfile is not None:
+                self._socket_rfile.close()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a log line per scrape (or per attacker's byte) helps no one."""
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    block_on_close = False
+class _Server(WSGIServer):
+    """One listening socket; each accepted connection is served in its own daemon thread."""
+
     request_queue_size = 128
 
     def __init__(
-        self, address: ListenAddress, *, connections: _Connections, tls: ssl.SSLContext | None, app: Any
+        self,
+        address: ListenAddress,
+        *,
+        connections: _Connections,
+        tls: ssl.SSLContext | None,
+        app: Any,
+        max_body_bytes: int,
+        name: str,
     ) -> None:
         family, _, _, _, sockaddr = socket.getaddrinfo(
             address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -201,23 +303,41 @@ class _Server(ThreadingMixIn, WSGIServer):
         self.address_family = family
         self.connections = connections
         self.tls = tls
-        super().__init__((str(sockaddr[0]), int(sockaddr[1])), _Handler)
+        self.max_body_bytes = max_body_bytes
+        self.name = name
+        # _serve builds each _Handler from its connection entry; socketserver never calls it.
+        super().__init__((str(sockaddr[0]), int(sockaddr[1])), _Handler)  # type: ignore[arg-type]
         self.set_app(app)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.connections.admit(request):
+        conn = self.connections.admit(request, client_address)
+        if conn is None:
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.connections.done(request)
+            threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-connection", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a process or cgroup limit): drop this one, keep serving
+            self.connections.release(conn)
+            conn.close()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up, times out or fails the handshake ends its own connection, quietly."""
+    def _serve(self, conn: _Connection) -> None:
+        """The TLS handshake (in this thread, under the read deadline) and the request; whatever
+        happens, the connection leaves the table and its socket, TLS or not, is closed."""
+        try:
+            conn.sock.settimeout(self.connections.read_timeout)
+            # wsgiref writes the headers and the body apart: with Nagle the body waits for the client's
+            # delayed ACK, 40 ms an answer (measured over TLS on 127.0.0.1: p50 48 ms, 1.6 ms without)
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                tls = self.tls.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+                self.connections.wrapped(conn, tls)
+                tls.do_handshake()
+            _Handler(conn, self)
+        except (OSError, ValueError):
+            pass  # a client that hangs up, times out, is cut or fails the handshake: its own loss
+        finally:
+            self.connections.release(conn)
+            conn.close()
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
@@ -247,46 +367,76 @@ def _routed_app(routes: Mapping[str, WsgiApp], probes: Mapping[str, Probe]) -> W
 
 
 class Server:
-    """Serves ``routes`` (path -> WSGI app) and ``probes`` at their paths from daemon threads."""
+    """Serves ``routes`` (path -> WSGI app) and ``probes`` at their paths from daemon threads, on one
+    address or several (e.g. the pod IP and loopback), all under one connection bound."""
 
     def __init__(
         self,
         routes: Mapping[str, WsgiApp],
         *,
-        listen: ListenAddress,
+        listen: ListenAddress | Sequence[ListenAddress],
         probes: Mapping[str, Probe] | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         tls: TlsFiles | None = None,
         name: str = "gpuzombie-http",
     ) -> None:
         self.routes = dict(routes)
-        self.listen = listen
+        self.addresses = (listen,) if isinstance(listen, ListenAddress) else tuple(listen)
+        if not self.addresses:
+            raise ValueError("no address to listen on")
+        self.listen = self.addresses[0]
         self.probes = dict(probes or {})
+        self.max_body_bytes = max_body_bytes
         self.tls = tls
         self.name = name
         self.connections = _Connections(read_timeout=read_timeout, max_connections=max_connections)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self.bound: tuple[ListenAddress, ...] = ()
+        """The addresses bound by start(), in the order asked, with the real ports."""
+        self._servers: list[_Server] = []
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> ListenAddress:
-        """Bind and serve; returns the bound address (the real port when 0 was asked).
-        Raises OSError when the address cannot be bound (in use, not local, not resolvable) or a
-        TLS file cannot be read (ssl.SSLError is an OSError)."""
+        """Bind and serve; returns the first bound address (the real port when 0 was asked; all of
+        them in ``bound``). Raises ListenError when an address cannot be bound (in use, not local, not
+        resolvable; then none stays bound), TlsFileError when a TLS file cannot be used; both
+        OSErrors that name what failed."""
         context = None if self.tls is None else self.tls.context()
         app = _routed_app(self.routes, self.probes)
-        self._server = _Server(self.listen, connections=self.connections, tls=context, app=app)
+        for address in self.addresses:
+            try:
+                server = _Server(
+                    address,
+                    connections=self.connections,
+                    tls=context,
+                    app=app,
+                    max_body_bytes=self.max_body_bytes,
+                    name=self.name,
+                )
+            except OSError as exc:
+                for bound in self._servers:
+                    bound.server_close()
+                self._servers = []
+                raise ListenError(address, exc) from exc
+            self._servers.append(server)
         self.connections.start()
-        self._thread = threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True)
-        self._thread.start()
-        return ListenAddress(self.listen.host, self._server.server_address[1])
+        for server in self._servers:
+            thread = threading.Thread(target=server.serve_forever, name=self.name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self.bound = tuple(
+            ListenAddress(a.host, s.server_address[1]) for a, s in zip(self.addresses, self._servers, strict=True)
+        )
+        return self.bound[0]
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+        if self._servers:
             self.connections.stop()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+            self._servers = []
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []

@@ -4,8 +4,10 @@ objects against the operator's CRD schemas), and what the node agent's pod must 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -29,6 +31,9 @@ from cluster_support import (
     render,
     validate_strictly,
 )
+
+from markers import needs_root
+from pidns import wait_until
 
 TLS = {"enabled": True, "secretName": "gpuzombie-tls", "clientAuth": True}
 SCRAPE_TLS = {"ca": {"secret": {"name": "gpuzombie-tls", "key": "ca.crt"}}, "serverName": "gpuzombie"}
@@ -154,7 +159,7 @@ def test_agent_pod_is_least_privilege_and_reads_the_host_read_only(helm_binary):
     assert volumes["cri-socket"]["hostPath"] == {"path": "/run/containerd/containerd.sock", "type": "Socket"}
     args = c["args"]
     assert args[args.index("--cri-socket") + 1] == "/run/containerd/containerd.sock"
-    assert args[args.index("--listen") + 1] == "$(POD_IP):9844"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--listen"] == ["$(POD_IP):9844", "127.0.0.1:9844"]
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["GPUZOMBIE_PROCFS"]["value"] == "/host/proc"
@@ -298,3 +303,56 @@ def test_values_schema_rejects_mistakes(helm_binary, values, complaint):
     """values.schema.json: a typo fails the install instead of being silently ignored."""
     got = helm(helm_binary, "template", "x", str(CHART), values=values)
     assert got.returncode != 0 and complaint in got.stderr, got.stderr
+
+
+def notes(binary: str, values: dict[str, Any] | None = None) -> str:
+    """NOTES.txt as `helm install` prints it (a client-side dry run: no cluster)."""
+    got = helm(binary, "install", "gz", str(CHART), "--namespace", "monitoring", "--dry-run=client", values=values)
+    assert got.returncode == 0, got.stderr
+    return got.stdout.split("NOTES:\n", 1)[1]
+
+
+@needs_root
+@pytest.mark.parametrize("values", [{}, {"exporter": {"port": 9911, "ipv6": True}}], ids=["defaults", "ipv6-port"])
+def test_the_notes_port_forward_reaches_the_agent(helm_binary, tmp_path, values):
+    """Issue 18 (6): the NOTES' port-forward could not work, the agent listened on its pod IP only,
+    and the runtime's port-forward dials localhost inside the pod (containerd, CRI-O: tcp4). Here:
+    the chart's own --listen arguments in a real network namespace whose only other address is the
+    pod IP, dialled on 127.0.0.1 from inside it, as the runtime does."""
+    test_exporter = pytest.importorskip("test_exporter")
+
+    port = (values.get("exporter") or {}).get("port", 9844)
+    text = notes(helm_binary, values)
+    assert f"port-forward ds/gz-gpuzombie {port} &" in text and f"http://localhost:{port}/metrics" in text
+    (c,) = pod_spec(render(helm_binary, values))["containers"]
+    args = c["args"]
+    pod_ip = "fd00::7" if "[$(POD_IP)]" in " ".join(args) else "10.244.0.7"
+    listen = [args[i + 1].replace("$(POD_IP)", pod_ip) for i, a in enumerate(args) if a == "--listen"]
+    root = tmp_path / "proc"
+    test_exporter.build_node(root)
+    replay = tmp_path / "nvml.json"
+    replay.write_text(json.dumps(dataclasses.asdict(test_exporter.gpus())))
+    exporter = [sys.executable, "-m", "gpuzombie", "exporter", "--procfs", str(root), "--nvml-replay", str(replay)]
+    exporter += [x for address in listen for x in ("--listen", address)]
+    family = "-6" if ":" in pod_ip else "-4"
+    script = f"ip link set lo up && ip {family} addr add {pod_ip} dev lo && exec " + " ".join(
+        map(shlex.quote, exporter)
+    )
+    log = tmp_path / "exporter.log"
+    with open(log, "w") as err:
+        pod = subprocess.Popen(["unshare", "--net", "sh", "-c", script], stderr=err)
+    try:
+        wait_until(lambda: "serving" in log.read_text() or pod.poll() is not None, timeout=60)
+        assert pod.poll() is None, log.read_text()
+        dial = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=10).status)"
+        inside = subprocess.run(
+            ["nsenter", f"--net=/proc/{pod.pid}/ns/net", sys.executable, "-c", dial],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert inside.stdout.strip() == "200", inside.stderr
+        assert f"{pod_ip}" in log.read_text() and f"127.0.0.1:{port}" in log.read_text()
+    finally:
+        pod.terminate()
+        pod.wait(timeout=30)

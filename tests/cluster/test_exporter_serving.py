@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -24,6 +23,7 @@ from gpuzombie.cli.main import main
 from gpuzombie.exporter import DEFAULT_LISTEN, NodeCollector, PrometheusExporter, TlsFiles, parse_listen
 from gpuzombie.exporter.scan import NodeScan
 from pidns import wait_until
+from pki import make_pki
 
 
 class Switch:
@@ -166,39 +166,7 @@ def test_slowloris_is_cut_at_the_read_deadline_whatever_its_pace(fake_node_scan)
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made by openssl."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("pki")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
-
-    run(
-        *[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]
-    )
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        run(*f"req -newkey rsa:2048 -nodes -subj /CN={name} -keyout {name}.key -out {name}.csr".split())
-        (d / f"{name}.ext").write_text(ext + "\n")
-        run(
-            *f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out {name}.pem "
-            f"-extfile {name}.ext".split()
-        )
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_tls_serves_https_and_a_stalled_handshake_blocks_no_one(fake_node_scan, pki):
@@ -239,7 +207,10 @@ def test_mutual_tls_requires_a_client_certificate(fake_node_scan, pki):
     [
         (["--tls-cert", "/nonexistent.pem"], "give --tls-cert and --tls-key together"),
         (["--tls-client-ca", "/nonexistent.pem"], "needs --tls-cert and --tls-key"),
-        (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "cannot serve TLS on 127.0.0.1:0"),
+        (
+            ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
+            "cannot serve TLS on 127.0.0.1:0: certificate /nonexistent.pem: No such file or directory",
+        ),
     ],
     ids=["cert-without-key", "ca-without-cert", "missing-files"],
 )
@@ -264,6 +235,31 @@ def test_default_port_is_no_common_gpu_or_node_exporters(capsys):
     assert parse_listen(DEFAULT_LISTEN).port not in taken
     assert main(["exporter", "--help"]) == 0
     assert DEFAULT_LISTEN in capsys.readouterr().out  # the help text names the real default
+
+
+def test_cli_listens_on_every_listen_address(tmp_path):
+    """Issue 18 (6): the chart gives the pod IP and 127.0.0.1 (kubectl port-forward dials loopback)."""
+    test_exporter = pytest.importorskip("test_exporter")
+    root = tmp_path / "proc"
+    test_exporter.build_node(root)
+    replay = tmp_path / "nvml.json"
+    replay.write_text(json.dumps(dataclasses.asdict(test_exporter.gpus())))
+    argv = [sys.executable, "-m", "gpuzombie", "exporter", "--procfs", str(root), "--nvml-replay", str(replay)]
+    proc = subprocess.Popen(
+        [*argv, "--listen", "127.0.0.1:0", "--listen", "127.0.0.2:0"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = proc.stderr.readline()
+        ports = re.findall(r"http://(127\.0\.0\.[12]):(\d+)/metrics", first)
+        assert [host for host, _ in ports] == ["127.0.0.1", "127.0.0.2"], first
+        for host, port in ports:
+            assert get(f"http://{host}:{port}/healthz")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
 
 
 def test_cli_serves_probes_and_stops_on_sigterm(tmp_path):

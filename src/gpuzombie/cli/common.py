@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
 
@@ -32,6 +33,14 @@ cri_socket_option = click.option(
     envvar="GPUZOMBIE_CRI_SOCKET",
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
     "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
+)
+cri_timeout_option = click.option(
+    "--cri-timeout",
+    type=click.FloatRange(min=0.1),
+    default=CRI_TIMEOUT,
+    show_default=True,
+    metavar="S",
+    help="Give up on the CRI runtime after S seconds per scan (ids only, a warning).",
 )
 pod_resources_socket_option = click.option(
     "--pod-resources-socket",

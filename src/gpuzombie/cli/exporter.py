@@ -13,21 +13,23 @@ import click
 from gpuzombie.cli.common import (
     check_node_inputs,
     cri_socket_option,
+    cri_timeout_option,
     ghost_options,
     nvml_backend,
     pod_resources_socket_option,
     procfs_option,
 )
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.units import MIB
 
 
-def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+def _listen(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
     try:
-        return _import_exporter().parse_listen(value)
+        return tuple(dict.fromkeys(_import_exporter().parse_listen(v) for v in value))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
@@ -42,10 +44,10 @@ def _import_exporter() -> Any:
     return exporter
 
 
-def _warn_on_change(echo: Any, *, errors: bool) -> Any:
-    """Log a scan's warnings (and, while serving, its errors) once each time they change, not on
-    every scrape."""
-    seen: list[tuple[str, ...]] = [()]
+def _warn_on_change(exporter: Any, echo: Any, *, errors: bool) -> Any:
+    """Log a scan's warnings (and, while serving, its errors) when their kind appears or clears,
+    escaped, not on every scrape (exporter.warnlog)."""
+    log = exporter.WarningLog()
 
     def on_result(result: Any) -> None:
         lines: tuple[str, ...]
@@ -53,10 +55,8 @@ def _warn_on_change(echo: Any, *, errors: bool) -> Any:
             lines = (f"scan failed: {result.error}",) if errors else ()
         else:
             lines = tuple(result.scan.trace.warnings) + tuple(result.scan.namespaces.warnings)
-        if lines != seen[0]:
-            seen[0] = lines
-            for line in lines:
-                echo(f"gpuzombie exporter: warning: {line}")
+        for line in log.lines(lines):
+            echo(f"gpuzombie exporter: {line}")
 
     return on_result
 
@@ -82,15 +82,17 @@ def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any]
         stop.set()
 
     try:
-        bound = server.start()
-    except OSError as exc:
-        what = f"cannot listen on {listen}" if tls is None else f"cannot serve TLS on {listen}"
-        raise GpuzombieError(f"{what}: {exc.strerror or exc}") from exc
+        server.start()
+    except exporter.ListenError as exc:
+        raise GpuzombieError(str(exc)) from exc
+    except OSError as exc:  # a TLS file: TlsFileError names it
+        raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         scheme = "http" if tls is None else "https"
+        urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
         click.echo(
-            f"gpuzombie exporter: serving {scheme}://{bound}/metrics, /healthz and /readyz "
+            f"gpuzombie exporter: serving {urls}, /healthz and /readyz "
             f"(one node scan at most every {min_interval:g} s)",
             err=True,
         )
@@ -121,12 +123,14 @@ def serving_options(fn: Any) -> Any:
         (
             click.option(
                 "--listen",
-                default=lambda: _import_exporter().DEFAULT_LISTEN,
+                multiple=True,
+                default=lambda: (_import_exporter().DEFAULT_LISTEN,),
                 show_default="127.0.0.1:9844",  # the exporter's DEFAULT_LISTEN; --help must work without the extra
                 callback=_listen,
                 metavar="HOST:PORT",
                 envvar="GPUZOMBIE_EXPORTER_LISTEN",
-                help="Address to serve on (loopback unless asked; a pod: its pod IP). Env: GPUZOMBIE_EXPORTER_LISTEN.",
+                help="Address to serve on, repeatable (loopback unless asked; a pod: its pod IP and "
+                "127.0.0.1, for kubectl port-forward). Env: GPUZOMBIE_EXPORTER_LISTEN, space-separated.",
             ),
             click.option(
                 "--read-timeout",
@@ -186,6 +190,7 @@ def serving_options(fn: Any) -> Any:
 )
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
 @cri_socket_option
+@cri_timeout_option
 @click.option(
     "--node-name",
     default=socket.gethostname,
@@ -201,6 +206,7 @@ def command(
     min_interval: float,
     once: bool,
     cri_socket: str | None,
+    cri_timeout: float,
     node_name: str,
     pod_resources_socket: str,
     ghost_threshold_mib: int,
@@ -225,9 +231,9 @@ def command(
 
     check_node_inputs(procfs, who="the exporter")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
-    names = RuntimeNames(cri_socket)  # one for the process: names are kept across scans
+    names = RuntimeNames(cri_socket, timeout=cri_timeout)  # one for the process: names are kept across scans
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
-    pods = PodLister(cri_socket)  # one channel for the process; asked afresh every scan
+    pods = PodLister(cri_socket, timeout=cri_timeout)  # one channel for the process; asked afresh every scan
 
     def scan() -> Any:
         return exporter.scan_node(
@@ -249,7 +255,7 @@ def command(
     collector = exporter.NodeCollector(
         scan,
         min_interval=float("inf") if once else min_interval,
-        on_result=_warn_on_change(echo, errors=not once),
+        on_result=_warn_on_change(exporter, echo, errors=not once),
         unhealthy_after=serving["unhealthy_after"],
     )
     registry = CollectorRegistry()
@@ -257,7 +263,7 @@ def command(
     if once:
         result = collector.latest()
         if result.scan is None:
-            raise GpuzombieError(f"cannot scan {procfs}: {result.error}")
+            raise GpuzombieError(f"cannot scan {procfs}: {escape(str(result.error), 1000)}")
         click.echo(generate_latest(registry).decode(), nl=False)
         return int(ExitStatus.OK)
     return _serve(exporter, registry, collector, serving, min_interval)

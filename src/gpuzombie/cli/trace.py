@@ -9,6 +9,7 @@ import click
 from gpuzombie.cli.common import (
     check_node_inputs,
     cri_socket_option,
+    cri_timeout_option,
     echo_json,
     ghost_options,
     json_option,
@@ -32,14 +33,7 @@ from gpuzombie.units import MIB
 @procfs_option
 @json_option
 @cri_socket_option
-@click.option(
-    "--cri-timeout",
-    type=click.FloatRange(min=0.1),
-    default=cri_names.DEFAULT_TIMEOUT,
-    show_default=True,
-    metavar="S",
-    help="Give up on the CRI runtime after S seconds (ids only, a warning).",
-)
+@cri_timeout_option
 @pod_resources_socket_option
 @ghost_options
 def command(

@@ -102,7 +102,7 @@ def _stamp(*paths: str) -> tuple[float, ...]:
     return tuple(stamps)
 
 
-def _serve(app: Any, serving: dict[str, Any]) -> int:
+def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     from gpuzombie.serving import Server, TlsFiles
 
     tls = TlsFiles(serving["tls_cert"], serving["tls_key"])
@@ -115,6 +115,7 @@ def _serve(app: Any, serving: dict[str, Any]) -> int:
             probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
             read_timeout=serving["read_timeout"],
             max_connections=serving["max_connections"],
+            max_body_bytes=max_body_bytes,  # the server's 413 and the app's own bound agree
             name="gpuzombie-webhook",
         )
 
@@ -249,4 +250,4 @@ def command(
     def log(line: str) -> None:
         click.echo(f"gpuzombie webhook: {line}", err=True)
 
-    return _serve(make_app(policy, max_body_bytes=max_body_bytes, log=log), serving)
+    return _serve(make_app(policy, max_body_bytes=max_body_bytes, log=log), serving, max_body_bytes)

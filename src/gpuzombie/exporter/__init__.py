@@ -14,18 +14,23 @@ from gpuzombie.exporter.server import (
     TlsFiles,
     parse_listen,
 )
+from gpuzombie.exporter.warnlog import WarningLog
+from gpuzombie.serving import ListenError, TlsFileError
 
 __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_MIN_INTERVAL",
     "DEFAULT_PORT",
     "ListenAddress",
+    "ListenError",
     "NodeCollector",
     "NodeScan",
     "PodLabels",
     "PrometheusExporter",
     "ScanResult",
+    "TlsFileError",
     "TlsFiles",
+    "WarningLog",
     "parse_listen",
     "scan_node",
 ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuzombie.escape import LABEL_LIMIT, escape
+from gpuzombie.escape import label_value
 from gpuzombie.exporter.scan import NodeScan, PodLabels
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.trace.report import GpuMemory
@@ -163,10 +163,15 @@ GAUGES = {
 
 
 def _family(name: str, values: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
+    """The gauge's samples, grouped on the label values as served (escaped and capped first, so
+    no two samples can carry the same labels; label_value keeps values apart past the cap)."""
     spec = GAUGES[name]
     family = GaugeMetricFamily(name, spec.doc, labels=list(spec.labels))
-    for key, value in sorted(values.items()):
-        labels = {k: escape(v, LABEL_LIMIT) for k, v in zip(spec.labels, key, strict=True)}
+    served: defaultdict[tuple[str, ...], float] = defaultdict(float)
+    for key, value in values.items():
+        served[tuple(label_value(v) for v in key)] += value
+    for served_key, value in sorted(served.items()):
+        labels = dict(zip(spec.labels, served_key, strict=True))
         family.add_sample(name, {k: v for k, v in labels.items() if v or k not in MIG}, value)
     return family
 

@@ -3,7 +3,7 @@ probes through the one serving module (``gpuzombie.serving``, shared with the ad
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -29,7 +29,7 @@ class PrometheusExporter(Server):
         self,
         registry: CollectorRegistry,
         *,
-        listen: ListenAddress | None = None,
+        listen: ListenAddress | Sequence[ListenAddress] | None = None,
         probes: Mapping[str, Probe] | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,

@@ -24,6 +24,11 @@ from gpuzombie.k8s.rpc import describe
 
 KUBELET_LOG_ROOT = "/var/log/pods"
 DEFAULT_CALL_TIMEOUT = 10.0
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+"""The largest reply taken (gRPC's default is 4 MiB, under what a busy node's ListPodSandbox and
+ListContainers can reach: every pod's annotations ride along). 16 MiB is the kubelet's own bound on
+its CRI client (k8s.io/cri-client, maxMsgSize): a runtime whose replies are larger already breaks
+the kubelet. Over it: one CriError (RESOURCE_EXHAUSTED), ids shown, never an unbounded read."""
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 
 
@@ -210,7 +215,12 @@ class RuntimeClient:
         """Called with each pod before its RunPodSandbox (a private runtime notes the cgroups it adds)."""
         # No retries on a dead socket and no proxy: fail fast and let the deadline speak.
         self._channel = grpc.insecure_channel(
-            f"unix://{socket_path}", options=[("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0)]
+            f"unix://{socket_path}",
+            options=[
+                ("grpc.enable_retries", 0),
+                ("grpc.enable_http_proxy", 0),
+                ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+            ],
         )
         self._stub = RuntimeServiceStub(self._channel)
 
