@@ -214,10 +214,8 @@ def test_mutual_tls_requires_a_client_certificate(fake_node_scan, pki):
     ],
     ids=["cert-without-key", "ca-without-cert", "missing-files"],
 )
-def test_bad_tls_options_are_one_line_exit_2(flags, complaint, tmp_path, capsys):
-    procfs = tmp_path / "proc"
-    procfs.mkdir()
-    assert main(["exporter", "--listen", "127.0.0.1:0", "--procfs", str(procfs), *flags]) == 2
+def test_bad_tls_options_are_one_line_exit_2(flags, complaint, capsys):
+    assert main(["exporter", "--listen", "127.0.0.1:0", "--procfs", "/proc", *flags]) == 2
     err = capsys.readouterr().err
     assert complaint in err and err.count("\n") == 1, err
 
