@@ -45,6 +45,20 @@ def used_mib() -> int:
     return default_backend().read().devices[0].memory_used // MIB
 
 
+def settled_used_mib(limit_s: float = 30.0) -> int:
+    """GPU 0's used memory once it stops falling: a run on the H200 read 5945 MiB as the baseline
+    while an earlier test's pods were still freeing theirs, then 'held' 2165 MiB below it."""
+    deadline = time.monotonic() + limit_s
+    last = used_mib()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = used_mib()
+        if abs(now - last) < 16:
+            return now
+        last = now
+    return last
+
+
 def freed_to(baseline: int, limit_s: float = 30.0) -> bool:
     """Is GPU 0's used memory back to ``baseline`` (+64 MiB) within ``limit_s``?"""
     try:
@@ -56,7 +70,7 @@ def freed_to(baseline: int, limit_s: float = 30.0) -> bool:
 
 def run_trial(script: Path, log: Path) -> tuple[dict, dict]:
     """One pod (``sleep`` as PID 1, the worker its child), prestop inside it; (summary, report)."""
-    baseline = used_mib()
+    baseline = settled_used_mib()
     with PidNamespace("sh", "-c", f"{PY} {script} & exec sleep infinity", log=log) as pod:
         wait_until(lambda: log.exists() and "ready" in log.read_text(), timeout=120, interval=0.1)
         held = used_mib()
