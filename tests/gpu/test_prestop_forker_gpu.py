@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 from gpupods import GPU_TEST, PY, live_children, save
