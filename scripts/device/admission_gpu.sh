@@ -67,8 +67,8 @@ unpack() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$wheel" 2>/dev/null \
       || echo "skipped $wheel (not for this python3)"
   done
-  python3 -c 'import yaml, cri_api' || { echo "python3 lacks PyYAML or the CRI stubs: run '$0 prepare' here first" >&2; return 2; }
   export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c 'import yaml, cri_api' || { echo "python3 lacks PyYAML or the CRI stubs: run '$0 prepare' here first" >&2; return 2; }
   # The webhook's init container copies Debian's /usr/bin/tini-static (lab pod mounts the host's
   # /usr): put the carried one there for this run, removed at the end.
   if [ ! -e /usr/bin/tini-static ]; then
