@@ -10,27 +10,35 @@ sandbox, no container and no process of them.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from gpuzombie.k8s.cri import PodSpec, RunningPod
-from gpuzombie.lab.runtime.containerd import Containerd, ContainerdError, private_containerd
+if TYPE_CHECKING:  # the CRI client needs the 'node' extra; conftest.py imports this module without it
+    from gpuzombie.k8s.cri import PodSpec, RunningPod
+    from gpuzombie.lab.runtime.containerd import Containerd
 
 HAVE_CONTAINERD = all(shutil.which(exe) for exe in ("containerd", "ctr", "runc", "catatonit", "busybox"))
+HAVE_CRI_CLIENT = all(importlib.util.find_spec(module) for module in ("grpc", "cri_api"))
 
 needs_containerd = pytest.mark.skipif(
-    os.geteuid() != 0 or not HAVE_CONTAINERD,
-    reason="needs root, containerd, runc, catatonit and busybox-static (make debian installs them)",
+    os.geteuid() != 0 or not HAVE_CONTAINERD or not HAVE_CRI_CLIENT,
+    reason="needs root, containerd, runc, catatonit and busybox-static (make debian installs them)"
+    " and the 'node' extra (grpcio, container-runtime-interface-api)",
 )
 
-PodMaker = Callable[[PodSpec], RunningPod]
+PodMaker = Callable[["PodSpec"], "RunningPod"]
 
 
 @pytest.fixture
 def containerd() -> Iterator[Containerd]:
+    pytest.importorskip("cri_api", reason="the CRI client is in the 'node' extra")
+    from gpuzombie.lab.runtime.containerd import ContainerdError, private_containerd
+
     try:
         with private_containerd() as ctd:
             yield ctd

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main

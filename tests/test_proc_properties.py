@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
