@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         result = cli.main(args=argv, prog_name="gpuzombie", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare `gpuzombie` (or group) asks for its help
+        click.echo(exc.ctx.get_help())
+        return ExitStatus.OK
     except click.UsageError as exc:  # one line, with where to look, instead of click's three
         command = exc.ctx.command_path if exc.ctx else "gpuzombie"
         click.echo(f"gpuzombie: usage error: {exc.format_message()} (see '{command} --help')", err=True)

@@ -10,6 +10,7 @@ from gpuzombie.cli.common import (
     check_node_inputs,
     cri_socket_option,
     echo_json,
+    echo_warnings,
     ghost_options,
     json_option,
     nvml_backend,
@@ -75,5 +76,6 @@ def command(
     if as_json:
         echo_json(report)
     else:
+        echo_warnings("trace", report.warnings)
         click.echo(render_text(report))
     return int(ExitStatus.OK if report.summary.healthy else ExitStatus.FINDINGS)

@@ -69,8 +69,6 @@ def render_text(report: TraceReport) -> str:
                 allocated = ", ".join(f"{a.namespace}/{a.pod}/{a.container}" for a in g.allocated_to)
                 out.append("  allocated to: " + escape(allocated, 1000))
         out.append(f"note: {report.baseline_note}")
-    for w in report.warnings:
-        out.append(f"warning: {escape(w, 1000)}")
     s = report.summary
     findings = s.zombies or s.gone or s.ghost_gpus
     verdict = "healthy" if s.healthy else "findings" if findings else "incomplete (not verified)"
