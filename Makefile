@@ -45,7 +45,7 @@ lint: venv  ## ruff and mypy only
 	$(PYTHON) -m mypy
 
 PROTO := src/gpuzombie/k8s/podresources_v1/api.proto
-proto: venv  ## regenerate the kubelet PodResources stubs from $(PROTO) (grpcio-tools of the test extra)
+proto: venv  ## regenerate the kubelet PodResources stubs (src/gpuzombie/k8s/podresources_v1/api.proto; grpcio-tools of the test extra)
 	$(PYTHON) -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
 fix: venv  ## let ruff fix and format what it can
