@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from cluster_support import DOCS, REPO
+
 from docs import section
 
 RESULTS = REPO / "results" / "runtimes" / "comparison.md"
