@@ -7,7 +7,10 @@ PYTHON := $(VENV)/bin/python
 # Debian packages the lab and the tests use: real inits as PID 1, real container runtimes (podman, and
 # containerd with its CRI plugin), Prometheus and promtool for the alert and dashboard tests.
 DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static containerd prometheus python3-venv
-DEBIAN_PACKAGES += stress-ng  # the suite must pass beside `stress-ng --cpu 2` (issue 18)
+# The suite must pass beside `stress-ng --cpu 2` (docs/development.md): the load it is checked under.
+DEBIAN_PACKAGES += stress-ng
+# `make image`: podman, and debootstrap for the local Debian base where the pinned one cannot be pulled.
+IMAGE_DEBIAN_PACKAGES ?= podman runc debootstrap
 # lab-out/, not results/: the committed results/ are the GPU run's and a CPU run must not replace them.
 LAB_ARGS ?= --out lab-out
 LINTED := src tests benchmarks scripts
@@ -16,12 +19,17 @@ LINTED := src tests benchmarks scripts
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-debian:  ## install the Debian packages (needs root; skipped when present)
-	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES): install the missing ones (needs root; nothing when all are present).
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+debian:  ## install the Debian packages (needs root; skipped when present)
+	$(call apt_install,$(DEBIAN_PACKAGES))
 
 $(PYTHON):
 	$(SYSTEM_PYTHON) -m venv $(VENV)
@@ -46,7 +54,7 @@ lint: venv  ## ruff and mypy only
 	$(PYTHON) -m mypy
 
 PROTO := src/gpuzombie/k8s/podresources_v1/api.proto
-proto: venv  ## regenerate the kubelet PodResources stubs from $(PROTO) (grpcio-tools of the test extra)
+proto: venv  ## regenerate the kubelet PodResources stubs (src/gpuzombie/k8s/podresources_v1/api.proto; grpcio-tools of the test extra)
 	$(PYTHON) -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
 fix: venv  ## let ruff fix and format what it can
@@ -55,6 +63,16 @@ fix: venv  ## let ruff fix and format what it can
 
 # The node agent's image as charts/gpuzombie/Chart.yaml's default names it
 # (localhost/gpu-zombie/gpuzombie-node:<appVersion>), built with podman; CD pushes the same target.
-.PHONY: image
+# Its Python dependencies are pinned with hashes in docker/*-requirements.txt (installed with
+# --require-hashes, so two builds agree); `make image-lock` regenerates them with pip-tools.
+.PHONY: image image-lock
 image:  ## build the node-agent image with podman (scripts/build-image.sh)
+	$(call apt_install,$(IMAGE_DEBIAN_PACKAGES))
 	scripts/build-image.sh
+
+LOCK := $(PYTHON) -m piptools compile --quiet --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
+image-lock: venv  ## re-pin the images' Python dependencies (docker/*-requirements.txt, with hashes)
+	$(PYTHON) -m pip install -q -e '.[lock]'
+	$(LOCK) --extra exporter --unsafe-package gpuzombie -o docker/node-requirements.txt pyproject.toml
+	$(LOCK) --unsafe-package gpuzombie -o docker/workload-requirements.txt pyproject.toml
+	$(LOCK) --allow-unsafe --only-build-deps --all-build-deps -o docker/build-requirements.txt pyproject.toml

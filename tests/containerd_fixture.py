@@ -12,31 +12,39 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from gpuzombie.k8s.cri import PodSpec, RunningPod
-from gpuzombie.lab.runtime.containerd import Containerd, ContainerdError, private_containerd
-from gpuzombie.lab.runtime.interpreter import PythonLayout
+if TYPE_CHECKING:  # the CRI client needs the 'node' extra; conftest.py imports this module without it
+    from gpuzombie.k8s.cri import PodSpec, RunningPod
+    from gpuzombie.lab.runtime.containerd import Containerd
+    from gpuzombie.lab.runtime.interpreter import PythonLayout
 
 HAVE_CONTAINERD = all(shutil.which(exe) for exe in ("containerd", "ctr", "runc", "catatonit", "busybox"))
+HAVE_CRI_CLIENT = all(importlib.util.find_spec(module) for module in ("grpc", "cri_api"))
 
 needs_containerd = pytest.mark.skipif(
-    os.geteuid() != 0 or not HAVE_CONTAINERD,
-    reason="needs root, containerd, runc, catatonit and busybox-static (make debian installs them)",
+    os.geteuid() != 0 or not HAVE_CONTAINERD or not HAVE_CRI_CLIENT,
+    reason="needs root, containerd, runc, catatonit and busybox-static (make debian installs them)"
+    " and the 'node' extra (grpcio, container-runtime-interface-api)",
 )
 
-PodMaker = Callable[[PodSpec], RunningPod]
+PodMaker = Callable[["PodSpec"], "RunningPod"]
 
 
 @pytest.fixture
 def containerd() -> Iterator[Containerd]:
+    pytest.importorskip("cri_api", reason="the CRI client is in the 'node' extra")
+    from gpuzombie.lab.runtime.containerd import ContainerdError, private_containerd
+
     try:
         with private_containerd() as ctd:
             yield ctd
@@ -77,4 +85,6 @@ def pyenv_venv(tmp_path: Path) -> PythonLayout:
     asked = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))"
     done = subprocess.run([str(venv / "bin" / "python3"), "-c", asked], capture_output=True, text=True, timeout=60)
     prefixes = json.loads(done.stdout)
+    from gpuzombie.lab.runtime.interpreter import PythonLayout
+
     return PythonLayout(str(venv / "bin" / "python3"), tuple(dict.fromkeys(prefixes)))

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from containerd_fixture import needs_containerd
 from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.cri import ContainerSpec, PodSpec, sandbox_config

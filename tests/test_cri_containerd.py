@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod

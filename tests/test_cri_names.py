@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
@@ -143,6 +146,7 @@ def test_fault_gives_ids_and_one_warning(kind, tmp_path):
     with fault(kind, path, tmp_path):
         t0 = time.monotonic()
         got = RuntimeNames(str(path), timeout=1.0)([CID])
+        # The limit holds: at load 15 on 2 cores the slowest (never-answers) took 1.09 s; 2 s margin.
         assert time.monotonic() - t0 < 3
     (warning,) = got.warnings
     assert FAULTS[kind] in warning and warning.endswith(SHOWN_BY_ID) and "\n" not in warning
@@ -151,13 +155,18 @@ def test_fault_gives_ids_and_one_warning(kind, tmp_path):
 
 @needs_root
 def test_permission_denied_gives_ids_and_one_warning():
-    """A real EACCES: a root-only socket, asked by a process that dropped to uid 65534."""
+    """A real EACCES: a root-only socket, asked by a process that dropped to uid 65534.
+
+    The refusal comes back in 0.02-0.14 s on an idle or stress-ng'd machine, but up to 1.0 s at load
+    15 on 2 cores, where a 2 s limit lost the race to "no answer in time" (issue 18). 30 s: no race;
+    it costs nothing, since the refusal ends the call at once. The child itself took up to 4.2 s there.
+    """
     with tempfile.TemporaryDirectory() as d, standin_runtime(f"{d}/cri.sock", RECORDED) as calls:
         os.chmod(d, 0o755)
         os.chmod(f"{d}/cri.sock", 0o600)
         code = (
             "import json, sys; from gpuzombie.k8s.names import RuntimeNames; "
-            f"n = RuntimeNames({d + '/cri.sock'!r}, timeout=2)([{CID!r}]); "
+            f"n = RuntimeNames({d + '/cri.sock'!r}, timeout=30)([{CID!r}]); "
             "print(json.dumps([list(n.warnings), sorted(n.containers)]))"
         )
         done = subprocess.run(
@@ -168,7 +177,7 @@ def test_permission_denied_gives_ids_and_one_warning():
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,
             check=False,
         )
         assert calls == []

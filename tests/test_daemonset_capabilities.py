@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from containerd_fixture import needs_containerd

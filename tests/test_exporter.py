@@ -16,6 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 
 import psutil
+import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuzombie.observe.namespaces import survey

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.cli.main import main
 from gpuzombie.escape import LABEL_LIMIT, escape

@@ -11,8 +11,12 @@ import time
 from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
+
+pytest.importorskip("grpc", reason="grpcio is in the 'node' extra")
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+import grpc
 
 from cri_standin import standin_kubelet
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources

@@ -96,7 +96,8 @@ def test_prestop_stops_ignoring_and_handling_workers_and_orphans(tmp_path):
     excluded = {e["pid"]: e["reason"] for e in report["excluded"]}
     assert excluded[pids["nested"]] == "in another PID namespace"
     assert report["survivors"] == 0 and report["exit_status"] == 0
-    assert res["wall_s"] < 6
+    # 1.5 s timeout + 1 s kill wait + the CLI's start, which took up to 2.1 s at load 14 on 2 cores.
+    assert res["wall_s"] < 10
     # The live log reached PID 1's stdout (the container log `kubectl logs` shows).
     assert "gpuzombie prestop:" in res["pid1_log"] and "SIGKILL" in res["pid1_log"]
     assert report["pid1_log"] == "written to /proc/1/fd/1"
@@ -111,7 +112,8 @@ def test_children_orphaned_by_the_first_round_are_stopped_too(tmp_path):
     assert results[family]["outcome"] == "exited_after_sigterm" and not results[family]["found_by_rescan"]
     assert results[child]["outcome"] == "exited_after_sigterm" and results[child]["found_by_rescan"]
     assert res["alive"] == {"family": False, "child": False}
-    assert res["wall_s"] < 3  # done when the last one exits, not at the timeout
+    # Done when the last one exits, not at the 20 s timeout: 3.4 s at load 15 (start-up up to 2.1 s).
+    assert res["wall_s"] < 10
 
 
 @needs_root
@@ -140,7 +142,7 @@ def test_dry_run_signals_nothing(tmp_path):
     pids = res["pids"]
     assert outcomes == {pids[r]: "would_signal (dry run)" for r in ("ignore", "handle", "sleep")}
     assert all(res["alive"].values())
-    assert res["wall_s"] < 3
+    assert res["wall_s"] < 10  # waits for nothing: its timeout is 20 s here
     # Nothing reached PID 1's stdout (the pod log), and the text report says its summary once.
     assert res["pid1_log"] == ""
     assert res["report"]["pid1_log"] == "off (dry run: nothing is written to PID 1)"

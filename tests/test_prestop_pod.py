@@ -120,7 +120,9 @@ def scenario_e2e(dry_run: bool) -> dict:
     # PID 1's own child leading its group (like tini's main process): not an orphan, no GPU.
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     pids.update(nested_unshare=nested.pid, nested=first_child(nested.pid), bystander=bystander.pid)
-    result = run_cli("--timeout", "1.5", "--kill-wait", "1", *(["--dry-run"] if dry_run else []))
+    # A dry run waits for nothing: a timeout it could not reach (20 s) shows it (test_prestop: wall < 10 s).
+    timeout = "20" if dry_run else "1.5"
+    result = run_cli("--timeout", timeout, "--kill-wait", "1", *(["--dry-run"] if dry_run else []))
     if dry_run:  # the table a person reads, once more: its summary must come once
         result["text"] = run_cli("--dry-run", json_report=False)["report"]
     result["pids"] = pids
@@ -132,7 +134,7 @@ def scenario_cascade() -> dict:
     """An orphan with a child of its own: the child becomes an orphan only when its parent exits."""
     pids = spawn_orphans("family")
     pids["child"] = first_child(pids["family"])
-    result = run_cli("--timeout", "3", "--kill-wait", "1")
+    result = run_cli("--timeout", "20", "--kill-wait", "1")  # far beyond the run: it ends when they exit
     result["pids"] = pids
     result["alive"] = {role: alive(pid) for role, pid in pids.items()}
     return result

@@ -7,6 +7,10 @@ import os
 import re
 import time
 
+import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -10,6 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from cri_standin import Recorded, standin_kubelet, standin_runtime
 from docs import doc
 from fakeproc import make_fake_proc, make_fake_root

@@ -17,6 +17,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
 from prometheus_client import CollectorRegistry
 
 from gpuzombie.cli.main import main

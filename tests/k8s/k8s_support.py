@@ -14,7 +14,6 @@ from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
-import pytest
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -83,9 +82,3 @@ def container(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj["spec"]["template"]["spec"] if obj["kind"] == "DaemonSet" else obj["spec"]
     (only_container,) = spec["containers"]
     return only_container
-
-
-@pytest.fixture(scope="session")
-def default_objects() -> dict[str, dict[str, Any]]:
-    """The chart rendered with its default values, once per session (import it to use it)."""
-    return render()

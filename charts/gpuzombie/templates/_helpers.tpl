@@ -63,3 +63,12 @@ tlsConfig:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+
+{{/* The CRI socket: exporter.cri.socket when set, else the default socket of exporter.cri.runtime
+(crictl's endpoints; gpuzombie.k8s.names.DEFAULT_SOCKETS). */}}
+{{- define "gpuzombie.criSocket" -}}
+{{- $cri := .Values.exporter.cri -}}
+{{- $sockets := dict "containerd" "/run/containerd/containerd.sock" "crio" "/run/crio/crio.sock" "docker" "/var/run/cri-dockerd.sock" -}}
+{{- $cri.socket | default (get $sockets $cri.runtime) -}}
+{{- end -}}

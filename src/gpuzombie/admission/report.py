@@ -12,7 +12,6 @@ from gpuzombie.admission import manifests, rules
 
 SCHEMA = "gpuzombie.check/v1"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-INFORMATION_URI = "https://GIT.example.com/gpu-zombie/gpuzombie/src/branch/main/docs/admission.md"
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,6 @@ class CheckReport:
         driver = {
             "name": "gpuzombie check",
             "version": __version__,
-            "informationUri": INFORMATION_URI,
             "rules": [_sarif_rule(rules.RULES[r]) for r in ids],
         }
         return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}
@@ -138,7 +136,6 @@ def _sarif_rule(rule: rules.Rule) -> dict[str, Any]:
         "shortDescription": {"text": rule.summary.split(":")[0]},
         "fullDescription": {"text": f"{rule.summary}. Measured: {rule.evidence}."},
         "help": {"text": f"Fix: {rule.fix}.", "markdown": f"**Fix:** {rule.fix}.\n\n**Measured:** {rule.evidence}."},
-        "helpUri": f"{INFORMATION_URI}#{rule.id.lower()}",
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -105,6 +105,14 @@ def echo_json(value: Any) -> None:
     from gpuzombie.jsonout import dumps
 
     click.echo(dumps(value))
+
+
+def echo_warnings(command: str, warnings: Iterable[str]) -> None:
+    """Text mode's warnings, one line each on stderr: stdout holds the report alone (JSON keeps its own)."""
+    from gpuzombie.escape import escape
+
+    for warning in warnings:
+        click.echo(f"gpuzombie {command}: warning: {escape(warning, 1000)}", err=True)
 
 
 def check_node_inputs(procfs: str, *, who: str) -> None:

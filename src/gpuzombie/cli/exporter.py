@@ -3,9 +3,10 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
-import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -74,36 +75,58 @@ def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any]
         max_connections=serving["max_connections"],
         tls=tls,
     )
-    stop = threading.Event()
-    received: list[int] = []
+    with _stop_signals() as wait_for_stop:
+        try:
+            server.start()
+        except exporter.ListenError as exc:
+            raise GpuzombieError(str(exc)) from exc
+        except OSError as exc:  # a TLS file: TlsFileError names it
+            raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
+        try:
+            scheme = "http" if tls is None else "https"
+            urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
+            click.echo(
+                f"gpuzombie exporter: serving {urls}, /healthz and /readyz "
+                f"(one node scan at most every {min_interval:g} s)",
+                err=True,
+            )
+            received = wait_for_stop()
+        finally:
+            server.stop()
+    click.echo(f"gpuzombie exporter: stopped ({signal.Signals(received).name})", err=True)
+    return int(ExitStatus.INTERRUPTED if received == signal.SIGINT else ExitStatus.OK)
 
-    def on_signal(signum: int, frame: object) -> None:  # no work here: the main loop stops the server
-        received.append(signum)
-        stop.set()
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[Callable[[], int]]:
+    """SIGTERM and SIGINT taken over; yields a wait that blocks until one comes and returns which.
+
+    The kernel may hand the signal to any thread (a server or gRPC one): CPython's C handler then only
+    writes its number to the wakeup fd, and a main thread asleep in ``Event.wait`` would not run a
+    Python handler before its timeout. Reading the wakeup fd returns at once, whichever thread took it.
+    """
+    wake_r, wake_w = socket.socketpair()
+    wake_w.setblocking(False)
+    previous_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+    previous = {s: signal.signal(s, lambda signum, frame: None) for s in STOP_SIGNALS}
+
+    def wait() -> int:
+        while True:
+            for signum in wake_r.recv(64):
+                if signum in STOP_SIGNALS:
+                    return signum
 
     try:
-        server.start()
-    except exporter.ListenError as exc:
-        raise GpuzombieError(str(exc)) from exc
-    except OSError as exc:  # a TLS file: TlsFileError names it
-        raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        scheme = "http" if tls is None else "https"
-        urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
-        click.echo(
-            f"gpuzombie exporter: serving {urls}, /healthz and /readyz "
-            f"(one node scan at most every {min_interval:g} s)",
-            err=True,
-        )
-        while not stop.wait(3600):
-            pass
+        yield wait
     finally:
-        server.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    click.echo(f"gpuzombie exporter: stopped ({signal.Signals(received[0]).name})", err=True)
-    return int(ExitStatus.INTERRUPTED if received[0] == signal.SIGINT else ExitStatus.OK)
+        signal.set_wakeup_fd(previous_fd)
+        wake_r.close()
+        wake_w.close()
 
 
 def _tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -13,6 +13,12 @@ from gpuzombie import __version__
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
+# click >= 8.2 raises this for a bare `gpuzombie` (or group); 8.1 printed the help and exited 0 itself
+# (the GPU device's python has whichever click it has).
+NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
+    error for error in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if error is not None
+)
+
 # Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
 COMMAND_MODULES = ("observe", "trace", "lab", "prestop", "exporter", "reap", "check", "webhook")
 
@@ -51,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:  # one line, with where to look, instead of click's three
+        if exc.ctx is not None and isinstance(exc, NO_ARGS_IS_HELP):  # a bare command asks for its help
+            click.echo(exc.ctx.get_help())
+            return ExitStatus.OK
         command = exc.ctx.command_path if exc.ctx else "gpuzombie"
         click.echo(f"gpuzombie: usage error: {exc.format_message()} (see '{command} --help')", err=True)
         return ExitStatus.ERROR

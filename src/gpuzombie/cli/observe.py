@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuzombie.cli.common import echo_json, ghost_options, json_option, nvml_backend, procfs_option
+from gpuzombie.cli.common import echo_json, echo_warnings, ghost_options, json_option, nvml_backend, procfs_option
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.units import MIB
@@ -33,5 +33,6 @@ def command(
     if as_json:
         echo_json(report)
     else:
+        echo_warnings("observe", report.view.warnings)
         click.echo(render_text(report), nl=False)
     return int(report.exit_status)

@@ -11,6 +11,7 @@ from gpuzombie.cli.common import (
     cri_socket_option,
     cri_timeout_option,
     echo_json,
+    echo_warnings,
     ghost_options,
     json_option,
     nvml_backend,
@@ -76,5 +77,6 @@ def command(
     if as_json:
         echo_json(report)
     else:
+        echo_warnings("trace", report.warnings)
         click.echo(render_text(report))
     return int(ExitStatus.OK if report.summary.healthy else ExitStatus.FINDINGS)

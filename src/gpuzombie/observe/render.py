@@ -63,13 +63,12 @@ def _section(n: int, title: str) -> list[str]:
 
 
 def render_text(report: ObserveReport) -> str:
-    """The eight sections, then a one-line summary."""
+    """The eight sections, then a one-line summary; ``view.warnings`` are the caller's (stderr)."""
     r, s, now = report, report.summary, report.taken_at
     out = [
         f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
         f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"
     ]
-    out += [f"warning: {escape(w, 1000)}" for w in r.view.warnings]
 
     out += _section(1, "PID 1")
     out.append(f"  {escape(r.pid1.command or '?', 120)}  ->  {r.pid1.kind.value}: {r.pid1.note}")

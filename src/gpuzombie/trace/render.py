@@ -98,8 +98,6 @@ def render_text(report: TraceReport) -> str:
             out.append(
                 f"{r.dirty}: pid {r.pid} ({escape(r.comm or '?')}) holds {where}: {escape(r.dirty_reason or '')}"
             )
-    for w in report.warnings:
-        out.append(f"warning: {escape(w, 1000)}")
     s = report.summary
     findings = s.zombies or s.gone or s.ghost_gpus or s.stale or s.foreign
     verdict = "healthy" if s.healthy else "findings" if findings else "incomplete (not verified)"
