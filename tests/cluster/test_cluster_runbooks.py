@@ -14,15 +14,24 @@ pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 import yaml
 from cluster_support import ALERTS, CHART, EXPERIMENT_CHART, by_kind, render
 
+ADMISSION_ALERTS = CHART / "files" / "gpuzombie-admission-alerts.yaml"
+
 PLACEHOLDER = "example.com"
 
 
 def runbooks(groups) -> dict[str, str]:
-    return {r["alert"]: r["annotations"]["runbook_url"] for g in groups for r in g["rules"]}
+    """Each alert's runbook (recording rules have none)."""
+    return {r["alert"]: r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r}
 
 
 def test_no_placeholder_host_is_shipped():
-    for path in [ALERTS, CHART / "values.yaml", CHART / "Chart.yaml", EXPERIMENT_CHART / "Chart.yaml"]:
+    for path in [
+        ALERTS,
+        ADMISSION_ALERTS,
+        CHART / "values.yaml",
+        CHART / "Chart.yaml",
+        EXPERIMENT_CHART / "Chart.yaml",
+    ]:
         assert "GIT.example" not in path.read_text(), path
     for chart in (CHART, EXPERIMENT_CHART):
         meta = yaml.safe_load((chart / "Chart.yaml").read_text())
@@ -35,6 +44,11 @@ def test_the_plain_file_names_this_repositorys_page():
         assert url == f"docs/cluster.md#{alert.lower()}", url
 
 
+def test_the_admission_file_names_its_page():
+    for alert, url in runbooks(yaml.safe_load(ADMISSION_ALERTS.read_text())["groups"]).items():
+        assert url == f"docs/admission.md#{alert.lower()}", url
+
+
 def test_the_rule_by_default_is_the_plain_file(helm_binary):
     rule = by_kind(render(helm_binary, {"prometheusRule": {"enabled": True}}))["PrometheusRule"]
     assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
@@ -42,7 +56,9 @@ def test_the_rule_by_default_is_the_plain_file(helm_binary):
 
 def test_the_base_url_is_put_in_front(helm_binary):
     page = "https://git.example.org/ops/gpuzombie/src/branch/main/docs/cluster.md"
-    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": page}}
-    rule = by_kind(render(helm_binary, values))["PrometheusRule"]
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": page}, "webhook": {"enabled": True}}
+    rule = next(o for o in render(helm_binary, values) if o["kind"] == "PrometheusRule")
     urls = runbooks(rule["spec"]["groups"])
-    assert urls and all(url == f"{page}#{alert.lower()}" for alert, url in urls.items()), urls
+    admission = page.removesuffix("cluster.md") + "admission.md"
+    expected = {a: f"{admission if a == 'GpuzombieWebhookMissedGpuPod' else page}#{a.lower()}" for a in urls}
+    assert "GpuzombieWebhookMissedGpuPod" in urls and urls == expected, urls
