@@ -1,18 +1,15 @@
-"""The Pod manifest subset of `gpuzombie lab pod`, parsed from fixture strings: what is applied, what
-is accepted without effect (listed), and the one-line refusal naming any other field."""
+"""The Pod manifest subset of `gpuzombie lab pod`, parsed from fixture strings and from the real
+webhook's output (``gpuzombie webhook --patch``): what is applied, what is accepted without effect
+(listed), and the one-line refusal naming any other field."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import yaml
 
 from gpuzombie.cli.main import main
-from gpuzombie.lab.manifest import ManifestError, parse_pod, parse_quantity, pick_pod
-
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).with_name("fixtures") / "labpod"
+from gpuzombie.lab.manifest import ManifestError, PodManifest, parse_pod, parse_quantity, pick_pod
+from webhook_output import ROOT, UNPATCHED, webhook_patch
 
 
 def pod(text: str) -> dict:
@@ -47,13 +44,18 @@ def test_pod_nofix_parses_with_its_grace_gpu_and_no_effect_fields():
     assert m.no_effect == ("metadata.labels", "spec.imagePullSecrets", "spec.containers[0].imagePullPolicy")
 
 
+def parse_text(text: str) -> PodManifest:
+    return parse_pod(pick_pod(list(yaml.safe_load_all(text))))
+
+
 def test_the_webhooks_tini_patch_is_applied_field_by_field():
-    text = (FIXTURES / "pod-nofix-command-prestop.webhook-patched.handmade.yaml").read_text()
-    m = parse_pod(pick_pod(list(yaml.safe_load_all(text))))
+    m = parse_text(webhook_patch(UNPATCHED["pod-nofix-command-prestop"].read_text()))
     (init,), (c,) = m.init_containers, m.containers
+    assert init.name == "gpuzombie-install" and init.resources.cpu_limit == 0.1
     assert init.argv == ("cp", "/usr/bin/tini-static", "/opt/gpuzombie/prestop.pyz", "/.gpuzombie/")
     assert init.security.run_as_user == 65532 and init.security.run_as_non_root and init.security.read_only_root
     assert init.security.no_new_privs and init.security.drop_capabilities == ("ALL",)
+    assert init.security.seccomp == "RuntimeDefault" and c.security.seccomp == "Unconfined"  # the kubelet's default
     assert [(x.volume, x.path, x.read_only) for x in init.mounts] == [("gpuzombie-bin", "/.gpuzombie", False)]
     assert c.argv[:5] == ("/.gpuzombie/tini-static", "-s", "-g", "--", "sh") and c.command_given
     assert c.prestop is not None and c.prestop.command[:4] == ("python3", "-S", "-I", "/.gpuzombie/prestop.pyz")
@@ -62,16 +64,38 @@ def test_the_webhooks_tini_patch_is_applied_field_by_field():
     assert m.annotations["gpuzombie.dev/injected"] == "tini:worker,prestop:worker"
 
 
+@pytest.mark.parametrize("name", sorted(UNPATCHED))
+def test_every_field_the_webhook_adds_is_applied(name):
+    """lab pod runs the webhook's patch as a node would: of what --patch adds, only the init
+    container's pull policy and the record annotation are merely listed, and nothing is refused."""
+    source = UNPATCHED[name].read_text()
+    added = set(parse_text(webhook_patch(source)).no_effect) - set(parse_text(source).no_effect)
+    assert added <= {"metadata.annotations", "spec.initContainers[0].imagePullPolicy"}, added
+
+
 def test_pod_security_context_is_inherited_and_a_container_overrides_it():
-    doc = with_spec(securityContext={"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True})
+    doc = with_spec(
+        securityContext={
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    )
     doc["spec"]["containers"].append(
-        {"name": "d", "image": "x", "command": ["true"], "securityContext": {"runAsUser": 7}}
+        {
+            "name": "d",
+            "image": "x",
+            "command": ["true"],
+            "securityContext": {"runAsUser": 7, "seccompProfile": {"type": "Unconfined"}},
+        }
     )
     m = parse_pod(doc)
-    assert [(c.security.run_as_user, c.security.run_as_group, c.security.run_as_non_root) for c in m.containers] == [
-        (1000, 1000, True),
-        (7, 1000, True),
-    ]
+    assert [
+        (c.security.run_as_user, c.security.run_as_group, c.security.run_as_non_root, c.security.seccomp)
+        for c in m.containers
+    ] == [(1000, 1000, True, "RuntimeDefault"), (7, 1000, True, "Unconfined")]
+    assert m.no_effect == ()
 
 
 def test_prestop_sleep_volumes_and_env():
@@ -125,6 +149,16 @@ def test_prestop_sleep_volumes_and_env():
         (
             lambda d: d["spec"]["containers"][0].update(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}),
             "spec.containers[0].securityContext.capabilities.add",
+        ),
+        (
+            lambda d: d["spec"]["containers"][0].update(
+                securityContext={"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}
+            ),
+            "spec.containers[0].securityContext.seccompProfile.localhostProfile",
+        ),
+        (
+            lambda d: d["spec"].update(securityContext={"seccompProfile": {"type": "Localhost"}}),
+            "spec.securityContext.seccompProfile.type: 'Localhost' not supported",
         ),
         (lambda d: d["spec"]["containers"][0].pop("args"), "spec.containers[0]: neither command nor args"),
         (lambda d: d.update(kind="Deployment", apiVersion="apps/v1"), "runs a v1 Pod, not apps/v1/Deployment"),

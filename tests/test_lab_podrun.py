@@ -1,11 +1,12 @@
 """`gpuzombie lab pod` on a real, private containerd (CPU stand-in): deploy/pod-nofix.yaml waits
 the whole grace; the webhook's two patch shapes (tini from an init container, and
-shareProcessNamespace) free like S2; the injected fast hook runs from the emptyDir it was copied to.
+shareProcessNamespace) free like S2; the injected fast hook runs from the emptyDir it was copied to;
+and the literal pipe ``gpuzombie webhook --patch pod-nofix.yaml | gpuzombie lab pod -``.
 
-The patched manifests are hand-made copies of what ``gpuzombie webhook --patch`` produces
-(tests/fixtures/labpod/*.webhook-patched.handmade.yaml). Each run's worker holds 64 MiB instead of
-the manifest's 2048 (the only change made to them here) and the grace is 5 s: the bounds are the
-grace against well under it, wide enough beside ``stress-ng --cpu 2``.
+The patched manifests are the real webhook's output (``gpuzombie webhook --patch``, run here), run
+unchanged. Each run's worker holds 64 MiB instead of the manifest's 2048 (changed in the unpatched
+pod, before the webhook sees it) and the grace is 5 s: the bounds are the grace against well under
+it, wide enough beside ``stress-ng --cpu 2``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
+from webhook_output import ROOT, UNPATCHED, webhook_patch
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).with_name("fixtures") / "labpod"
 GRACE = 5
 pytestmark = [
     needs_containerd,
@@ -30,10 +32,11 @@ pytestmark = [
 ]
 
 
-def small(path: Path, **replace: str) -> str:
-    text = path.read_text().replace("--size-mib 2048", "--size-mib 64")
-    for old, new in replace.items():
-        assert old in text
+def small(path: Path, *replace: tuple[str, str]) -> str:
+    """The manifest at ``path`` with its worker holding 64 MiB, and each (old, new) replaced."""
+    text = path.read_text()
+    for old, new in (("--size-mib 2048", "--size-mib 64"), *replace):
+        assert old in text, old
         text = text.replace(old, new)
     return text
 
@@ -70,15 +73,9 @@ def test_pod_nofix_waits_the_whole_grace(tmp_path, monkeypatch, capsys):
     assert "accepted without effect on a lab node: metadata.labels, spec.imagePullSecrets" in " ".join(err.split())
 
 
-@pytest.mark.parametrize(
-    ("fixture", "pid1"),
-    [
-        ("pod-nofix.webhook-patched.handmade.yaml", "catatonit"),
-        ("pod-nofix-command.webhook-patched.handmade.yaml", "tini-static"),
-    ],
-)
-def test_the_webhooks_patch_frees_like_s2(tmp_path, monkeypatch, fixture, pid1):
-    rc, e, _folder = lab_pod(tmp_path, small(FIXTURES / fixture), monkeypatch)
+@pytest.mark.parametrize(("source", "pid1"), [("pod-nofix", "catatonit"), ("pod-nofix-command", "tini-static")])
+def test_the_webhooks_patch_frees_like_s2(tmp_path, monkeypatch, source, pid1):
+    rc, e, _folder = lab_pod(tmp_path, webhook_patch(small(UNPATCHED[source])), monkeypatch)
     m, d = e["metrics"], e["deletion"]
     assert rc == 0, e["events"]
     assert e["init"] == pid1 and not m["waited_whole_grace"] and d["sigkill_at"] is None
@@ -90,12 +87,16 @@ def test_the_webhooks_patch_frees_like_s2(tmp_path, monkeypatch, fixture, pid1):
 
 
 def test_the_injected_fast_hook_runs_from_the_copied_zipapp(tmp_path, monkeypatch):
-    """tini + the injected preStop (its --timeout cut to 1 s: pod-nofix's workers ignore SIGTERM, so
-    the hook SIGKILLs them after it): the memory is free before StopContainer."""
-    fixture = FIXTURES / "pod-nofix-command-prestop.webhook-patched.handmade.yaml"
-    rc, e, folder = lab_pod(
-        tmp_path, small(fixture, **{"- --timeout\n          - '20'": "- --timeout\n          - '1'"}), monkeypatch
-    )
+    """tini + the injected preStop, run from the emptyDir the webhook's init container (read-only
+    root, uid 65532, no capabilities, seccomp RuntimeDefault) copied it to. The pod's own grace is
+    2 s, so the webhook gives the hook --timeout 1 (pod-nofix's workers ignore SIGTERM: the hook
+    SIGKILLs them after it); lab pod's --grace 5 leaves room. The memory is free before StopContainer."""
+    grace_2s = ("terminationGracePeriodSeconds: 30", "terminationGracePeriodSeconds: 2")
+    patched = webhook_patch(small(UNPATCHED["pod-nofix-command-prestop"], grace_2s))
+    spec = yaml.safe_load(patched)["spec"]
+    assert spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--timeout", "1"]
+    assert spec["initContainers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    rc, e, folder = lab_pod(tmp_path, patched, monkeypatch)
     m, d = e["metrics"], e["deletion"]
     assert rc == 0 and d["prestop_rc"] == 0, (folder / "prestop.log").read_text()
     hook_log = (folder / "prestop.log").read_text()
@@ -105,9 +106,10 @@ def test_the_injected_fast_hook_runs_from_the_copied_zipapp(tmp_path, monkeypatc
 
 
 def test_volumes_env_uid_and_a_prestop_sleep(tmp_path, monkeypatch):
-    """hostPath (written through), an emptyDir of medium Memory (a tmpfs), env, runAsUser, and a
-    preStop sleep the kubelet waits for before StopContainer gets the seconds left (sh as PID 1
-    ignores SIGTERM, so they run out: SIGKILL)."""
+    """hostPath (written through), an emptyDir of medium Memory (a tmpfs), env, runAsUser, the pod's
+    seccompProfile RuntimeDefault (a filter, as the runtime's default profile is) and an init
+    container's Unconfined over it, and a preStop sleep the kubelet waits for before StopContainer
+    gets the seconds left (sh as PID 1 ignores SIGTERM, so they run out: SIGKILL)."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
@@ -120,11 +122,18 @@ spec:
   volumes:
   - {{name: host, hostPath: {{path: {shared}, type: Directory}}}}
   - {{name: scratch, emptyDir: {{medium: Memory, sizeLimit: 8Mi}}}}
+  securityContext: {{seccompProfile: {{type: RuntimeDefault}}}}
+  initContainers:
+  - name: unconfined
+    image: registry.example/any:1
+    command: [sh, -c, "grep '^Seccomp:' /proc/self/status > /out/init-seccomp"]
+    securityContext: {{seccompProfile: {{type: Unconfined}}}}
+    volumeMounts: [{{name: host, mountPath: /out}}]
   containers:
   - name: main
     image: registry.example/any:1
     command: [sh, -c]
-    args: ["echo $GREETING > /out/greeting; id -u > /out/uid; grep ' /scratch ' /proc/mounts > /out/scratch; exec sleep 3600"]
+    args: ["echo $GREETING > /out/greeting; id -u > /out/uid; grep ' /scratch ' /proc/mounts > /out/scratch; grep '^Seccomp:' /proc/self/status > /out/seccomp; exec sleep 3600"]
     env: [{{name: GREETING, value: hello}}]
     securityContext: {{runAsUser: 1000}}
     volumeMounts: [{{name: host, mountPath: /out}}, {{name: scratch, mountPath: /scratch}}]
@@ -133,6 +142,8 @@ spec:
     rc, e, _ = lab_pod(tmp_path, text, monkeypatch, "--grace", "4")
     assert (shared / "greeting").read_text() == "hello\n" and (shared / "uid").read_text() == "1000\n"
     assert "tmpfs" in (shared / "scratch").read_text() and "size=8192k" in (shared / "scratch").read_text()
+    assert (shared / "seccomp").read_text().split() == ["Seccomp:", "2"]  # SECCOMP_MODE_FILTER
+    assert (shared / "init-seccomp").read_text().split() == ["Seccomp:", "0"]
     d = e["deletion"]
     assert at(e, "prestop-end") - at(e, "prestop-start") >= 0.9
     stop = next(ev["detail"] for ev in e["events"] if ev["name"] == "sigterm")
@@ -141,7 +152,7 @@ spec:
 
 
 def test_repeat_runs_the_pod_again_and_json_is_one_line_per_run(tmp_path, monkeypatch, capsys):
-    text = small(FIXTURES / "pod-nofix.webhook-patched.handmade.yaml")
+    text = webhook_patch(small(UNPATCHED["pod-nofix"]))
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
     argv = ["lab", "pod", "-", "--grace", str(GRACE), "--device", "cpu", "--repeat", "2", "--json"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
@@ -154,3 +165,48 @@ def test_repeat_runs_the_pod_again_and_json_is_one_line_per_run(tmp_path, monkey
     assert set(data["scenarios"]) == {key, f"{key}-run2"}
     command = data["provenance"]["command"]  # as run, the flag without a value
     assert "lab pod --grace 5 --device cpu --repeat 2 --json --out" in command and command.endswith(" -"), command
+
+
+def gpuzombie_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuzombie", *args]
+
+
+def test_the_literal_pipe_frees_like_s2_and_the_unpatched_pod_waits_the_whole_grace(tmp_path):
+    """``gpuzombie webhook --patch pod-nofix.yaml | gpuzombie lab pod - --grace 5 --device cpu
+    --json``, two real processes joined by a pipe (deploy/pod-nofix.yaml with a 64 MiB worker), then
+    ``gpuzombie lab pod pod-nofix.yaml`` alone: exit 0 and free well within the grace, against exit
+    1 after the whole grace."""
+    manifest = tmp_path / "pod-nofix.yaml"
+    manifest.write_text(small(UNPATCHED["pod-nofix"]))
+    lab = ["--grace", str(GRACE), "--device", "cpu", "--json"]
+    webhook = subprocess.Popen(gpuzombie_argv("webhook", "--patch", str(manifest)), stdout=subprocess.PIPE)
+    assert webhook.stdout is not None
+    with subprocess.Popen(
+        gpuzombie_argv("lab", "pod", "-", *lab, "--out", str(tmp_path / "patched")),
+        stdin=webhook.stdout,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as pod:
+        webhook.stdout.close()  # lab pod holds the pipe's only reader
+        out, err = pod.communicate(timeout=120)
+    assert webhook.wait(timeout=10) == 0
+    assert pod.returncode == 0, err
+    (patched,) = [json.loads(line) for line in out.splitlines()]
+    assert patched["schema"] == "gpuzombie.labpod/1" and patched["init"] == "catatonit"
+    assert patched["pod_manifest"]["annotations"]["gpuzombie.dev/injected"] == "shareProcessNamespace"
+    m = patched["metrics"]
+    assert not m["waited_whole_grace"] and m["release_latency_s"] < GRACE / 2
+    assert patched["deletion"]["sigkill_at"] is None and patched["deletion"]["leftovers"] == []
+
+    alone = subprocess.run(
+        gpuzombie_argv("lab", "pod", str(manifest), *lab, "--out", str(tmp_path / "unpatched")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert alone.returncode == 1, alone.stderr  # a finding: the whole grace was waited
+    (unpatched,) = [json.loads(line) for line in alone.stdout.splitlines()]
+    assert unpatched["init"] == "sleep" and unpatched["metrics"]["waited_whole_grace"]
+    assert GRACE - 0.2 <= unpatched["metrics"]["release_latency_s"] <= GRACE + 3
+    assert unpatched["deletion"]["leftovers"] == []

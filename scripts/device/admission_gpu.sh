@@ -16,8 +16,8 @@
 #   3. the webhook's fix of pod-nofix, `gpuzombie webhook --patch deploy/pod-nofix.yaml | gpuzombie
 #      lab pod -` (args only, so shareProcessNamespace), and of the same pod with a command (tini from
 #      the init container), LABPOD_REPEAT (2) runs each; then once with the preStop opt-in (tini +
-#      the injected fast hook). Where `gpuzombie webhook` is not there yet, the hand-made copies in
-#      tests/fixtures/labpod/ stand in.
+#      the injected fast hook). Each patched pod is the real webhook's output, piped into lab pod;
+#      a failing `gpuzombie webhook --patch` stops the script (exit 2), nothing stands in for it.
 # Wall time about 3-3.5 min (30 s of it the unpatched pod's grace, 20 s the injected hook's timeout
 # in 3c); whatever has not started by BUDGET_S (225 s) is skipped and said so.
 # Writes 8 files under $OUT: admission-gpu.log, labpod.tgz and bench.tgz (the two lab output
@@ -68,7 +68,12 @@ unpack() {
       || echo "skipped $wheel (not for this python3)"
   done
   export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-  python3 -c 'import yaml, cri_api' || { echo "python3 lacks PyYAML or the CRI stubs: run '$0 prepare' here first" >&2; return 2; }
+  python3 -c 'import yaml, jsonpatch, cri_api' \
+    || { echo "python3 lacks PyYAML, jsonpatch or the CRI stubs: run '$0 prepare' here first" >&2; return 2; }
+  if ! python3 -m gpuzombie webhook --patch deploy/pod-nofix.yaml 2>>"$LOG" | grep -q '^kind: Pod'; then
+    log "gpuzombie webhook --patch deploy/pod-nofix.yaml fails (see $LOG): stopped"
+    return 2
+  fi
   # The webhook's init container copies Debian's /usr/bin/tini-static (lab pod mounts the host's
   # /usr): put the carried one there for this run, removed at the end.
   if [ ! -e /usr/bin/tini-static ]; then
@@ -88,12 +93,8 @@ lab_pod() {  # lab_pod LABEL REPEAT FILE|-  (stdin when -)
   log "$label: exit ${PIPESTATUS[0]}"
 }
 
-patched() {  # patched SOURCE FIXTURE: the webhook's output for SOURCE, or the hand-made FIXTURE
-  if [ "$HAVE_WEBHOOK" = 1 ]; then
-    python3 -m gpuzombie webhook --patch "$1" 2>>"$LOG"
-  else
-    cat "$2"
-  fi
+patched() {  # patched SOURCE: `gpuzombie webhook --patch SOURCE` (its warnings go to the log)
+  python3 -m gpuzombie webhook --patch "$1" 2>>"$LOG" || log "gpuzombie webhook --patch $1: exit $?" >&2
 }
 
 run() {
@@ -108,9 +109,6 @@ run() {
     uname -r; git rev-parse HEAD 2>/dev/null | sed 's/^/commit /'
     containerd --version; runc --version | head -n 1; tini --version
   } 2>&1 | tee -a "$LOG"
-  HAVE_WEBHOOK=0
-  python3 -m gpuzombie webhook --patch deploy/pod-nofix.yaml 2>/dev/null | grep -q '^kind: Pod' && HAVE_WEBHOOK=1
-  log "gpuzombie webhook --patch: $([ $HAVE_WEBHOOK = 1 ] && echo 'works (its output is run)' || echo "not there or failing: the hand-made copies in $FIXTURES stand in")"
 
   lab_pod "1 unpatched" 1 deploy/pod-nofix.yaml
 
@@ -125,12 +123,9 @@ run() {
     log "2: skipped (budget)"
   fi
 
-  patched deploy/pod-nofix.yaml "$FIXTURES/pod-nofix.webhook-patched.handmade.yaml" \
-    | lab_pod "3a patched (shareProcessNamespace)" "$LABPOD_REPEAT" -
-  patched "$FIXTURES/pod-nofix-command.yaml" "$FIXTURES/pod-nofix-command.webhook-patched.handmade.yaml" \
-    | lab_pod "3b patched (tini from the init container)" "$LABPOD_REPEAT" -
-  patched "$FIXTURES/pod-nofix-command-prestop.yaml" "$FIXTURES/pod-nofix-command-prestop.webhook-patched.handmade.yaml" \
-    | lab_pod "3c patched (tini + the injected fast preStop hook)" 1 -
+  patched deploy/pod-nofix.yaml | lab_pod "3a patched (shareProcessNamespace)" "$LABPOD_REPEAT" -
+  patched "$FIXTURES/pod-nofix-command.yaml" | lab_pod "3b patched (tini from the init container)" "$LABPOD_REPEAT" -
+  patched "$FIXTURES/pod-nofix-command-prestop.yaml" | lab_pod "3c patched (tini + the injected fast preStop hook)" 1 -
   log "after: containerd/shim $(pgrep -fc 'containerd( |-shim)' || true), workloads $(pgrep -fc 'gpuzombie.workloads' || true), lab mounts $(grep -c gpuzombie /proc/self/mounts || true)"
   [ "${ADDED_TINI:-0}" = 1 ] && rm -f /usr/bin/tini-static
   for name in labpod bench; do

@@ -1,6 +1,6 @@
 """`gpuzombie lab pod --device cuda` on a private containerd with the GPU's devices: pod-nofix waits
 the whole grace holding real GPU memory, the webhook's shareProcessNamespace fix frees it at once
-(the patched manifest: the hand-made copy of the webhook's output in tests/fixtures/labpod/)."""
+(the patched manifest: the real ``gpuzombie webhook --patch deploy/pod-nofix.yaml``, run here)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import pytest
 
 from gpupods import GPU_TEST
 from gpuzombie.cli.main import main
+from webhook_output import ROOT, UNPATCHED, webhook_patch
 
 pytest.importorskip("yaml", reason="lab pod reads manifests with PyYAML (carry it in .whl/)")
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip(
+    "jsonpatch", reason="gpuzombie webhook --patch applies its patch with jsonpatch (carry it in .whl/)"
+)
 ARCHIVES = ROOT / ".lab-images"
 GRACE = 5
 pytestmark = [
@@ -35,14 +38,12 @@ def run(tmp_path: Path, manifest: Path, evidence: Path) -> dict:
     return entry
 
 
-@pytest.mark.parametrize(
-    ("manifest", "whole_grace"),
-    [
-        (ROOT / "deploy/pod-nofix.yaml", True),
-        (ROOT / "tests/fixtures/labpod/pod-nofix.webhook-patched.handmade.yaml", False),
-    ],
-)
-def test_gpu_memory_before_and_after_the_webhooks_fix(tmp_path, evidence, manifest, whole_grace):
+@pytest.mark.parametrize("whole_grace", [True, False], ids=["unpatched", "webhook-patched"])
+def test_gpu_memory_before_and_after_the_webhooks_fix(tmp_path, evidence, whole_grace):
+    manifest = UNPATCHED["pod-nofix"]
+    if not whole_grace:
+        manifest = tmp_path / "pod-nofix.webhook-patched.yaml"
+        manifest.write_text(webhook_patch(UNPATCHED["pod-nofix"].read_text()))
     e = run(tmp_path, manifest, evidence)
     m = e["metrics"]
     assert e["probe"].startswith("NVML") and not e["cpu_standin"]

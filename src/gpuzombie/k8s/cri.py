@@ -108,6 +108,9 @@ class ContainerSpec:
     no_new_privs: bool = False
     """``allowPrivilegeEscalation: false``."""
     drop_capabilities: tuple[str, ...] = ()
+    seccomp: str | None = None
+    """``RuntimeDefault`` or ``Unconfined`` (``securityContext.seccompProfile.type``), as the kubelet
+    sends it; None sends none (the runtime's own default)."""
     memory_limit: int | None = None
     """Bytes (``resources.limits.memory``), the container cgroup's limit."""
     cpu_request: float | None = None
@@ -175,6 +178,9 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
                 capabilities=pb.Capability(drop_capabilities=list(container.drop_capabilities))
                 if container.drop_capabilities
                 else None,
+                seccomp=None
+                if container.seccomp is None
+                else pb.SecurityProfile(profile_type=pb.SecurityProfile.ProfileType.Value(container.seccomp)),
             ),
             resources=_resources(container),
         ),

@@ -6,7 +6,8 @@ Every field of the manifest is one of three kinds, and nothing is skipped silent
   Memory, with sizeLimit) and hostPath volumes, volumeMounts (readOnly), shareProcessNamespace,
   ``lifecycle.preStop`` exec and sleep, terminationGracePeriodSeconds, the securityContext fields a
   runtime enforces (runAsUser, runAsGroup, runAsNonRoot, readOnlyRootFilesystem,
-  allowPrivilegeEscalation, capabilities.drop, privileged: false), cpu and memory resources (the
+  allowPrivilegeEscalation, capabilities.drop, privileged: false, seccompProfile RuntimeDefault and
+  Unconfined), cpu and memory resources (the
   container's cgroup limits and the pod's QoS class), GPU resources (the lab's GPU devices);
 * accepted with no effect on one node without a registry or scheduler (``NO_EFFECT``): pull
   settings, scheduling, labels and the like: listed in the output;
@@ -42,6 +43,8 @@ SUFFIX = {
     "m": 1e-3,
 }
 DEFAULT_GRACE_S = 30
+SECCOMP_TYPES = ("RuntimeDefault", "Unconfined")
+"""The seccompProfile types the lab applies (a Localhost profile would be a file on the node)."""
 
 NO_EFFECT = {
     "metadata": {
@@ -136,6 +139,9 @@ class Security:
     read_only_root: bool = False
     no_new_privs: bool = False
     drop_capabilities: tuple[str, ...] = ()
+    seccomp: str = "Unconfined"
+    """``seccompProfile.type``; the kubelet sends Unconfined when neither the pod nor the container
+    names one (its seccompDefault setting is off by default)."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +243,20 @@ def _check_keys(data: Mapping[str, Any], where: str, applied: set[str], no_effec
         raise ManifestError(f"{where}.{key}: not supported by gpuzombie lab pod")
 
 
+def _seccomp(data: object, where: str, inherited: str, seen: list[str]) -> str:
+    if data is None:
+        return inherited
+    profile = _mapping(data, where)
+    _check_keys(profile, where, {"type"}, set(), seen)
+    kind = profile.get("type")
+    if kind not in SECCOMP_TYPES:
+        raise ManifestError(
+            f"{where}.type: {kind!r} not supported by gpuzombie lab pod ({' or '.join(SECCOMP_TYPES)}; "
+            "a lab node has no Localhost profiles)"
+        )
+    return str(kind)
+
+
 def _security(data: object, where: str, inherited: Security, seen: list[str]) -> Security:
     sc = _mapping(data, where)
     _check_keys(
@@ -250,8 +270,9 @@ def _security(data: object, where: str, inherited: Security, seen: list[str]) ->
             "allowPrivilegeEscalation",
             "capabilities",
             "privileged",
+            "seccompProfile",
         },
-        {"seccompProfile"},
+        set(),
         seen,
     )
     if sc.get("privileged") is True:
@@ -267,12 +288,13 @@ def _security(data: object, where: str, inherited: Security, seen: list[str]) ->
         read_only_root=_bool(sc.get("readOnlyRootFilesystem", False), f"{where}.readOnlyRootFilesystem"),
         no_new_privs=sc.get("allowPrivilegeEscalation") is False,
         drop_capabilities=_strings(caps.get("drop"), f"{where}.capabilities.drop"),
+        seccomp=_seccomp(sc.get("seccompProfile"), f"{where}.seccompProfile", inherited.seccomp, seen),
     )
 
 
 def _pod_security(data: object, seen: list[str]) -> Security:
     sc = _mapping(data, "spec.securityContext")
-    _check_keys(sc, "spec.securityContext", {"runAsUser", "runAsGroup", "runAsNonRoot"}, {"seccompProfile"}, seen)
+    _check_keys(sc, "spec.securityContext", {"runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile"}, set(), seen)
     return _security(sc, "spec.securityContext", Security(), seen)
 
 

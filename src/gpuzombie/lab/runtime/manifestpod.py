@@ -187,6 +187,7 @@ class ManifestPod:
             readonly_rootfs=sec.read_only_root,
             no_new_privs=sec.no_new_privs,
             drop_capabilities=sec.drop_capabilities,
+            seccomp=sec.seccomp,
             memory_limit=res.memory_limit,
             cpu_request=res.cpu_request,
             cpu_limit=res.cpu_limit,
