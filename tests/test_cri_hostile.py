@@ -13,8 +13,12 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 
-import grpc
 import pytest
+
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
+import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1.api_pb2_grpc import RuntimeServiceServicer, add_RuntimeServiceServicer_to_server
 

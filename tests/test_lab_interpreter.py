@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from gpuzombie.lab.runtime.cri import workload_mounts
 from gpuzombie.lab.runtime.interpreter import PythonLayout, interpreter_paths, symlink_chain
 

@@ -5,6 +5,10 @@ webhook's output (``gpuzombie webhook --patch``): what is applied, what is accep
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("yaml", reason="PyYAML is in the 'labpod' extra")
+
+
 import yaml
 
 from gpuzombie.cli.main import main

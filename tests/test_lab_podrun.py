@@ -19,6 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("yaml", reason="PyYAML is in the 'labpod' extra")
+
+
 import yaml
 
 from containerd_fixture import needs_containerd

@@ -9,8 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pynvml
 import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
+
+import pynvml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -30,6 +30,9 @@ OPTIONAL = (
     "yaml",
     "dockerfile_parse",
     "jsonschema",  # chart
+    "jsonpatch",
+    "jsonpointer",  # admission (webhook --patch)
+    "celpy",  # cel-python: the tests' CEL evaluation of the webhook's matchConditions
     "hypothesis",
     "build",
     "grpc_tools",

@@ -20,6 +20,9 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
+
+
 from containerd_fixture import needs_containerd
 from cri_standin import standin_kubelet
 from gpuzombie.cli.main import main

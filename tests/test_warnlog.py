@@ -3,6 +3,11 @@ digest (escape.label_value): pure functions on strings."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
+
+
 from gpuzombie.escape import LABEL_LIMIT, label_value
 from gpuzombie.exporter.warnlog import WarningLog, kind_of
 

@@ -9,7 +9,6 @@ processes is the job of ``gpuzombie.gpu.attribution``.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import threading
@@ -151,10 +150,12 @@ class PynvmlBackend:
         with self._lock:
             if self._pynvml is None and self._init_error is None:
                 try:
-                    pynvml = self._module or importlib.import_module("pynvml")
+                    import pynvml
                 except ImportError:
                     self._init_error = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
                     return None
+                if self._module is not None:
+                    pynvml = self._module
                 try:
                     pynvml.nvmlInit()
                 except pynvml.NVMLError as exc:
