@@ -240,7 +240,7 @@ def test_the_prometheus_rule_audits_the_namespaces_the_webhook_covers(helm_binar
     groups = {g["name"]: g for g in rule["spec"]["groups"]}
     (alert,) = groups["gpuzombie-admission"]["rules"]
     assert f'namespace!~"kube-system|{NAMESPACE}|batch-legacy"' in alert["expr"]
-    assert alert["annotations"]["runbook_url"].endswith("/docs/admission.md#gpuzombiewebhookmissedgpupod")
+    assert alert["annotations"]["runbook_url"] == "docs/admission.md#gpuzombiewebhookmissedgpupod"
     off = render(helm_binary, {"prometheusRule": {"enabled": True}}, namespace=NAMESPACE)
     (rule,) = [o for o in off if o["kind"] == "PrometheusRule"]
     assert "gpuzombie-admission" not in {g["name"] for g in rule["spec"]["groups"]}
