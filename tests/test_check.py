@@ -243,11 +243,13 @@ def test_the_readmes_prevent_it_commands_run_as_shown():
     from docs import doc, section
 
     shown = section(doc("README"), "## Prevent it")
-    commands = [line.split("#")[0].split() for line in shown.splitlines() if line.startswith("gpuzombie ")]
-    assert [c[:2] for c in commands] == [["gpuzombie", "check"], ["gpuzombie", "webhook"]]
-    check = subprocess.run([sys.executable, "-m", *commands[0]], capture_output=True, text=True, timeout=60, cwd=REPO)
+    venv_cli = ".venv/bin/gpuzombie "  # the README's commands run the project venv's entry point
+    commands = [line.split("#")[0].split()[1:] for line in shown.splitlines() if line.startswith(venv_cli)]
+    assert [c[:1] for c in commands] == [["check"], ["webhook"]]
+    cli = [sys.executable, "-m", "gpuzombie"]
+    check = subprocess.run([*cli, *commands[0]], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert check.returncode == 1 and "GZ001" in check.stdout and "deploy/pod-nofix.yaml" in check.stdout
-    patch = subprocess.run([sys.executable, "-m", *commands[1]], capture_output=True, text=True, timeout=60, cwd=REPO)
+    patch = subprocess.run([*cli, *commands[1]], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert patch.returncode == 0 and yaml.safe_load(patch.stdout)["spec"]["shareProcessNamespace"] is True
 
 
