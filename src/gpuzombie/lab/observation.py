@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.runtime.pidns import LabPod
+from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0
@@ -202,3 +204,10 @@ def render_observation(obs: Observation, observe_text: str | None) -> str:
         lines.append(f"# {obs.observe_error}")
     lines.append(observe_text or ("(not run: the pod is gone)" if obs.observe_rc is None else "(no report)"))
     return "\n".join(lines) + "\n"
+
+
+def smi_snapshot(pod: LabPod, nvml: NvmlBackend, title: str, *, standin: bool) -> str:
+    """The seed's nvidia-smi log of a moment: the GPU's tables and the pod's processes (if running)."""
+    table = pod_table(pod) if pod.running else None
+    procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
+    return render_smi(nvml.read(), procs, title=title, standin=standin)

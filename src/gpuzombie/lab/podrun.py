@@ -21,7 +21,7 @@ from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import PodManifest
 from gpuzombie.lab.metrics import release_tolerance, sampling_stats, scenario_metrics
-from gpuzombie.lab.observation import Observation, observe, pod_table
+from gpuzombie.lab.observation import Observation, observe, smi_snapshot
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
 from gpuzombie.lab.runtime.cri import (
     CriRuntime,
@@ -35,9 +35,8 @@ from gpuzombie.lab.runtime.manifestpod import (
     PodRunError,
 )
 from gpuzombie.lab.runtime.pidns import PROCFS, Deletion
-from gpuzombie.lab.sampler import NvmlProbe, Probe, Sampler
+from gpuzombie.lab.sampler import Probe, Sampler, nvml_or_standin
 from gpuzombie.lab.scenarios import LabConfig, Scenario, ScenarioRun, trace_from_host
-from gpuzombie.lab.smi import render_smi
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
@@ -134,22 +133,20 @@ class _PodMeasurement:
             raise
 
     def _probe(self) -> Probe:
-        if self.standin:
-            return PodRssProbe(self.pod)
-        before = self.nvml.read()
-        dev = before.device(self.config.gpu_index)
-        if dev is None:
-            raise PodRunError(f"NVML shows no GPU {self.config.gpu_index}: {before.reason}")
-        return NvmlProbe(self.pod, self.nvml, self.config.gpu_index, dev.memory_used)
+        """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
+        try:
+            return nvml_or_standin(
+                self.pod, self.nvml, self.config.gpu_index, PodRssProbe(self.pod) if self.standin else None
+            )
+        except LookupError as exc:
+            raise PodRunError(str(exc)) from exc
 
     def held_now(self) -> int:
         latest = self.sampler.latest()
         return latest.held_bytes if latest else 0
 
     def snapshot(self, title: str) -> str:
-        table = pod_table(self.pod) if self.pod.running else None
-        procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
-        return render_smi(self.nvml.read(), procs, title=title, standin=self.standin)
+        return smi_snapshot(self.pod, self.nvml, title, standin=self.standin)
 
     def observe(self, point: str) -> None:
         obs, text = observe(self.pod, point, self.events.now(), {})

@@ -87,6 +87,18 @@ class NvmlProbe:
         return max(0, device.memory_used - self.baseline), procs
 
 
+def nvml_or_standin(pod: LabPod, nvml: NvmlBackend, gpu_index: int, standin: Probe | None) -> Probe:
+    """``standin`` (the CPU stand-in's RSS probe) when given; on a GPU, NVML above what the GPU used
+    before the pod started. Raises LookupError when NVML shows no such GPU."""
+    if standin is not None:
+        return standin
+    before = nvml.read()
+    dev = before.device(gpu_index)
+    if dev is None:
+        raise LookupError(f"NVML shows no GPU {gpu_index}: {before.reason}")
+    return NvmlProbe(pod, nvml, gpu_index, dev.memory_used)
+
+
 class Sampler:
     """A daemon thread appending a Sample every ``interval`` seconds until ``stop()``."""
 

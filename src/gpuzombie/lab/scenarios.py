@@ -30,10 +30,9 @@ from gpuzombie.lab.metrics import (
     sampling_stats,
     scenario_metrics,
 )
-from gpuzombie.lab.observation import Observation, host_view, observe, pod_table
+from gpuzombie.lab.observation import Observation, host_view, observe, smi_snapshot
 from gpuzombie.lab.runtime.pidns import PAUSE, Deletion, LabPod, Pod, pids_in_pidns
-from gpuzombie.lab.sampler import NvmlProbe, Probe, RssProbe, Sample, Sampler
-from gpuzombie.lab.smi import render_smi
+from gpuzombie.lab.sampler import Probe, RssProbe, Sample, Sampler, nvml_or_standin
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import Procfs
@@ -300,13 +299,12 @@ class _Run:
 
     def _probe(self) -> Probe:
         """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
-        if self.standin:
-            return RssProbe(self.pod)
-        before = self.nvml.read()
-        dev = before.device(self.config.gpu_index)
-        if dev is None:
-            raise ScenarioError(f"NVML shows no GPU {self.config.gpu_index}: {before.reason}")
-        return NvmlProbe(self.pod, self.nvml, self.config.gpu_index, dev.memory_used)
+        try:
+            return nvml_or_standin(
+                self.pod, self.nvml, self.config.gpu_index, RssProbe(self.pod) if self.standin else None
+            )
+        except LookupError as exc:
+            raise ScenarioError(str(exc)) from exc
 
     def held_now(self) -> int:
         """Memory held at the latest sample (0 before the first)."""
@@ -314,9 +312,7 @@ class _Run:
         return latest.held_bytes if latest else 0
 
     def snapshot(self, title: str) -> str:
-        table = pod_table(self.pod) if self.pod.running else None
-        procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
-        return render_smi(self.nvml.read(), procs, title=title, standin=self.standin)
+        return smi_snapshot(self.pod, self.nvml, title, standin=self.standin)
 
     def observe(self, point: str) -> None:
         obs, text = observe(self.pod, point, self.events.now(), self.roles)

@@ -43,6 +43,20 @@ class Target:
     def identity(self) -> ProcessIdentity:
         return ProcessIdentity(self.pid, self.start_ticks)
 
+    @classmethod
+    def of(cls, proc: ProcessInfo, reasons: list[str], gpu_memory: int | None) -> Target:
+        """A process read from procfs, with why it is a target and what NVML lists for it."""
+        return cls(
+            pid=proc.pid,
+            start_ticks=proc.start_ticks,
+            comm=proc.comm,
+            command=proc.command,
+            state=proc.state,
+            reasons=tuple(reasons),
+            devices=proc.nvidia_fds,
+            gpu_memory=gpu_memory,
+        )
+
 
 @dataclass(frozen=True)
 class Excluded:
@@ -246,18 +260,7 @@ def plan_targets(
                     Excluded(proc.pid, proc.comm, "child of PID 1 that PID 1 may have started (cannot tell)")
                 )
             continue
-        targets.append(
-            Target(
-                pid=proc.pid,
-                start_ticks=proc.start_ticks,
-                comm=proc.comm,
-                command=proc.command,
-                state=proc.state,
-                reasons=tuple(reasons),
-                devices=proc.nvidia_fds,
-                gpu_memory=nvml_memory.get(proc.pid),
-            )
-        )
+        targets.append(Target.of(proc, reasons, nvml_memory.get(proc.pid)))
     unread += [Unread(pid, "?", "not read before the scan's deadline") for pid in table.unread]
     pid1 = table.get(1)
     return PrestopPlan(

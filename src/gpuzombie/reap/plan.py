@@ -103,16 +103,5 @@ def plan_targets(
         reasons = [holder.reason] if holder is not None else [f"in the cgroup of stale pod {pod.pod_uid}"]
         if proc.nvidia_fds:
             reasons.append("holds " + ", ".join(proc.nvidia_fds))
-        targets.append(
-            Target(
-                pid=proc.pid,
-                start_ticks=proc.start_ticks,
-                comm=proc.comm,
-                command=proc.command,
-                state=proc.state,
-                reasons=tuple(reasons),
-                devices=proc.nvidia_fds,
-                gpu_memory=(memory or {}).get(proc.pid),
-            )
-        )
+        targets.append(Target.of(proc, reasons, (memory or {}).get(proc.pid)))
     return targets, unread
