@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from gpuzombie.k8s.names import DEFAULT_SOCKETS, DEFAULT_TIMEOUT, find_socket
+from gpuzombie.k8s.names import DEFAULT_SOCKETS, DEFAULT_TIMEOUT, RuntimeChannel
 
 if TYPE_CHECKING:
     from gpuzombie.k8s.cri import RuntimeClient
@@ -73,7 +73,7 @@ def pods_of(sandboxes: Iterable[tuple[str, str]]) -> tuple[frozenset[str], froze
     return frozenset(ready), frozenset(listed - ready)
 
 
-class PodLister:
+class PodLister(RuntimeChannel):
     """Asks one CRI runtime which pods it runs; keeps its channel (and the runtime's name) across calls."""
 
     def __init__(
@@ -83,16 +83,8 @@ class PodLister:
         timeout: float = DEFAULT_TIMEOUT,
         candidates: Iterable[str] = DEFAULT_SOCKETS,
     ):
-        self.explicit = socket_path
-        self.timeout = timeout
-        self.candidates = tuple(candidates)
-        self._client: RuntimeClient | None = None
+        super().__init__(socket_path, timeout=timeout, candidates=candidates)
         self._runtime: str | None = None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def __enter__(self) -> PodLister:
         return self
@@ -101,20 +93,20 @@ class PodLister:
         self.close()
 
     def __call__(self) -> RuntimePods:
-        path, problem = find_socket(self.explicit, self.candidates)
+        path, problem = self.find()
         if problem is not None or path is None:
             return RuntimePods(source=path, problem=problem)
         try:
-            from gpuzombie.k8s.cri import CriError, RuntimeClient, sandbox_state
+            from gpuzombie.k8s.cri import CriError, sandbox_state
         except ImportError as exc:
             return RuntimePods(source=path, problem=f"needs gpuzombie[node] ({exc})")
         deadline = time.monotonic() + self.timeout
         try:
-            if self._client is None or self._client.socket_path != path:
-                self.close()
-                self._client = RuntimeClient(path, timeout=self.timeout)
-                self._runtime = self._name(self._client, deadline)
-            sandboxes = self._client.list_pod_sandboxes(timeout=max(0.001, deadline - time.monotonic()))
+            fresh = not self.connected_to(path)
+            client = self._connect(path)
+            if fresh:
+                self._runtime = self._name(client, deadline)
+            sandboxes = client.list_pod_sandboxes(timeout=max(0.001, deadline - time.monotonic()))
         except CriError as exc:
             self.close()
             return RuntimePods(source=path, problem=f"{path}: {exc} (limit {self.timeout:g} s)")

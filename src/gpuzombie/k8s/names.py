@@ -98,8 +98,9 @@ def _container_names(container_id: str, labels: Mapping[str, str], name: str, st
     )
 
 
-class RuntimeNames:
-    """Names from one CRI runtime, remembered across scans (call it with the ids a scan found)."""
+class RuntimeChannel:
+    """One CRI runtime's socket (``socket_path``, else crictl's order) and a channel to it, kept
+    across calls; a new one when the socket found changes, or after ``close`` (a failed call)."""
 
     def __init__(
         self,
@@ -111,22 +112,14 @@ class RuntimeNames:
         self.explicit = socket_path
         self.timeout = timeout
         self.candidates = tuple(candidates)
-        self._containers: dict[str, ContainerNames] = {}
-        self._pods: dict[str, PodNames] = {}
-        self._unknown: set[str] = set()
         self._client: RuntimeClient | None = None
-        self._answered: str | None = None
-        """The socket whose runtime gave the kept names."""
-        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+    def find(self) -> tuple[str | None, str | None]:
+        """(socket, None), or (None or the socket, the one-line reason none can be asked)."""
+        return find_socket(self.explicit, self.candidates)
 
-    def __call__(self, container_ids: Iterable[str]) -> CriNames:
-        with self._lock:
-            return self._scan(set(container_ids))
+    def connected_to(self, path: str) -> bool:
+        return self._client is not None and self._client.socket_path == path
 
     def _connect(self, path: str) -> RuntimeClient:
         from gpuzombie.k8s.cri import RuntimeClient
@@ -135,6 +128,34 @@ class RuntimeNames:
             self.close()
             self._client = RuntimeClient(path, timeout=self.timeout)
         return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class RuntimeNames(RuntimeChannel):
+    """Names from one CRI runtime, remembered across scans (call it with the ids a scan found)."""
+
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        candidates: Iterable[str] = DEFAULT_SOCKETS,
+    ):
+        super().__init__(socket_path, timeout=timeout, candidates=candidates)
+        self._containers: dict[str, ContainerNames] = {}
+        self._pods: dict[str, PodNames] = {}
+        self._unknown: set[str] = set()
+        self._answered: str | None = None
+        """The socket whose runtime gave the kept names."""
+        self._lock = threading.Lock()
+
+    def __call__(self, container_ids: Iterable[str]) -> CriNames:
+        with self._lock:
+            return self._scan(set(container_ids))
 
     def _names(self, source: str | None, wanted: set[str], warnings: list[str]) -> CriNames:
         self._unknown &= wanted  # forget ids no longer seen; keep the others' names
@@ -148,7 +169,7 @@ class RuntimeNames:
     def _scan(self, wanted: set[str]) -> CriNames:
         if self._containers and not wanted - self._containers.keys() - self._unknown:
             return self._names(self._answered, wanted, [])
-        path, problem = find_socket(self.explicit, self.candidates)
+        path, problem = self.find()
         if problem is not None or path is None:
             return self._names(path, wanted, [f"{problem}: {SHOWN_BY_ID}"])
         try:
