@@ -8,9 +8,10 @@
   called stale. Without an answer from the runtime the verdict is ``unknown``, never stale.
 * **foreign**: a process NVML lists on a GPU holds memory in a pod other than the one(s) the
   kubelet's PodResources assigned that GPU (or MIG instance) to, in any of the device plugin's id
-  forms (``gpu.deviceids``: UUID, index, MIG UUID, a replica's suffix) (a pod that went around the device plugin, e.g.
-  ``NVIDIA_VISIBLE_DEVICES=all``). Only NVML's entries count: a bare ``/dev/nvidia*`` fd is what
-  every monitoring agent (dcgm-exporter, the device plugin) holds on every GPU.
+  forms (``gpu.deviceids``: UUID, index, MIG UUID, with a replica's suffix or not): a pod that went
+  around the device plugin, e.g. ``NVIDIA_VISIBLE_DEVICES=all``. Only NVML's entries count: a bare
+  ``/dev/nvidia*`` fd is what every monitoring agent (dcgm-exporter, the device plugin) holds on
+  every GPU.
 
 Host processes (no pod in their cgroup) are neither.
 """
