@@ -69,17 +69,27 @@ def node(tmp_path):
     return root
 
 
-def scan(root: Path, tracker: DStateTracker, now: float, nvml: GpuSnapshot | None = None):
-    return scan_node(
-        procfs=Procfs(str(root)),
-        nvml=FakeNvml(nvml or gpus()),
-        view=ROOT_VIEW,
-        names=names,
-        resources=lambda: PodResources(source=None),
-        now=now,
-        node_name="gpu-node-1",
-        dstate=tracker,
-    )
+class Exporter:
+    """One exporter process over a procfs tree: its D-state tracker on a monotonic clock the test
+    sets (``at``: seconds since the exporter started), and the wall clock its scans are stamped with."""
+
+    def __init__(self, root: Path) -> None:
+        self.procfs = Procfs(str(root))
+        self.monotonic = 0.0
+        self.tracker = DStateTracker(clock=lambda: self.monotonic)
+
+    def scan(self, at: float, nvml: GpuSnapshot | None = None, *, wall: float | None = None):
+        self.monotonic = at
+        return scan_node(
+            procfs=self.procfs,
+            nvml=FakeNvml(nvml or gpus()),
+            view=ROOT_VIEW,
+            names=names,
+            resources=lambda: PodResources(source=None),
+            now=T0 + at if wall is None else wall,
+            node_name="gpu-node-1",
+            dstate=self.tracker,
+        )
 
 
 def series(node_scan) -> dict[str, dict[tuple, float]]:
@@ -103,36 +113,47 @@ POD = {"namespace": "ml", "pod": "train-0", "pod_uid": UID, "container": "worker
 
 def test_first_seen_is_kept_across_scans_and_named_by_pod(node):
     process(node, 500, state="D")
-    tracker = DStateTracker()
-    first = scan(node, tracker, T0)
+    exporter = Exporter(node)
+    first = exporter.scan(0)
     assert seconds(first) == {"500": 0.0}
-    later = series(scan(node, tracker, T0 + 90))
+    later = series(exporter.scan(90))
     assert later["gpuzombie_dstate_seconds"] == {tuple(sorted({**POD, "pid": "500", "comm": "python3"}.items())): 90.0}
     assert later["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 1.0}
-    assert seconds(scan(node, tracker, T0 + 400)) == {"500": 400.0}
+    assert seconds(exporter.scan(400)) == {"500": 400.0}
 
 
 def test_leaving_d_starts_anew(node):
     process(node, 500, state="D")
-    tracker = DStateTracker()
-    scan(node, tracker, T0)
-    assert seconds(scan(node, tracker, T0 + 60)) == {"500": 60.0}
+    exporter = Exporter(node)
+    exporter.scan(0)
+    assert seconds(exporter.scan(60)) == {"500": 60.0}
     process(node, 500, state="S")
-    gone = scan(node, tracker, T0 + 120)
+    gone = exporter.scan(120)
     assert seconds(gone) == {}
     assert series(gone) == {}  # no sample (the families keep HELP and TYPE)
     process(node, 500, state="D")
-    assert seconds(scan(node, tracker, T0 + 180)) == {"500": 0.0}
-    assert seconds(scan(node, tracker, T0 + 200)) == {"500": 20.0}
+    assert seconds(exporter.scan(180)) == {"500": 0.0}
+    assert seconds(exporter.scan(200)) == {"500": 20.0}
 
 
 def test_a_reused_pid_is_another_process(node):
     process(node, 500, state="D", starttime=5000)
-    tracker = DStateTracker()
-    scan(node, tracker, T0)
-    assert seconds(scan(node, tracker, T0 + 60)) == {"500": 60.0}
+    exporter = Exporter(node)
+    exporter.scan(0)
+    assert seconds(exporter.scan(60)) == {"500": 60.0}
     process(node, 500, state="D", starttime=9000)  # the same pid, a later process: also in D
-    assert seconds(scan(node, tracker, T0 + 120)) == {"500": 0.0}
+    assert seconds(exporter.scan(120)) == {"500": 0.0}
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+def test_a_wall_clock_step_does_not_change_the_time_in_d(node, step):
+    """Issue 29 item 5: scans 15 s apart on the monotonic clock while the wall clock steps an hour
+    (NTP, ``date -s``). On 241ae16 the time in D was taken from the wall clock: 3,615 s after a +1 h
+    step (a critical alert at once), 0 s after a -1 h one (clamped from -3,585). Now 15 s both ways."""
+    process(node, 500, state="D")
+    exporter = Exporter(node)
+    exporter.scan(0, wall=T0)
+    assert seconds(exporter.scan(15, wall=T0 + 15 + step)) == {"500": 15.0}
 
 
 def test_only_gpu_holders_in_d_count(node):
@@ -142,7 +163,7 @@ def test_only_gpu_holders_in_d_count(node):
     process(node, 503, state="S")  # holds the GPU, not in D
     process(node, 504, state="D", fds=("/dev/nvidiactl",), pod=False)  # a host process
     nvml = gpus(GpuProcess(501, 3000 * MIB, "compute", "python3"), GpuProcess(503, 1000 * MIB, "compute", "python3"))
-    got = series(scan(node, DStateTracker(), T0, nvml))
+    got = series(Exporter(node).scan(0, nvml))
     host = {"namespace": "", "pod": "", "pod_uid": "", "container": ""}
     assert got["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 2.0, tuple(sorted(host.items())): 1.0}
     assert got["gpuzombie_dstate_gpu_memory_bytes"][tuple(sorted(POD.items()))] == 3000 * MIB
@@ -185,23 +206,25 @@ def test_a_real_process_in_d_holding_a_stand_in_device(tmp_path):
     device = tmp_path / "nvidia0"  # a stand-in: no GPU here, and the agent judges only the fd's path
     device.write_text("")
     procfs = Procfs("/proc", device_prefix=str(tmp_path / "nvidia"))
-    tracker = DStateTracker()
+    monotonic = [0.0]
+    tracker = DStateTracker(clock=lambda: monotonic[0])
 
-    def live_scan(now: float):
+    def live_scan(at: float):
+        monotonic[0] = at
         return scan_node(
             procfs=procfs,
             nvml=FakeNvml(GpuSnapshot(available=False, reason="no GPU here")),
             view=ReaderView(in_root_pidns=True, own_pid=os.getpid()),
             names=lambda ids: CriNames(source=None),
             resources=lambda: PodResources(source=None),
-            now=now,
+            now=T0 + at,
             dstate=tracker,
         )
 
     with d_state_process(tmp_path, device) as stuck:
-        first = live_scan(T0)
+        first = live_scan(0)
         assert [h.pid for h in first.trace.d_state] == [stuck.pid]
         (held,) = first.trace.d_state
         assert held.devices == (str(device),) and held.gpu_memory == 0
-        assert seconds(live_scan(T0 + 30)) == {str(stuck.pid): 30.0}
-    assert seconds(live_scan(T0 + 60)) == {}
+        assert seconds(live_scan(30)) == {str(stuck.pid): 30.0}
+    assert seconds(live_scan(60)) == {}

@@ -23,8 +23,9 @@ from cri_standin import standin_kubelet
 from fakeproc import make_fake_proc, make_fake_root
 from gpuzombie.exporter import NodeCollector, scan_node
 from gpuzombie.gpu.attribution import ReaderView
+from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.nvml import FakeNvml, PynvmlBackend
-from gpuzombie.k8s.names import CriNames
+from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
 from gpuzombie.observe.render import render_text as render_observe
 from gpuzombie.observe.report import observe
@@ -96,7 +97,7 @@ def test_each_gpu_instance_is_read_through_its_mig_handles():
     ]
     gi1, gi2, plain = snap.devices
     assert gi1.mig.profile == "1g.18gb" and gi2.mig.profile == "3g.71gb"
-    assert gi1.mig.uuids == (GI1_UUID,) and gi1.device_ids == (GI1_UUID,) and plain.device_ids == ("GPU-1111",)
+    assert gi1.mig.uuids == (GI1_UUID,) and (gi1.mig.slots, gi2.mig.slots) == ((0,), (2,))
     assert (gi1.memory_total, gi1.memory_used) == (16896 * MIB, 13 * MIB + 10 * GIB)  # the instance's own
     assert [(p.pid, p.used_memory) for p in gi1.processes] == [(4242, 10 * GIB)] and gi2.processes == ()
     assert gi1.device_node == "/dev/nvidia0" and gi1.name == "NVIDIA H200"  # the parent's, as dcgm-exporter
@@ -166,6 +167,7 @@ def test_ghost_arithmetic_is_per_instance(node):
         "profile": "1g.18gb",
         "compute_instance_ids": [0],
         "uuids": [GI1_UUID],
+        "slots": [0],
     }
     assert data["gpus"][2]["mig"] is None and data["rows"][0]["mig"]["gpu_instance_id"] == 1
 
@@ -266,3 +268,111 @@ def test_series_carry_dcgm_exporters_mig_labels(node):
     assert worker["GPU_I_ID"] == "1" and worker["GPU_I_PROFILE"] == "1g.18gb" and worker["value"] == 10 * GIB
     (other,) = [s for s in m["gpuzombie_gpu_process_memory_bytes"] if s["gpu"] == "1"]
     assert "GPU_I_ID" not in other and "GPU_I_PROFILE" not in other
+
+
+SMALL_JOB = ("ml", "small-job", "0a0a0a0a-1111-4111-8111-111111111111", "a" * 64)
+"""namespace, pod, pod UID, container id of pid 4242 (GPU instance 1 of GPU 0)."""
+BIG_JOB = ("ml", "big-job", "0b0b0b0b-2222-4222-8222-222222222222", "b" * 64)
+"""... of pid 5151 (GPU 1, no MIG)."""
+
+
+def pod_names(ids) -> CriNames:
+    """The runtime's names of the two pods' containers (the stand-in lookup trace takes)."""
+    pods = (SMALL_JOB, BIG_JOB)
+    found = {cid: ContainerNames(cid, "worker", pod, ns, uid, "CONTAINER_RUNNING") for ns, pod, uid, cid in pods}
+    return CriNames(source="stand-in", containers={cid: found[cid] for cid in ids if cid in found})
+
+
+@pytest.fixture
+def pods_node(node):
+    """``build_node``'s processes, each in its pod's container cgroup."""
+    for pid, (_, _, uid, cid) in ((4242, SMALL_JOB), (5151, BIG_JOB)):
+        slice_ = f"kubepods-pod{uid.replace('-', '_')}.slice"
+        (node / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/{slice_}/cri-containerd-{cid}.scope\n")
+    return node
+
+
+def trace_with_kubelet(node, tmp_path, kubelet: dict):
+    sock = str(tmp_path / "kubelet.sock")
+    with standin_kubelet(sock, kubelet):
+        resources = list_pod_resources(sock)
+    return trace_node(
+        procfs=Procfs(str(node)),
+        nvml=PynvmlBackend(nv.module(machine())),
+        view=ROOT,
+        names=pod_names,
+        resources=resources,
+        now=1_800_000_000.0,
+    )
+
+
+# Each id form NVIDIA's device plugin can give the kubelet (gpu/deviceids.py), for each pod's device;
+# and whether the id names the whole GPU 0 (both of its instances) rather than instance 1 alone.
+MIG_FORMS = {
+    "MIG UUID": (GI1_UUID, False),
+    "MIG UUID, replica": (f"{GI1_UUID}::2", False),
+    "MIG-GPU-uuid/gi/ci (before R470)": ("MIG-GPU-0000/1/0", False),
+    "index i:j": ("0:0", False),
+    "GPU UUID (mig-strategy none)": ("GPU-0000", True),
+    "index i (mig-strategy none)": ("0", True),
+}
+GPU_FORMS = {"GPU UUID": "GPU-1111", "GPU UUID, replica": "GPU-1111::3", "index": "1", "index, replica": "1::0"}
+
+
+@pytest.mark.parametrize("mig_form", MIG_FORMS)
+@pytest.mark.parametrize("gpu_form", GPU_FORMS)
+def test_every_device_plugin_id_form_names_its_own_pods_gpu(pods_node, tmp_path, mig_form, gpu_form):
+    """Issue 29 item 6: the kubelet gave each pod the device its process runs on. On 241ae16 pid 4242
+    was 'foreign: the kubelet assigned GPU-0000 to no pod' for every MIG form (trace compared the
+    kubelet's ids with the parent GPU's UUID) and 5151 for the index forms; allocated_to missed the
+    replica forms and the index forms. Now no holder is foreign and each entry names its pod."""
+    mig_id, whole = MIG_FORMS[mig_form]
+    kubelet = {("ml", "small-job"): {"worker": (mig_id,)}, ("ml", "big-job"): {"worker": (GPU_FORMS[gpu_form],)}}
+    report = trace_with_kubelet(pods_node, tmp_path, kubelet)
+    rows = {r.pid: r for r in report.rows if r.pid in (4242, 5151)}
+    assert {pid: (r.pod, r.dirty, r.dirty_reason) for pid, r in rows.items()} == {
+        4242: ("small-job", None, None),
+        5151: ("big-job", None, None),
+    }
+    assert report.checks.foreign and report.summary.foreign == 0
+    gi1, gi2, plain = ([(a.pod, a.container) for a in g.allocated_to] for g in report.gpus)
+    assert (gi1, gi2, plain) == (
+        [("small-job", "worker")],
+        [("small-job", "worker")] if whole else [],
+        [("big-job", "worker")],
+    )
+
+
+def test_a_pod_on_another_instance_or_resource_is_foreign(pods_node, tmp_path):
+    """What the forms name is exact: instance 2's id, or GPU 1's index, does not cover instance 1."""
+    report = trace_with_kubelet(
+        pods_node, tmp_path, {("ml", "small-job"): {"worker": (GI2_UUID,)}, ("ml", "big-job"): {"worker": ("0:2",)}}
+    )
+    rows = {r.pid: (r.dirty, r.dirty_reason) for r in report.rows if r.pid in (4242, 5151)}
+    assert rows == {
+        4242: ("foreign", "the kubelet assigned GPU-0000 GPU instance 1 to no pod"),
+        5151: ("foreign", "the kubelet assigned GPU-1111 to no pod"),
+    }
+    assert [[a.pod for a in g.allocated_to] for g in report.gpus] == [[], ["big-job", "small-job"], []]
+
+
+def test_kubelet_ids_of_each_nvml_entry():
+    gi1, gi2, plain = read(machine()).devices
+    assert kubelet_ids(gi1.uuid, gi1.index, gi1.mig) == {"GPU-0000", "0", GI1_UUID, "MIG-GPU-0000/1/0", "0:0"}
+    assert kubelet_ids(gi2.uuid, gi2.index, gi2.mig) == {"GPU-0000", "0", GI2_UUID, "MIG-GPU-0000/2/0", "0:2"}
+    assert kubelet_ids(plain.uuid, plain.index, plain.mig) == {"GPU-1111", "1"}
+    assert without_replica("GPU-1111::3") == without_replica("GPU-1111") == "GPU-1111"
+
+
+def test_only_nvidia_resources_name_gpus():
+    """Another plugin's device "0" (a NIC, an FPGA) is no GPU index."""
+    from gpuzombie.k8s.podresources import DeviceAssignment
+
+    resources = PodResources(
+        source="kubelet.sock",
+        assignments=(
+            DeviceAssignment("ml", "a", "c", "example.com/nic", "0"),
+            DeviceAssignment("ml", "b", "c", "nvidia.com/mig-1g.18gb", GI1_UUID),
+        ),
+    )
+    assert [a.pod for a in resources.gpu_assignments] == ["b"]

@@ -37,7 +37,7 @@ def test_assignments_of_every_container(tmp_path):
         ("ml", "trainer", "rank1", "GPU-b"),
         ("ml", "trainer", "rank1", "GPU-c"),
     ]
-    assert [a.container for a in got.for_device("GPU-c")] == ["rank1"]
+    assert got.gpu_assignments == got.assignments  # the stand-in's are all nvidia.com/gpu
 
 
 def test_absent_socket_is_no_source_and_no_warning(tmp_path):

@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 
+from gpuzombie.gpu.deviceids import kubelet_ids
 from gpuzombie.k8s.liveness import PodState, RuntimePods, pods_of
 from gpuzombie.k8s.podresources import DeviceAssignment, PodResources
-from gpuzombie.trace.stale import Dirty, Holder, device_of, judge
+from gpuzombie.trace.stale import Dirty, Holder, judge
 from markers import needs_root
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -26,6 +27,7 @@ HOLDER = Holder(
     gpu_uuid="GPU-0000",
     live=True,
     holds_gpu=True,
+    device_ids=kubelet_ids("GPU-0000", 0, None),
 )
 NO_RESOURCES = PodResources(source=None)
 
@@ -74,13 +76,13 @@ def test_foreign_is_about_nvml_entries_on_a_gpu_given_to_other_pods():
     assert verdict(dataclasses.replace(running, pod="owner-0"), resources=resources)[0] is None
     assert verdict(dataclasses.replace(running, live=False), resources=resources)[0] is None  # an fd holder
     assert verdict(dataclasses.replace(running, pod=None), resources=resources)[0] is None  # no name: no verdict
-    got, _ = verdict(dataclasses.replace(running, gpu_uuid="GPU-1111"), resources=resources)
+    other = dataclasses.replace(running, gpu_uuid="GPU-1111", device_ids=kubelet_ids("GPU-1111", 1, None))
+    got, _ = verdict(other, resources=resources)
     assert got == (Dirty.FOREIGN, "the kubelet assigned GPU-1111 to no pod")
     failed = dataclasses.replace(resources, warning="kubelet PodResources: UNAVAILABLE")
     got, checks = verdict(running, resources=failed)
     assert got is None and not checks.foreign
     assert verdict(HOLDER, resources=resources)[0][0] is Dirty.STALE  # stale wins over foreign
-    assert device_of("GPU-0000::3") == device_of("GPU-0000") == "GPU-0000"
 
 
 def test_reap_bad_pod_uid_is_one_line_exit_2(capsys):

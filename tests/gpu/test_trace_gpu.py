@@ -25,6 +25,7 @@ import pytest
 from gpupods import (
     GPU_TEST,
     PY,
+    SNAPSHOT,
     environ,
     gpuzombie_json,
     live_children,
@@ -204,3 +205,43 @@ def test_an_nccl_survivor_leaves_a_flagged_peer_context_on_the_dead_ranks_gpu(tm
     gpu0 = gpu(report, 0)
     assert gpu0["verdict"] == "ghost" and gpu0["flagged"] and gpu0["unexplained_mib"] >= 100, gpu0
     assert any("peer context" in cause for cause in gpu0["likely_causes"]), gpu0["likely_causes"]
+
+
+@needs_cgroup2
+def test_the_kubelets_uuid_and_index_ids_name_the_gpu_a_worker_runs_on(tmp_path, evidence, cgroups):
+    """Issue 29 item 6 on a real GPU (not in MIG mode: only the uuid and index forms can be shown here):
+    a stand-in kubelet (real gRPC) gives pod B GPU 0 as ``GPU-<uuid>``, ``0``, and their time-slicing
+    replicas ``::1``; B's worker is never foreign and GPU 0's allocated_to names B. Given a GPU that
+    is not there, the worker is foreign. The stand-in runtime lists B's sandbox as ready (B runs), so
+    the worker is judged foreign or not, never stale or unknown."""
+    pytest.importorskip("cri_api", reason="the CRI stubs (container-runtime-interface-api) are not installed")
+    from cri_standin import Recorded, standin_kubelet, standin_runtime
+
+    pod = "gpu-zombie-guaranteed"
+    uid, cid, _ = PODS[pod]
+    runtime = Recorded(sandboxes=(("c" * 64, pod, NAMESPACE, uid),), listed={cid: ("worker", pod, NAMESPACE, uid)})
+    uuid = next(d.uuid for d in SNAPSHOT.devices if d.index == 0)
+    crisock, kubelet, log = tmp_path / "cri.sock", str(tmp_path / "kubelet.sock"), tmp_path / "b.log"
+
+    def trace_given(device_id: str) -> dict:
+        with standin_kubelet(kubelet, {(NAMESPACE, pod): {"worker": (device_id,)}}):
+            report = gpuzombie_json("trace", "--cri-socket", str(crisock), "--pod-resources-socket", kubelet)
+        save(evidence, f"trace-given-{device_id}.json", report)
+        return report
+
+    pod_b = PidNamespace(
+        "sh", "-c", f"{workload('worker', SIZE_MIB)} > {log} 2>&1 & exec sleep infinity", cgroup=cgroups[pod]
+    )
+    with standin_runtime(str(crisock), runtime), pod_b as b:
+        wait_ready(log)
+        (worker,) = live_children(b)
+        wait_until(lambda: worker.pid in nvml_pids())
+        for device_id in (uuid, "0", f"{uuid}::1", "0::1"):
+            report = trace_given(device_id)
+            row = row_of(report, worker.pid)
+            assert (row["pod"], row["gpu_index"], row["dirty"]) == (pod, 0, None), (device_id, row)
+            assert report["checks"]["foreign"] and report["summary"]["foreign"] == 0, device_id
+            assert [a["pod"] for a in gpu(report, 0)["allocated_to"]] == [pod], device_id
+        absent = trace_given("GPU-00000000-0000-0000-0000-000000000000")
+    row = row_of(absent, worker.pid)
+    assert (row["dirty"], row["dirty_reason"]) == ("foreign", f"the kubelet assigned {uuid} to no pod"), row

@@ -264,8 +264,9 @@ def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
         pod = _pod(PodLabels.of_row(rows[h.pid])) if h.pid in rows else ("", "", "", "")
         out["gpuzombie_dstate_gpu_holders"][pod] += 1
         out["gpuzombie_dstate_gpu_memory_bytes"][pod] += h.gpu_memory
-        since = scan.d_state_since.get(h.identity, scan.trace.taken_at)
-        out["gpuzombie_dstate_seconds"][(*pod, str(h.pid), h.comm)] = max(0.0, scan.trace.taken_at - since)
+        out["gpuzombie_dstate_seconds"][(*pod, str(h.pid), h.comm)] = max(
+            0.0, scan.d_state_seconds.get(h.identity, 0.0)
+        )
     return out
 
 

@@ -67,8 +67,9 @@ class NodeScan:
     """The node's processes as read, once, for both."""
     node_name: str = ""
     """The node's name: the ``Hostname`` label of GPU series, as dcgm-exporter's."""
-    d_state_since: Mapping[tuple[int, int], float] = field(default_factory=dict)
-    """Wall time each D-state GPU holder of ``trace.d_state`` was first seen in D, by (pid, start ticks)."""
+    d_state_seconds: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    """Seconds each D-state GPU holder of ``trace.d_state`` has been seen in D, by (pid, start ticks),
+    on the tracker's monotonic clock."""
 
     def labels(self, ns: NamespaceScan) -> PodLabels:
         return PodLabels.of_namespace(ns, self.names)
@@ -122,7 +123,7 @@ def scan_node(
         threshold=threshold,
         pods=pods,
     )
-    since = (dstate or DStateTracker()).update(trace.d_state, now)
+    in_d = (dstate or DStateTracker()).update(trace.d_state)
     return NodeScan(
         trace=trace,
         namespaces=namespaces,
@@ -130,5 +131,5 @@ def scan_node(
         duration_s=clock() - started,
         table=table,
         node_name=node_name,
-        d_state_since=since,
+        d_state_seconds=in_d,
     )

@@ -11,7 +11,8 @@ only names them; the exporter's ``DStateTracker`` times them across scans, a pro
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuzombie.gpu.attribution import Attribution, Verdict
@@ -70,20 +71,23 @@ def d_state_holders(table: ProcessTable, attribution: Attribution) -> tuple[DSta
 
 
 class DStateTracker:
-    """When each D-state GPU holder was first seen in D, across the scans given to ``update``.
+    """How long each D-state GPU holder has been seen in D, across the scans given to ``update``.
 
     A holder keeps its first-seen time while every scan finds it in D; one that a scan does not find
     in D (it left D, exited, or its stat could not be read) starts anew, and so does a reused pid.
     The time is at scan resolution: a process that left D and came back between two scans counts
-    as never having left.
+    as never having left. First-seen times are read from ``clock``, a monotonic clock: a step of the
+    wall clock (NTP, an operator's ``date -s``) neither adds to nor takes from a time in D.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._since: dict[tuple[int, int], float] = {}
 
-    def update(self, holders: Iterable[DStateHolder], now: float) -> Mapping[tuple[int, int], float]:
-        """Record one scan's holders at wall time ``now``; their first-seen times, by identity."""
+    def update(self, holders: Iterable[DStateHolder]) -> Mapping[tuple[int, int], float]:
+        """Record one scan's holders; the seconds each has been seen in D, by identity."""
         with self._lock:
+            now = self._clock()
             self._since = {h.identity: self._since.get(h.identity, now) for h in holders}
-            return dict(self._since)
+            return {identity: now - since for identity, since in self._since.items()}

@@ -38,6 +38,10 @@ class MigInstance:
     compute_instance_ids: tuple[int, ...]
     uuids: tuple[str, ...]
     """``MIG-…`` of its MIG devices (one per compute instance): the ids PodResources assigns."""
+    slots: tuple[int, ...] = ()
+    """The index of each of its MIG devices among the GPU's MIG device handles
+    (``nvmlDeviceGetMigDeviceHandleByIndex``), in ``uuids``' order: the ``j`` of the device plugin's
+    index ids ``i:j``."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,6 @@ class GpuDevice:
     could not be read, whose process list proves nothing)."""
     processes_read: bool = True
     """False when NVML would not list the processes: an empty ``processes`` is then unknown."""
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        """The ids the kubelet's PodResources gives for it: the GPU's UUID, or the instance's MIG-…"""
-        return self.mig.uuids if self.mig else (self.uuid,)
 
     @property
     def device_node(self) -> str:
@@ -130,6 +129,7 @@ def _mig_from_dict(data: dict[str, Any] | None) -> MigInstance | None:
         profile=data["profile"],
         compute_instance_ids=tuple(data.get("compute_instance_ids", ())),
         uuids=tuple(data.get("uuids", ())),
+        slots=tuple(data.get("slots", ())),
     )
 
 
@@ -259,7 +259,7 @@ def _mig_enabled(nv: Any, handle: Any) -> bool:
 def _mig_instances(nv: Any, handle: Any, gpu: dict[str, Any]) -> tuple[GpuDevice, ...]:
     """One entry per GPU instance: its memory (that of its first MIG device: all of a GPU instance's
     compute instances share it) and the processes of all its MIG devices, once each."""
-    by_instance: dict[int, list[tuple[int, Any]]] = {}
+    by_instance: dict[int, list[tuple[int, int, Any]]] = {}
     for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -268,14 +268,14 @@ def _mig_instances(nv: Any, handle: Any, gpu: dict[str, Any]) -> tuple[GpuDevice
                 continue
             raise
         gi = nv.nvmlDeviceGetGpuInstanceId(mig)
-        by_instance.setdefault(gi, []).append((nv.nvmlDeviceGetComputeInstanceId(mig), mig))
+        by_instance.setdefault(gi, []).append((nv.nvmlDeviceGetComputeInstanceId(mig), slot, mig))
     found = []
     for gi, members in sorted(by_instance.items()):
         members.sort(key=lambda m: m[0])
-        first = members[0][1]
+        first = members[0][2]
         processes: dict[tuple[int, str], GpuProcess] = {}
         read = True
-        for _, mig in members:
+        for _, _, mig in members:
             listed, ok = _processes(nv, mig)
             read = read and ok
             for p in listed:
@@ -283,8 +283,9 @@ def _mig_instances(nv: Any, handle: Any, gpu: dict[str, Any]) -> tuple[GpuDevice
         instance = MigInstance(
             gpu_instance_id=gi,
             profile=_mig_profile(nv, first),
-            compute_instance_ids=tuple(ci for ci, _ in members),
-            uuids=tuple(_text(nv.nvmlDeviceGetUUID(mig)) for _, mig in members),
+            compute_instance_ids=tuple(ci for ci, _, _ in members),
+            uuids=tuple(_text(nv.nvmlDeviceGetUUID(mig)) for _, _, mig in members),
+            slots=tuple(slot for _, slot, _ in members),
         )
         found.append(
             GpuDevice(

@@ -16,7 +16,8 @@ GPU_RESOURCE_PREFIX = "nvidia.com/"
 
 @dataclass(frozen=True)
 class DeviceAssignment:
-    """One device the kubelet allocated to one container (GPU UUIDs for nvidia.com/gpu)."""
+    """One device the kubelet allocated to one container: for NVIDIA resources, an id in one of the
+    device plugin's forms (``gpu.deviceids``)."""
 
     namespace: str
     pod: str
@@ -31,8 +32,11 @@ class PodResources:
     assignments: tuple[DeviceAssignment, ...] = ()
     warning: str | None = None
 
-    def for_device(self, device_id: str) -> tuple[DeviceAssignment, ...]:
-        return tuple(a for a in self.assignments if a.device_id == device_id)
+    @property
+    def gpu_assignments(self) -> tuple[DeviceAssignment, ...]:
+        """The assignments of NVIDIA resources (``nvidia.com/gpu``, ``nvidia.com/mig-…``): only their
+        ids name GPUs (another plugin's device ``0`` is no GPU index)."""
+        return tuple(a for a in self.assignments if a.resource.startswith(GPU_RESOURCE_PREFIX))
 
 
 def list_pod_resources(socket_path: str | None = DEFAULT_SOCKET, *, timeout: float = 2.0) -> PodResources:

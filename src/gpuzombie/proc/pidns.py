@@ -22,7 +22,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import parse_ns_link
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table, not_a_procfs
+from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, build_table, not_a_procfs, not_mounted_proc
 
 ROOT_PIDNS_INODE = 0xEFFFFFFC
 """The kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)."""
@@ -57,12 +57,17 @@ def reader_in_root_pidns(procfs_root: str = PROCFS) -> bool:
 
 
 def own_pid_in(procfs_root: str = PROCFS) -> int:
-    """This process's pid as ``procfs_root`` sees it (os.getpid() only when it is our namespace's)."""
+    """This process's pid as ``procfs_root`` sees it (os.getpid() only when it is our namespace's).
+
+    For the commands that signal the pids a tree lists: a tree that is no mounted proc filesystem is
+    refused (GpuzombieError, exit 2), whatever its ``self`` says."""
+    why = not_a_procfs(procfs_root) or not_mounted_proc(procfs_root)
+    if why is not None:
+        raise GpuzombieError(why, ExitStatus.ERROR)
     try:
         return int(os.readlink(os.path.join(procfs_root, "self")))
     except (OSError, ValueError) as exc:
-        why = not_a_procfs(procfs_root) or f"cannot read {procfs_root}/self: {exc}"
-        raise GpuzombieError(why, ExitStatus.ERROR) from exc
+        raise GpuzombieError(f"cannot read {procfs_root}/self: {exc}", ExitStatus.ERROR) from exc
 
 
 def is_live_procfs(root: str) -> bool:

@@ -9,6 +9,7 @@ marked incomplete with the file and the reason.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,6 +51,8 @@ DECISIVE_FILES = frozenset({"stat", "fd", "ns/pid", "status"})
 namespace and the pid inside it (ns/pid, status). cmdline and cgroup only name what was found."""
 Detail = Callable[["ProcessInfo", int | None], bool]
 """Given a process read so far (stat, namespace, fds) and the tree's namespace: read its names too?"""
+PROC_SUPER_MAGIC = 0x9FA0
+"""statfs(2)'s f_type of a mounted proc filesystem (linux/magic.h)."""
 DEFAULT_SCAN_DEADLINE_S = 8.0
 """A scan that has not read every process by then stops and reports the rest as unread (inside
 Prometheus's default 10 s scrape timeout)."""
@@ -190,6 +193,41 @@ def not_a_procfs(root: str) -> str | None:
         return None
     return (
         f"{root} is not a procfs (no stat file, no process directories): give the root of one, e.g. /proc or /host/proc"
+    )
+
+
+def filesystem_type(path: str) -> int:
+    """statfs(2)'s ``f_type`` of the filesystem ``path`` is on: ``os.statvfs`` has no such field.
+    Raises OSError (the path cannot be stat'ed, or this Python has no ctypes).
+
+    ``f_type`` is the first member of ``struct statfs``, a C long on x86_64 and arm64; the buffer is
+    larger than the whole struct on either."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as exc:
+        raise OSError(f"cannot load the C library for statfs(2): {exc}") from exc
+    buffer = ctypes.create_string_buffer(512)
+    if libc.statfs(os.fsencode(path), buffer) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return ctypes.c_long.from_buffer(buffer).value
+
+
+def not_mounted_proc(root: str) -> str | None:
+    """Why ``root`` is no mounted proc filesystem, as a sentence; None when it is one.
+
+    What acts on processes (reap, prestop) takes its pids from the tree: a plain directory can name
+    any pid, and ``self`` whatever pid it likes, so only the kernel's procfs (statfs type
+    ``PROC_SUPER_MAGIC``) is trusted there. Reading commands keep accepting recorded and test trees."""
+    try:
+        kind = filesystem_type(root)
+    except OSError as exc:
+        return f"cannot tell whether {root} is a mounted procfs: {exc.strerror or exc}"
+    if kind == PROC_SUPER_MAGIC:
+        return None
+    return (
+        f"{root} is not a mounted proc filesystem (statfs type {kind:#x}, proc is {PROC_SUPER_MAGIC:#x}): "
+        "a command that signals processes acts only on the kernel's procfs"
     )
 
 

@@ -26,6 +26,7 @@ from gpuzombie.gpu.attribution import (
     Verdict,
     attribute,
 )
+from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
@@ -312,9 +313,14 @@ def account_memory(
     causes = list(ghost.likely_causes)
     if ghost.unexplained > 0 and ghost.verdict != "ok":
         causes = _peer_evidence(device, rows) + causes
+    ids = kubelet_ids(device.uuid, device.index, device.mig)
     allocated = tuple(
         sorted(
-            {Allocation(a.namespace, a.pod, a.container) for i in device.device_ids for a in resources.for_device(i)},
+            {
+                Allocation(a.namespace, a.pod, a.container)
+                for a in resources.gpu_assignments
+                if without_replica(a.device_id) in ids
+            },
             key=lambda a: (a.namespace, a.pod, a.container),
         )
     )
@@ -370,6 +376,10 @@ def mark_dirty(
             pod=row.pod,
             runtime=row.runtime,
             gpu_uuid=row.gpu_uuid,
+            gpu_instance=row.mig.gpu_instance_id if row.mig else None,
+            device_ids=kubelet_ids(row.gpu_uuid, row.gpu_index, row.mig)
+            if row.gpu_uuid is not None and row.gpu_index is not None
+            else frozenset(),
             live=row.nsmi and row.verdict == Verdict.LIVE.value,
             holds_gpu=proc is not None and row.state != "Z" and (row.nsmi or bool(row.devices)),
         )

@@ -7,9 +7,11 @@
   (pid and start time) after that read: a process that was merely exiting with its pod is never
   called stale. Without an answer from the runtime the verdict is ``unknown``, never stale.
 * **foreign**: a process NVML lists on a GPU holds memory in a pod other than the one(s) the
-  kubelet's PodResources assigned that GPU to (a pod that went around the device plugin, e.g.
-  ``NVIDIA_VISIBLE_DEVICES=all``). Only NVML's entries count: a bare ``/dev/nvidia*`` fd is what
-  every monitoring agent (dcgm-exporter, the device plugin) holds on every GPU.
+  kubelet's PodResources assigned that GPU (or MIG instance) to, in any of the device plugin's id
+  forms (``gpu.deviceids``: UUID, index, MIG UUID, with a replica's suffix or not): a pod that went
+  around the device plugin, e.g. ``NVIDIA_VISIBLE_DEVICES=all``. Only NVML's entries count: a bare
+  ``/dev/nvidia*`` fd is what every monitoring agent (dcgm-exporter, the device plugin) holds on
+  every GPU.
 
 Host processes (no pod in their cgroup) are neither.
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from gpuzombie.gpu.deviceids import without_replica
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.k8s.podresources import PodResources
 
@@ -57,11 +60,11 @@ class Holder:
     """NVML lists it on a GPU and it is alive (the only kind foreign applies to)."""
     holds_gpu: bool
     """Listed by NVML, or holds a /dev/nvidia* fd (and is no zombie: a zombie holds nothing)."""
-
-
-def device_of(device_id: str) -> str:
-    """A device plugin's id as a GPU UUID: time-slicing's replicas are ``GPU-…::N``."""
-    return device_id.split("::", 1)[0]
+    gpu_instance: int | None = None
+    """The MIG GPU instance of ``gpu_uuid`` NVML lists it on; None for a whole GPU."""
+    device_ids: frozenset[str] = frozenset()
+    """Every id by which a device plugin can give the kubelet what NVML lists it on
+    (``gpu.deviceids.kubelet_ids``): a PodResources id among them names its GPU."""
 
 
 def _stale(holder: Holder, pods: RuntimePods, still_there: Callable[[int, int], bool]) -> tuple[Dirty, str] | None:
@@ -86,12 +89,15 @@ def _stale(holder: Holder, pods: RuntimePods, still_there: Callable[[int, int], 
 def _foreign(holder: Holder, resources: PodResources) -> tuple[Dirty, str] | None:
     if not holder.live or holder.gpu_uuid is None or holder.pod_uid is None or not holder.pod:
         return None
-    owners = sorted({(a.namespace, a.pod) for a in resources.assignments if device_of(a.device_id) == holder.gpu_uuid})
+    owners = sorted(
+        {(a.namespace, a.pod) for a in resources.gpu_assignments if without_replica(a.device_id) in holder.device_ids}
+    )
     if (holder.namespace, holder.pod) in owners:
         return None
+    gpu = holder.gpu_uuid if holder.gpu_instance is None else f"{holder.gpu_uuid} GPU instance {holder.gpu_instance}"
     if not owners:
-        return Dirty.FOREIGN, f"the kubelet assigned {holder.gpu_uuid} to no pod"
-    return Dirty.FOREIGN, f"the kubelet assigned {holder.gpu_uuid} to " + ", ".join(f"{n}/{p}" for n, p in owners)
+        return Dirty.FOREIGN, f"the kubelet assigned {gpu} to no pod"
+    return Dirty.FOREIGN, f"the kubelet assigned {gpu} to " + ", ".join(f"{n}/{p}" for n, p in owners)
 
 
 def judge(
