@@ -5,7 +5,8 @@
   it (NVIDIA/k8s-device-plugin#12 and #519: the next pod gets a GPU a dead pod still holds). The
   runtime is read *after* the processes, and each candidate is checked to be the same process
   (pid and start time) after that read: a process that was merely exiting with its pod is never
-  called stale. Without an answer from the runtime the verdict is ``unknown``, never stale.
+  called stale. Without an answer from the runtime, or with one the kubelet's pod list contradicts
+  (``k8s.liveness``), the verdict is ``unknown``, never stale.
 * **foreign**: a process NVML lists on a GPU holds memory in a pod other than the one(s) the
   kubelet's PodResources assigned that GPU to (a pod that went around the device plugin, e.g.
   ``NVIDIA_VISIBLE_DEVICES=all``). Only NVML's entries count: a bare ``/dev/nvidia*`` fd is what
@@ -69,7 +70,7 @@ def _stale(holder: Holder, pods: RuntimePods, still_there: Callable[[int, int], 
         return None
     state = pods.state(holder.pod_uid)
     if state is PodState.UNKNOWN:
-        return Dirty.UNKNOWN, f"pod {holder.pod_uid}: runtime not read ({pods.problem})"
+        return Dirty.UNKNOWN, f"pod {holder.pod_uid}: not judged ({pods.problem})"
     if state is PodState.RUNNING:
         return None
     if holder.runtime and pods.runtime and holder.runtime not in ("unknown", pods.runtime):
