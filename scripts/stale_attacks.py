@@ -90,6 +90,7 @@ def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
     ):
         unrelated.start(ContainerSpec(name="app", image=BUSYBOX_IMAGE, command=("sleep", "300")))
         victims = pod_pids(spec.uid)
+        names = ", ".join(sorted({comm_of(p) or "?" for p in victims}))
         exporter = gpuzombie(src, "exporter", "--once", "--cri-socket", other.socket)
         stale_series = [
             line
@@ -103,7 +104,7 @@ def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
         killed = [p for p in victims if not alive(p)]
         return {
             "reap_exit": reap.returncode,
-            "killed": f"{len(killed)} of {len(victims)} ({', '.join(sorted({comm_of(p) or '?' for p in victims}))})",
+            "killed": f"{len(killed)} of {len(victims)} ({names})",
             "trace_dirty": trace,
             "exporter_stale_series": len(stale_series),
             "reap_said": (reap.stderr.strip().splitlines() or [""])[-1][:160],

@@ -106,7 +106,7 @@ def judge(
 
     ``pods`` None: nobody asked for the stale check (a library caller without a runtime).
     ``still_there(pid, start_ticks)``: is that very process still alive now, after the runtime read?"""
-    foreign_ok = resources.source is not None and resources.warning is None
+    foreign_ok = resources.read
     verdicts: list[tuple[Dirty, str] | None] = []
     for h in holders:
         verdict = _stale(h, pods, still_there) if pods is not None else None
