@@ -7,7 +7,8 @@ commands run as ``python -m gpuzombie`` with ``PYTHONPATH=<--src>``, every ``rea
 ``--pod-uid`` (other pods on this machine are never touched):
 
 * second-runtime: the GPU pod in containerd A (the kubelet's), one unrelated pod in B;
-  ``reap --yes --cri-socket B`` on the GPU pod, ``trace`` and ``exporter --once`` against B;
+  ``reap --yes --cri-socket B`` on the GPU pod, ``trace`` and ``exporter --once`` against B
+  (``-no-kubelet``: the same with the kubelet's socket absent);
 * nested: a process in a kubepods tree below the running GPU pod's container; reap names the inner pod;
 * pause-died: the GPU pod's pause killed (sandbox NOTREADY), its container running;
 * static-pod: a stale pod with a 32-hex (static pod) UID, named by ``--pod-uid``.
@@ -42,8 +43,11 @@ from test_stale import HOLDER, alive, comm_of, holds_nvidia0, make_cgroup, pod_p
 Attack = Callable[[str, Containerd, dict, Path], dict]
 
 
-def gpuzombie(src: str, *args: str) -> subprocess.CompletedProcess[str]:
+def gpuzombie(src: str, *args: str, kubelet: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuzombie`` of ``src``; ``kubelet``: another PodResources socket than the stand-in's."""
     env = {**os.environ, "PYTHONPATH": src}
+    if kubelet is not None:
+        env["GPUZOMBIE_POD_RESOURCES_SOCKET"] = kubelet
     return subprocess.run(
         [sys.executable, "-m", "gpuzombie", *args], capture_output=True, text=True, timeout=120, env=env
     )
@@ -73,8 +77,8 @@ def rows(doc: dict, pid: int) -> list[dict]:
     return [r for r in doc.get("rows", []) if r["pid"] == pid]
 
 
-def trace_dirty(src: str, pid: int, *args: str) -> str | None:
-    done = gpuzombie(src, "trace", "--json", *args)
+def trace_dirty(src: str, pid: int, *args: str, kubelet: str | None = None) -> str | None:
+    done = gpuzombie(src, "trace", "--json", *args, kubelet=kubelet)
     try:
         found = rows(json.loads(done.stdout), pid)
     except ValueError:
@@ -82,7 +86,7 @@ def trace_dirty(src: str, pid: int, *args: str) -> str | None:
     return found[0]["dirty"] if found else "no row"
 
 
-def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
+def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path, *, kubelet_socket: str | None = None) -> dict:
     with (
         gpu_pod(ctd, kubelet, tmp) as (spec, holder),
         private_containerd() as other,
@@ -91,16 +95,15 @@ def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
         unrelated.start(ContainerSpec(name="app", image=BUSYBOX_IMAGE, command=("sleep", "300")))
         victims = pod_pids(spec.uid)
         names = ", ".join(sorted({comm_of(p) or "?" for p in victims}))
-        exporter = gpuzombie(src, "exporter", "--once", "--cri-socket", other.socket)
+        exporter = gpuzombie(src, "exporter", "--once", "--cri-socket", other.socket, kubelet=kubelet_socket)
         stale_series = [
             line
             for line in exporter.stdout.splitlines()
             if line.startswith("gpuzombie_dirty_gpu_holders{") and 'kind="stale"' in line and spec.uid in line
         ]
-        trace = trace_dirty(src, holder, "--cri-socket", other.socket)
-        reap = gpuzombie(
-            src, "reap", "--yes", "--no-nvml", "--timeout", "1", "--cri-socket", other.socket, "--pod-uid", spec.uid
-        )
+        trace = trace_dirty(src, holder, "--cri-socket", other.socket, kubelet=kubelet_socket)
+        argv = ("--yes", "--no-nvml", "--timeout", "1", "--cri-socket", other.socket, "--pod-uid", spec.uid)
+        reap = gpuzombie(src, "reap", *argv, kubelet=kubelet_socket)
         killed = [p for p in victims if not alive(p)]
         return {
             "reap_exit": reap.returncode,
@@ -170,10 +173,16 @@ def static_pod(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
     survivor = start_survivor(spec)
     try:
         ctd.stop_pod(doomed)
+        dry = gpuzombie(src, "reap", "--json", "--no-nvml", "--cri-socket", ctd.socket)  # a dry run signals nothing
+        try:
+            listed = spec.uid in {p["pod_uid"] for p in json.loads(dry.stdout)["stale_pods"]}
+        except ValueError:
+            listed = False
         reap = gpuzombie(
             src, "reap", "--yes", "--no-nvml", "--timeout", "1", "--cri-socket", ctd.socket, "--pod-uid", spec.uid
         )
         return {
+            "listed_by_dry_run": listed,
             "reap_exit": reap.returncode,
             "ended": f"{int(not alive(survivor.pid))} of 1",
             "reap_said": (reap.stderr.strip().splitlines() or [""])[-1][:160],
@@ -183,8 +192,14 @@ def static_pod(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
         survivor.wait()
 
 
+def second_runtime_no_kubelet(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
+    """The same, the kubelet's socket absent (no --trust-runtime-without-kubelet)."""
+    return second_runtime(src, ctd, kubelet, tmp, kubelet_socket="/nonexistent/kubelet.sock")
+
+
 ATTACKS: dict[str, Attack] = {
     "second-runtime": second_runtime,
+    "second-runtime-no-kubelet": second_runtime_no_kubelet,
     "nested": nested,
     "pause-died": pause_died,
     "static-pod": static_pod,
