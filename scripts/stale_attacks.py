@@ -169,6 +169,8 @@ def pause_died(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
 
 def static_pod(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
     spec = PodSpec(name="static-gpu-node1", namespace="kube-system", uid=uuid.uuid4().hex)
+    ctd.start_pod(PodSpec(name="keeper-0", namespace="ml"))  # a runtime with no pod at all was refused
+    kubelet[("ml", "keeper-0")] = {}
     doomed = ctd.start_pod(spec)
     survivor = start_survivor(spec)
     try:
