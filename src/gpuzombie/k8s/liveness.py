@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -119,38 +119,36 @@ def judge_pods(
     could not be read and ``trust_runtime`` is off (with it: a runtime listing no pod at all)."""
     sandboxes = [s for s in sandboxes if s.uid]
     ready, not_ready = pods_of((s.uid, s.state) for s in sandboxes)
-    where = f"{runtime or 'the runtime'} at {source}"
-
-    def refused(problem: str) -> RuntimePods:
-        return RuntimePods(source=source, ready=ready, not_ready=not_ready, runtime=runtime, problem=problem)
-
+    listed = RuntimePods(source=source, ready=ready, not_ready=not_ready, runtime=runtime)
     running = {s.uid for s in sandboxes if s.live_containers}
     if not kubelet.read:
         why = kubelet.warning or f"no PodResources socket at {kubelet_socket}"
         if not trust_runtime:
-            return refused(
-                f"the kubelet's pod list could not be read ({why}): without it a pod another runtime runs "
-                f"looks stale ({TRUST_FLAG} judges from the runtime alone)"
+            return replace(
+                listed,
+                problem=f"the kubelet's pod list could not be read ({why}): without it a pod another runtime "
+                f"runs looks stale ({TRUST_FLAG} judges from the runtime alone)",
             )
         if not sandboxes:
-            return refused(
-                f"{source} lists no pod at all: not the kubelet's runtime, or a node with nothing "
-                "running (then nothing can be told apart)"
+            return replace(
+                listed,
+                problem=f"{source} lists no pod at all: not the kubelet's runtime, or a node with nothing "
+                "running (then nothing can be told apart)",
             )
-        return RuntimePods(source, ready, not_ready, runtime, kept=frozenset(running & not_ready))
-    names = {(s.namespace, s.name) for s in sandboxes}
-    missing = sorted(kubelet.pods - names)
+        return replace(listed, kept=frozenset(running & not_ready))
+    missing = sorted(kubelet.pods - {(s.namespace, s.name) for s in sandboxes})
     if missing:
         ns, name = missing[0]
-        return refused(
-            f"the kubelet runs {len(missing)} pod(s) {where} has no sandbox of (e.g. {ns}/{name}): "
-            "not the kubelet's runtime (give --cri-socket), or a pod starting (ask again)"
+        return replace(
+            listed,
+            problem=f"the kubelet runs {len(missing)} pod(s) {listed.describe()} has no sandbox of (e.g. "
+            f"{ns}/{name}): not the kubelet's runtime (give --cri-socket), or a pod starting (ask again)",
         )
+    # A not-ready pod whose name the kubelet runs is its pod, unless a ready sandbox of another UID has
+    # that name (a StatefulSet pod recreated under a new UID: the old one's leftovers are stale).
     ready_names = {(s.namespace, s.name) for s in sandboxes if s.uid in ready}
-    kubelets = {
-        s.uid for s in sandboxes if (s.namespace, s.name) in kubelet.pods and (s.namespace, s.name) not in ready_names
-    }
-    return RuntimePods(source, ready, not_ready, runtime, kept=frozenset((running | kubelets) & not_ready))
+    still_the_kubelets = {s.uid for s in sandboxes if (s.namespace, s.name) in kubelet.pods - ready_names}
+    return replace(listed, kept=frozenset((running | still_the_kubelets) & not_ready))
 
 
 class PodLister(RuntimeChannel):
