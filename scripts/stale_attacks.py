@@ -9,7 +9,8 @@ commands run as ``python -m gpuzombie`` with ``PYTHONPATH=<--src>``, every ``rea
 * second-runtime: the GPU pod in containerd A (the kubelet's), one unrelated pod in B;
   ``reap --yes --cri-socket B`` on the GPU pod, ``trace`` and ``exporter --once`` against B
   (``-no-kubelet``: the same with the kubelet's socket absent);
-* nested: a process in a kubepods tree below the running GPU pod's container; reap names the inner pod;
+* nested-cgroupfs, nested-systemd: a process in a kubepods tree below the running GPU pod's container
+  (that driver's layout); reap names the inner pod;
 * pause-died: the GPU pod's pause killed (sandbox NOTREADY), its container running;
 * static-pod: a stale pod with a 32-hex (static pod) UID, named by ``--pod-uid``.
 
@@ -36,9 +37,9 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 from cri_standin import standin_kubelet  # noqa: E402
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec  # noqa: E402
-from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, _cgroup_roots, private_containerd  # noqa: E402
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, private_containerd  # noqa: E402
 from pidns import wait_until  # noqa: E402
-from test_stale import HOLDER, alive, comm_of, holds_nvidia0, make_cgroup, pod_pids, start_survivor  # noqa: E402
+from test_stale import HOLDER, alive, comm_of, holds_nvidia0, nested_survivor, pod_pids, start_survivor  # noqa: E402
 
 Attack = Callable[[str, Containerd, dict, Path], dict]
 
@@ -114,35 +115,19 @@ def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path, *, kubel
         }
 
 
-def nested(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
-    with gpu_pod(ctd, kubelet, tmp) as (spec, holder):
-        with open(f"/proc/{holder}/cgroup") as f:
-            container = next(line.split(":", 2)[2].strip() for line in f if f"pod{spec.uid}" in line)
-        inner = str(uuid.uuid4())
-        groups = [
-            f"{root}{container}/kubepods/besteffort/pod{inner}/{'c' * 64}"
-            for root in _cgroup_roots()
-            if os.path.isdir(root + container)
-        ]
-        for group in groups:
-            make_cgroup(group, levels=4)
-        survivor = start_survivor(spec, groups=groups)
-        try:
+def nested(driver: str) -> Attack:
+    def attack(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
+        with gpu_pod(ctd, kubelet, tmp) as (spec, holder), nested_survivor(driver, spec, holder) as (inner, survivor):
             trace = trace_dirty(src, survivor.pid, "--cri-socket", ctd.socket)
-            reap = gpuzombie(
-                src, "reap", "--yes", "--no-nvml", "--timeout", "1", "--cri-socket", ctd.socket, "--pod-uid", inner
-            )
+            argv = ("--yes", "--no-nvml", "--timeout", "1", "--cri-socket", ctd.socket, "--pod-uid", inner)
+            reap = gpuzombie(src, "reap", *argv)
             return {
                 "reap_exit": reap.returncode,
                 "killed": f"{int(not alive(survivor.pid))} of 1",
                 "trace_dirty": trace,
             }
-        finally:
-            survivor.kill()
-            survivor.wait()
-            for group in groups:
-                for depth in range(4):
-                    os.rmdir(group.rsplit("/", depth)[0] if depth else group)
+
+    return attack
 
 
 def pause_died(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
@@ -202,7 +187,8 @@ def second_runtime_no_kubelet(src: str, ctd: Containerd, kubelet: dict, tmp: Pat
 ATTACKS: dict[str, Attack] = {
     "second-runtime": second_runtime,
     "second-runtime-no-kubelet": second_runtime_no_kubelet,
-    "nested": nested,
+    "nested-cgroupfs": nested("cgroupfs"),
+    "nested-systemd": nested("systemd"),
     "pause-died": pause_died,
     "static-pod": static_pod,
 }

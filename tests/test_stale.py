@@ -11,6 +11,7 @@ pod on a real node. Beside it, a pod the runtime runs whose container holds /dev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -443,43 +444,68 @@ def test_reap_ends_a_stale_static_pod_named_by_its_32_hex_uid(containerd, kubele
         survivor.wait()
 
 
-def make_cgroup(path: str, *, levels: int) -> None:
-    """mkdir the last ``levels`` parts of ``path``; a v1 cpuset level gets its parent's cpus and mems
-    (an empty cpuset takes no task: ENOSPC)."""
+def make_cgroup(path: str) -> list[str]:
+    """mkdir each missing level of ``path`` (a v1 cpuset level gets its parent's cpus and mems: an
+    empty cpuset takes no task, ENOSPC); the levels made, outermost first."""
+    made = []
     parts = path.split("/")
-    for depth in range(levels, 0, -1):
-        level = "/".join(parts[: len(parts) - depth + 1])
+    for end in range(2, len(parts) + 1):
+        level = "/".join(parts[:end])
+        if os.path.isdir(level):
+            continue
         os.mkdir(level)
+        made.append(level)
         for name in ("cpuset.cpus", "cpuset.mems"):
             if os.path.exists(f"{level}/{name}"):
                 with open(f"{os.path.dirname(level)}/{name}") as src, open(f"{level}/{name}", "w") as dst:
                     dst.write(src.read())
+    return made
 
 
-def test_a_process_in_a_nested_kubepods_tree_of_a_running_pod_is_never_stale(containerd, pods, capsys):
+@contextlib.contextmanager
+def nested_survivor(driver: str, pod: PodSpec, holder: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A process holding /dev/nvidia0 in a kubepods tree (kind's or k3s's, ``driver`` layout) below
+    the container of ``holder`` in running ``pod``; yields (the inner pod's UID, the process).
+    cgroupfs: below the container's real cgroup; systemd: a systemd-driver path of the same pod
+    and container made beside it in every hierarchy (the private containerd runs cgroupfs)."""
+    with open(f"/proc/{holder}/cgroup") as f:
+        container = next(line.split(":", 2)[2].strip() for line in f if f"pod{pod.uid}" in line)
+    inner = str(uuid.uuid4())
+    if driver == "cgroupfs":
+        nested = f"{container}/kubepods/besteffort/pod{inner}/{'c' * 64}"
+        roots = [root for root in _cgroup_roots() if os.path.isdir(root + container)]
+    else:
+        outer = f"kubepods-besteffort-pod{pod.uid.replace('-', '_')}.slice"
+        kind = f"kubelet-kubepods-besteffort-pod{inner.replace('-', '_')}.slice"
+        nested = (
+            f"/kubepods.slice/kubepods-besteffort.slice/{outer}/cri-containerd-{container.rsplit('/', 1)[1]}.scope/"
+            f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/{kind}/cri-containerd-{'c' * 64}.scope"
+        )
+        roots = _cgroup_roots()
+    made: list[str] = []
+    survivor = None
+    try:
+        for root in roots:
+            made += make_cgroup(root + nested)
+        survivor = start_survivor(pod, groups=[root + nested for root in roots])
+        yield inner, survivor
+    finally:
+        if survivor is not None:
+            survivor.kill()
+            survivor.wait()
+        for level in reversed(made):
+            os.rmdir(level)
+
+
+@pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
+def test_a_process_in_a_nested_kubepods_tree_of_a_running_pod_is_never_stale(driver, containerd, pods, capsys):
     """Issue 29 item 2: kind or k3s inside a running GPU pod puts a kubepods tree below its container;
     241ae16 named the process after the inner pod (no runtime lists it: stale) and --yes killed it."""
     running: RunningPod = pods["running"]
-    with open(f"/proc/{pods['holder']}/cgroup") as f:
-        container = next(line.split(":", 2)[2].strip() for line in f if f"pod{running.spec.uid}" in line)
-    inner = str(uuid.uuid4())
-    nested = f"kubepods/besteffort/pod{inner}/{'c' * 64}"
-    groups = [f"{root}{container}/{nested}" for root in _cgroup_roots() if os.path.isdir(root + container)]
-    for group in groups:
-        make_cgroup(group, levels=4)
-    survivor = None
-    try:
-        survivor = start_survivor(running.spec, groups=groups)
+    with nested_survivor(driver, running.spec, pods["holder"]) as (inner, survivor):
         code, doc = reap(containerd.socket, "--pod-uid", inner, "--yes", "--timeout", "1", capsys=capsys)
         assert code == 0 and doc["stale_pods"] == [] and doc["results"] == [], doc
         assert alive(survivor.pid)
         _, doc = trace_json(containerd.socket, capsys=capsys)
         (row,) = rows_of(doc, survivor.pid)
         assert (row["pod_uid"], row["pod"], row["dirty"]) == (running.spec.uid, "trainer-0", None)
-    finally:
-        if survivor is not None:
-            survivor.kill()
-            survivor.wait()
-        for group in groups:
-            for depth in range(4):  # <id>, pod<inner>, besteffort, kubepods
-                os.rmdir(group.rsplit("/", depth)[0] if depth else group)
