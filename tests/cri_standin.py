@@ -132,32 +132,35 @@ if __name__ == "__main__":
 @contextmanager
 def standin_kubelet(socket_path: str, pods: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]]) -> Iterator[None]:
     """A stand-in kubelet PodResources server (real grpcio, the generated servicer): ``pods`` maps
-    (namespace, pod) → container → its nvidia.com/gpu device ids."""
+    (namespace, pod) → container → its nvidia.com/gpu device ids, read at each ``List`` (a test
+    deletes a pod from the kubelet by deleting it from a dict it passed)."""
     from gpuzombie.k8s.podresources_v1 import api_pb2 as pr
     from gpuzombie.k8s.podresources_v1.api_pb2_grpc import (
         PodResourcesListerServicer,
         add_PodResourcesListerServicer_to_server,
     )
 
-    response = pr.ListPodResourcesResponse(
-        pod_resources=[
-            pr.PodResources(
-                name=name,
-                namespace=namespace,
-                containers=[
-                    pr.ContainerResources(
-                        name=container, devices=[pr.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=ids)]
-                    )
-                    for container, ids in containers.items()
-                ],
-            )
-            for (namespace, name), containers in pods.items()
-        ]
-    )
+    def response() -> pr.ListPodResourcesResponse:
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(
+                    name=name,
+                    namespace=namespace,
+                    containers=[
+                        pr.ContainerResources(
+                            name=container,
+                            devices=[pr.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=ids)],
+                        )
+                        for container, ids in containers.items()
+                    ],
+                )
+                for (namespace, name), containers in list(pods.items())
+            ]
+        )
 
     class Lister(PodResourcesListerServicer):
         def List(self, request, context):
-            return response
+            return response()
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     add_PodResourcesListerServicer_to_server(Lister(), server)

@@ -102,6 +102,38 @@ def test_kind_nested_kubelet_root():
     assert parse_cgroup_lines([line]).qos == "burstable"
 
 
+INNER_UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+INNER_CID = "c" * 64
+NESTED = {
+    # k3s / kind (cgroupfs) inside a GPU pod: the inner kubelet's tree below the outer container.
+    "cgroupfs": f"/kubepods/burstable/pod{UID}/{CID}/kubepods/besteffort/pod{INNER_UID}/{INNER_CID}",
+    # the same with the systemd driver, outside and inside (kind's "kubelet-" prefix).
+    "systemd": (
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{INNER_UID.replace('-', '_')}.slice/cri-containerd-{INNER_CID}.scope"
+    ),
+}
+
+
+@pytest.mark.parametrize("version", ("v1", "v2", "hybrid"))
+@pytest.mark.parametrize("driver", sorted(NESTED))
+def test_a_nested_kubepods_tree_is_the_outer_pods(driver, version):
+    """Issue 29: the uid came from the deepest pod, the container from the outermost, so a process
+    of a running GPU pod running kind or k3s was named after (and judged by) the inner pod."""
+    ref = parse_cgroup_lines(lines_for(NESTED[driver], version))
+    assert (ref.pod_uid, ref.container_id, ref.qos, ref.runtime) == (UID, CID, "burstable", "containerd")
+    inner_pod_level = NESTED[driver].rsplit("/", 1)[0]  # a process in the inner pod's own cgroup
+    assert (parse_cgroup_path(inner_pod_level).pod_uid, parse_cgroup_path(inner_pod_level).container_id) == (UID, CID)
+
+
+def test_a_kubepods_tree_inside_a_docker_container_is_that_containers():
+    """A kind node is a docker container: the pods of its own kubelet are no pods of this node's."""
+    line = f"0::/system.slice/docker-{CID}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{INNER_UID.replace('-', '_')}.slice/cri-containerd-{INNER_CID}.scope"
+    ref = parse_cgroup_lines([line])
+    assert (ref.runtime, ref.container_id, ref.pod_uid) == ("docker", CID, None)
+
+
 def test_static_pod_uid_is_a_hash():
     line = f"0::/kubepods/burstable/pod6a9f5c9e9b4f4b3d8d3e1f2a3b4c5d6e/{CID}"
     assert parse_cgroup_lines([line]).pod_uid == "6a9f5c9e9b4f4b3d8d3e1f2a3b4c5d6e"

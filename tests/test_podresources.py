@@ -38,10 +38,12 @@ def test_assignments_of_every_container(tmp_path):
         ("ml", "trainer", "rank1", "GPU-c"),
     ]
     assert got.gpu_assignments == got.assignments  # the stand-in's are all nvidia.com/gpu
+    assert got.pods == {("ml", "trainer"), ("web", "api")} and got.read  # a pod without devices too
 
 
 def test_absent_socket_is_no_source_and_no_warning(tmp_path):
     assert list_pod_resources(str(tmp_path / "none.sock")) == PodResources(source=None)
+    assert not PodResources(source=None).read
 
 
 def test_a_kubelet_without_the_service_is_one_warning(tmp_path):

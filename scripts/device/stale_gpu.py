@@ -104,7 +104,9 @@ def main() -> int:
             summary["held_mib"] = {n: round(held[p.pid] / MIB) for n, p in workers.items()}
             print(f"workers {sorted(pids)} hold {summary['held_mib']} MiB in pod {uid}'s cgroup", flush=True)
 
-            args = ("--cri-socket", ctd.socket, "--pod-resources-socket", "/nonexistent")
+            # No kubelet here: the runtime alone judges (tests/test_stale.py checks the cross-check with one).
+            alone = ("--pod-resources-socket", "/nonexistent", "--trust-runtime-without-kubelet")
+            args = ("--cri-socket", ctd.socket, *alone)
             before = json.loads(gpuzombie("trace", "--json", *args).stdout)
             save("trace-running.json", json.dumps(before, indent=1))
             summary["before"] = [r["dirty"] for r in rows_of(before, pids)]
@@ -123,13 +125,13 @@ def main() -> int:
             summary["exporter"] = dirty
             print("\n".join(dirty), flush=True)
 
-            dry = gpuzombie("reap", "--json", "--cri-socket", ctd.socket, "--pod-uid", uid)
+            dry = gpuzombie("reap", "--json", *args, "--pod-uid", uid)
             save("reap-dry.json", dry.stdout + dry.stderr)
             summary["dry_run_exit"] = dry.returncode
 
             gone: dict[int, float] = {}
             started = time.monotonic()
-            argv = ["reap", "--yes", "--json", "--cri-socket", ctd.socket, "--pod-uid", uid]
+            argv = ["reap", "--yes", "--json", *args, "--pod-uid", uid]
             reap = subprocess.Popen(
                 [sys.executable, "-m", "gpuzombie", *argv, "--timeout", REAP_TIMEOUT, "--kill-wait", "2"],
                 stdout=subprocess.PIPE,

@@ -276,7 +276,11 @@ def test_image_default_is_what_make_image_and_cd_produce(helm_binary):
 
 
 def test_every_exporter_flag_the_chart_passes_exists(helm_binary):
-    (c,) = pod_spec(render(helm_binary, {"exporter": {"tls": TLS}}))["containers"]
+    values = {"exporter": {"tls": TLS, "trustRuntimeWithoutKubelet": True}}
+    (c,) = pod_spec(render(helm_binary, values))["containers"]
+    assert "--trust-runtime-without-kubelet" in c["args"]
+    (default,) = pod_spec(render(helm_binary, {}))["containers"]
+    assert "--trust-runtime-without-kubelet" not in default["args"]  # no stale verdict on a guess
     assert c["args"][:2] == ["gpuzombie", "exporter"]
     help_text = subprocess.run(
         [sys.executable, "-m", "gpuzombie", "exporter", "--help"],

@@ -169,6 +169,8 @@ def test_daemonset_is_least_privilege(default_objects):
     assert env["GPUZOMBIE_PROCFS"] == "/host/proc"
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
+    # ... and its socket given to the tools: no GPU holder is called stale without the kubelet's pod list.
+    assert env["GPUZOMBIE_POD_RESOURCES_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
     # NVML through the NVIDIA runtime without taking a GPU away from the workloads.
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "nvidia.com/gpu" not in str(trace["resources"])

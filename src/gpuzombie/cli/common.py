@@ -47,7 +47,17 @@ pod_resources_socket_option = click.option(
     default=DEFAULT_SOCKET,
     show_default=True,
     metavar="PATH",
-    help="kubelet PodResources socket (which pod was given which GPU); skipped when absent.",
+    envvar="GPUZOMBIE_POD_RESOURCES_SOCKET",
+    help="kubelet PodResources socket: which pods the kubelet runs (no pod is called stale without "
+    "it) and which GPU it gave each. Env: GPUZOMBIE_POD_RESOURCES_SOCKET.",
+)
+trust_runtime_option = click.option(
+    "--trust-runtime-without-kubelet",
+    "trust_runtime",
+    is_flag=True,
+    help="When the kubelet's PodResources cannot be read, judge stale pods from the CRI runtime alone "
+    "(a runtime that is not the kubelet's then makes its live pods look stale). Never overrides a "
+    "kubelet that answers.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 

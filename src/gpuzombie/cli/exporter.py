@@ -19,6 +19,7 @@ from gpuzombie.cli.common import (
     nvml_backend,
     pod_resources_socket_option,
     procfs_option,
+    trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
@@ -223,6 +224,7 @@ def serving_options(fn: Any) -> Any:
     help="The Hostname label of the GPU series (dcgm-exporter's label for the node). Env: NODE_NAME.",
 )
 @pod_resources_socket_option
+@trust_runtime_option
 @ghost_options
 def command(
     procfs: str,
@@ -232,6 +234,7 @@ def command(
     cri_timeout: float,
     node_name: str,
     pod_resources_socket: str,
+    trust_runtime: bool,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
     nvml_replay: str | None,
@@ -256,7 +259,9 @@ def command(
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
     names = RuntimeNames(cri_socket, timeout=cri_timeout)  # one for the process: names are kept across scans
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
-    pods = PodLister(cri_socket, timeout=cri_timeout)  # one channel for the process; asked afresh every scan
+    pods = PodLister(  # one channel for the process; runtime and kubelet asked afresh every scan
+        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
+    )
 
     def scan() -> Any:
         return exporter.scan_node(

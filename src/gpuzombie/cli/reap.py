@@ -6,17 +6,28 @@ import re
 
 import click
 
-from gpuzombie.cli.common import check_node_inputs, cri_socket_option, echo_json, json_option, procfs_option
+from gpuzombie.cli.common import (
+    check_node_inputs,
+    cri_socket_option,
+    echo_json,
+    json_option,
+    pod_resources_socket_option,
+    procfs_option,
+    trust_runtime_option,
+)
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+"""An API pod's UID, or a static pod's (the kubelet's hash of its manifest: 32 hex digits)."""
 
 
 def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> frozenset[str] | None:
     for uid in value:
         if not _UID.fullmatch(uid):
-            raise click.BadParameter(f"{uid!r} is no pod UID (8-4-4-4-12 hex digits, as kubectl shows metadata.uid)")
+            raise click.BadParameter(
+                f"{uid!r} is no pod UID (8-4-4-4-12 hex digits as kubectl shows metadata.uid, or a static pod's 32)"
+            )
     return frozenset(value) if value else None
 
 
@@ -57,6 +68,8 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
     metavar="S",
     help="Give up on the CRI runtime after S seconds (then reap refuses: exit 2).",
 )
+@pod_resources_socket_option
+@trust_runtime_option
 @json_option
 @procfs_option
 def command(
@@ -67,15 +80,20 @@ def command(
     no_nvml: bool,
     cri_socket: str | None,
     cri_timeout: float,
+    pod_resources_socket: str,
+    trust_runtime: bool,
     as_json: bool,
     procfs: str,
 ) -> int:
     """On a node (root, host PID namespace): end the processes of stale pods, those whose GPU holders
-    outlived the pod (the runtime no longer lists it, or lists it with stopped sandboxes). SIGTERM,
-    --timeout, SIGKILL, through pidfds only (a recycled pid is never signalled).
+    outlived the pod (the runtime no longer lists it, or lists it with stopped sandboxes and no
+    running container, and the kubelet no longer runs it). SIGTERM, --timeout, SIGKILL, through
+    pidfds only (a recycled pid is never signalled).
 
     Only stale pods' cgroups: never a running pod's process, never a host process. Dry run unless
-    --yes. Refuses without a CRI runtime that answers: it could not tell stale from unknown.
+    --yes. Refuses (exit 2) without a CRI runtime that answers, when the kubelet runs a pod that
+    runtime does not list (not the kubelet's runtime), and without the kubelet's PodResources
+    unless --trust-runtime-without-kubelet: it could not tell stale from unknown.
 
     Exit 0: nothing stale, or every target ended; 1: a dry run found targets, a process survived
     (state D: not killable), or a process could not be read; 2: usage or environment error
@@ -93,7 +111,9 @@ def command(
         if not as_json:
             click.echo(f"gpuzombie reap: {event.message}", err=True)
 
-    with PodLister(cri_socket, timeout=cri_timeout) as pods:
+    with PodLister(
+        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
+    ) as pods:
         try:
             report = run_reap(
                 procfs=Procfs(procfs),

@@ -17,6 +17,7 @@ from gpuzombie.cli.common import (
     nvml_backend,
     pod_resources_socket_option,
     procfs_option,
+    trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
@@ -36,6 +37,7 @@ from gpuzombie.units import MIB
 @cri_socket_option
 @cri_timeout_option
 @pod_resources_socket_option
+@trust_runtime_option
 @ghost_options
 def command(
     procfs: str,
@@ -43,6 +45,7 @@ def command(
     cri_socket: str | None,
     cri_timeout: float,
     pod_resources_socket: str,
+    trust_runtime: bool,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
     nvml_replay: str | None,
@@ -59,7 +62,9 @@ def command(
     """
     check_node_inputs(procfs, who="trace")
     try:
-        with PodLister(cri_socket, timeout=cri_timeout) as pods:
+        with PodLister(
+            cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
+        ) as pods:
             report = trace_node(
                 procfs=Procfs(procfs),
                 nvml=nvml_backend(nvml_replay),

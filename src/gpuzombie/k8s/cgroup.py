@@ -15,6 +15,11 @@ What the kernel writes there depends on four things, and each leaves its mark on
 
 A reader in another cgroup namespace sees paths relative to its own root (``0::/../..``): the ``..``
 parts are dropped and whatever names remain are still parsed; nothing left means no answer.
+
+Nested trees (kind or k3s inside a pod, a kind node in docker) put a second kubepods tree below a
+container: ``/kubepods/…/pod<outer>/<ctr>/kubepods/…/pod<inner>/<ctr2>``. The path is read from
+its root and ends at the first container: the node's kubelet made the pod above it, anything below
+is that container's own business (and below its own cgroup a container can name any pod it likes).
 """
 
 from __future__ import annotations
@@ -91,29 +96,30 @@ def parse_cgroup_path(path: str) -> ContainerRef | None:
         if _MONITOR.fullmatch(part):
             return None
         m = _SYSTEMD_POD.fullmatch(part)
-        if m:
+        if m and pod_uid is None:
             pod_uid, qos = _normalise_uid(m.group(2)), m.group(1) or "guaranteed"
             driver, in_kubepods = "systemd", True
             continue
         m = _CGROUPFS_POD.fullmatch(part)
-        if m and in_kubepods:
+        if m and in_kubepods and pod_uid is None:
             pod_uid = _normalise_uid(m.group(1))
             parent = parts[i - 1] if i else ""
             qos = parent if parent in _QOS_DIRS else "guaranteed"
             driver = driver or "cgroupfs"
             continue
-        if container_id is None:
-            for pattern, rt, drv in _CONTAINER_PATTERNS:
-                m = pattern.fullmatch(part)
-                if m:
-                    container_id, runtime, driver = m.group(1), rt, drv
-                    break
-            if container_id is not None and runtime == "containerd" and drv == "cgroupfs":
+        for pattern, rt, drv in _CONTAINER_PATTERNS:
+            m = pattern.fullmatch(part)
+            if m:
+                container_id, runtime, driver = m.group(1), rt, drv
+                break
+        if container_id is not None:
+            if runtime == "containerd" and driver == "cgroupfs":
                 parent = parts[i - 1] if i else ""
                 if parent == "docker":
                     runtime = "docker"
                 elif not in_kubepods:
                     runtime = "unknown"
+            break  # the outermost container: what is below it is not the node's (a nested tree)
     if container_id is None and pod_uid is None:
         return None
     return ContainerRef(

@@ -1,8 +1,10 @@
-"""Which GPUs the kubelet gave to which pod's containers: PodResources v1 ``List`` over its unix socket.
+"""Which pods the kubelet runs, and which GPUs it gave to their containers: PodResources v1
+``List`` over its unix socket.
 
 gRPC through grpcio, on stubs generated from the kubelet's ``podresources/v1`` definition
 (``podresources_v1/``, ``make proto``). Anything unexpected (no socket, a refused call, a slow
-kubelet, no grpcio installed) gives no assignments and one warning: names are a bonus, never required.
+kubelet, no grpcio installed) gives no pods, no assignments and one warning (none for no socket):
+names are a bonus; ``k8s.liveness`` needs the pods, and says so itself when they are missing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ class PodResources:
     source: str | None
     assignments: tuple[DeviceAssignment, ...] = ()
     warning: str | None = None
+    pods: frozenset[tuple[str, str]] = frozenset()
+    """(namespace, name) of every pod ``List`` named, with devices or without: the pods the kubelet
+    runs (kubelets before 1.34, or with KubeletPodResourcesListUseActivePods off: also its
+    terminated pods still in the API)."""
+
+    @property
+    def read(self) -> bool:
+        """The kubelet answered (an answer may name no pod at all)."""
+        return self.source is not None and self.warning is None
 
     @property
     def gpu_assignments(self) -> tuple[DeviceAssignment, ...]:
@@ -67,4 +78,5 @@ def list_pod_resources(socket_path: str | None = DEFAULT_SOCKET, *, timeout: flo
             for devices in container.devices
             for device_id in devices.device_ids
         ),
+        pods=frozenset((pod.namespace, pod.name) for pod in response.pod_resources),
     )

@@ -165,9 +165,7 @@ def run_reap(
         )
     first = pods()
     if first.problem is not None:
-        raise GpuzombieError(
-            f"refusing to reap: without the runtime no pod can be told stale: {first.problem}", ExitStatus.ERROR
-        )
+        raise GpuzombieError(f"refusing to reap: no pod can be told stale: {first.problem}", ExitStatus.ERROR)
     started, t0 = time.time(), clock()
     plan, pins, source = plan_reap(procfs=procfs, pods=pods, names=names, nvml=nvml, only=only, own_pid=me)
     for pod in plan.stale_pods:

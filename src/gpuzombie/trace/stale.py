@@ -5,7 +5,8 @@
   it (NVIDIA/k8s-device-plugin#12 and #519: the next pod gets a GPU a dead pod still holds). The
   runtime is read *after* the processes, and each candidate is checked to be the same process
   (pid and start time) after that read: a process that was merely exiting with its pod is never
-  called stale. Without an answer from the runtime the verdict is ``unknown``, never stale.
+  called stale. Without an answer from the runtime, or with one the kubelet's pod list contradicts
+  (``k8s.liveness``), the verdict is ``unknown``, never stale.
 * **foreign**: a process NVML lists on a GPU holds memory in a pod other than the one(s) the
   kubelet's PodResources assigned that GPU (or MIG instance) to, in any of the device plugin's id
   forms (``gpu.deviceids``: UUID, index, MIG UUID, with a replica's suffix or not): a pod that went
@@ -72,7 +73,7 @@ def _stale(holder: Holder, pods: RuntimePods, still_there: Callable[[int, int], 
         return None
     state = pods.state(holder.pod_uid)
     if state is PodState.UNKNOWN:
-        return Dirty.UNKNOWN, f"pod {holder.pod_uid}: runtime not read ({pods.problem})"
+        return Dirty.UNKNOWN, f"pod {holder.pod_uid}: not judged ({pods.problem})"
     if state is PodState.RUNNING:
         return None
     if holder.runtime and pods.runtime and holder.runtime not in ("unknown", pods.runtime):
@@ -111,7 +112,7 @@ def judge(
 
     ``pods`` None: nobody asked for the stale check (a library caller without a runtime).
     ``still_there(pid, start_ticks)``: is that very process still alive now, after the runtime read?"""
-    foreign_ok = resources.source is not None and resources.warning is None
+    foreign_ok = resources.read
     verdicts: list[tuple[Dirty, str] | None] = []
     for h in holders:
         verdict = _stale(h, pods, still_there) if pods is not None else None
