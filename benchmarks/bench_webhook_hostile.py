@@ -74,6 +74,26 @@ def review_seconds(src: Path, size: int, cap: float) -> float | None:
     return float(seconds)
 
 
+def check_seconds(src: Path, size: int, cap: float, directory: Path) -> float | None:
+    """Wall time of ``gpuzombie check`` on a Pod manifest (JSON) with one SIZE-byte shell word."""
+    pod = api_server_pod(container(command=["sh", "-c", "a" * size]))
+    manifest = directory / f"long-word-{size}.json"
+    manifest.write_text(json.dumps(pod))
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuzombie", "check", "--json", str(manifest)],
+            capture_output=True,
+            timeout=cap,
+            env=_env(src),
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    rules = sorted(json.loads(done.stdout)["rules"]) if done.stdout else done.stderr[-200:]
+    print(f"    check exit {done.returncode}, rules {rules}", flush=True)
+    return time.monotonic() - started
+
+
 class Webhook:
     """``gpuzombie webhook`` of ``src`` on 127.0.0.1, a fresh process."""
 
@@ -153,6 +173,9 @@ def main() -> int:
                 seconds = review_seconds(args.src, size, args.cap)
                 shown = f"{seconds:.3f} s CPU" if seconds is not None else f"over {args.cap:.0f} s (cut)"
                 print(f"review of one {text} shell word: {shown}", flush=True)
+                checked = check_seconds(args.src, size, args.cap, Path(tmp))
+                shown = f"{checked:.2f} s wall" if checked is not None else f"over {args.cap:.0f} s (cut)"
+                print(f"gpuzombie check of one {text} shell word: {shown}", flush=True)
             for text in ("400K",):
                 webhook = Webhook(args.src, pki)
                 try:
