@@ -16,8 +16,8 @@ from gpuzombie.admission.rules import Budget
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 """The API server stores objects of up to 1.5 MiB; an AdmissionReview carries one (twice on UPDATE)."""
 DEFAULT_REVIEW_SECONDS = 1.5
-"""One review's time, from its arrival (a wait for a review slot included): past it the pod is
-admitted unchanged with a warning, well inside the chart's timeoutSeconds (3)."""
+"""One review's time, from when its body has been read (a wait for a review slot included): past
+it the pod is admitted unchanged with a warning, well inside the chart's timeoutSeconds (3)."""
 DEFAULT_MAX_REVIEWS = 2
 """Reviews parsed and analysed at once (the rest wait, within their time): each holds up to ~10x
 its body in parsed objects, and two cores gain nothing from more (one GIL)."""
