@@ -547,3 +547,39 @@ def test_warnings_escape_control_characters_of_container_names():
     warnings = got.body["response"]["warnings"]
     assert warnings and not any(re.search(r"[\x00-\x1f\x7f-\x9f\u202e]", w) for w in warnings), warnings
     assert any("c2\\x1b[2J\\x07" in w for w in warnings) and any("\\u202etxt.exe" in w for w in warnings)
+
+
+def test_reviews_past_the_slots_wait_within_their_time_then_get_429(monkeypatch):
+    """--max-reviews: a review that finds every slot taken waits within its time, then is told 429
+    (which failurePolicy Ignore turns into an unchanged pod). The slow review is a stand-in that
+    waits on an event, so the slot stays taken for as long as the test needs."""
+    from gpuzombie.admission import app as app_module
+
+    entered, release = threading.Event(), threading.Event()
+    real = app_module.review
+
+    def slow(body, policy, budget):
+        entered.set()
+        release.wait(20)
+        return real(body, policy, budget)
+
+    monkeypatch.setattr(app_module, "review", slow)
+    app = make_app(Policy(), review_seconds=0.3, max_reviews=1)
+    body = json.dumps(admission_review(api_server_pod(container(command=S1)))).encode()
+
+    def call(i: int) -> str:
+        environ = {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
+        statuses: list[str] = []
+        b"".join(app(environ, lambda status, headers: statuses.append(status)))
+        return statuses[0]
+
+    first = threading.Thread(target=lambda: results.append(call(0)))
+    results: list[str] = []
+    first.start()
+    try:
+        assert entered.wait(20)  # the first review holds the only slot
+        assert call(1) == "429 Too Many Requests"
+    finally:
+        release.set()
+        first.join()
+    assert results == ["200 OK"]
