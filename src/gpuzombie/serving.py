@@ -8,7 +8,10 @@ included, whatever the pace of their bytes), at most ``max_connections`` are ser
 bound a new connection evicts the oldest one still sending its request, so a held-open flood cannot
 starve the scraper), the TLS handshake runs in the connection's thread under the same deadline, a
 request body is bounded by ``max_body_bytes`` (over it: 413, never read) and read under the same
-deadline, every connection (plain, TLS, failed handshake) is released and closed in one
+deadline, the bodies held by all connections together by ``max_body_bytes_held`` (over it: 503,
+never read), a certificate renewal swaps the TLS context for new connections without closing the
+listener (``reload_tls``), TLS files that cannot serve (encrypted key, certificate expired or not
+yet valid) are refused naming the file, every connection (plain, TLS, failed handshake) is released and closed in one
 ``finally``, and nothing is logged per request. One server may listen on several addresses (a pod
 IP and loopback) under one bound. Standard library only: the webhook's image needs no extra (why
 not cheroot: docs/reliability.md).
