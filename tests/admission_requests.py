@@ -151,6 +151,19 @@ def admission_review(pod: dict[str, Any], *, operation: str = "CREATE") -> dict[
     }
 
 
+def many_containers_review(target_bytes: int = int(3.94 * 1024 * 1024)) -> tuple[bytes, int]:
+    """The AdmissionReview (compact JSON, ~``target_bytes``) of a pod with as many tiny GPU containers
+    as fit, and their count: the costliest body under the webhook's 4 MiB bound (issue 29, item 8)."""
+    import json
+
+    one = {"name": "c0", "command": ["sh", "-c", "x & exec sleep 1"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    per = len(json.dumps(one, separators=(",", ":"))) + 4
+    pod = api_server_pod()
+    count = (target_bytes - len(json.dumps(admission_review(pod), separators=(",", ":")))) // per
+    pod["spec"]["containers"] = [{**one, "name": f"c{i}"} for i in range(count)]
+    return json.dumps(admission_review(pod), separators=(",", ":")).encode(), count
+
+
 def make_pki(directory: Any, *, ecdsa: bool = False) -> Any:
     """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl; RSA 2048,
     or ECDSA P-256 as the chart's cert-manager Certificate asks for."""

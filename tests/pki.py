@@ -45,3 +45,45 @@ def make_pki(directory: Path) -> Path:
             f"-extfile {name}.ext".split()
         )
     return directory
+
+
+def make_dated_certificate(directory: Path, not_before: str, not_after: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 valid from ``not_before`` to ``not_after``
+    (``YYYYMMDDHHMMSSZ``, e.g. an expired one), signed by ``openssl ca`` (``req -x509`` takes only
+    a number of days from now); returns (certificate, key)."""
+    if shutil.which("openssl") is None:
+        import pytest
+
+        pytest.skip("openssl is not installed")
+    (directory / "index.txt").write_text("")
+    (directory / "serial").write_text("01\n")
+    (directory / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
+        "default_md = sha256\npolicy = p\nunique_subject = no\ncopy_extensions = copy\n[p]\ncommonName = supplied\n"
+    )
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    run(
+        *["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=dated"],
+        *["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "dated.key", "-out", "dated.csr"],
+    )
+    run(
+        *[
+            "ca",
+            "-batch",
+            "-config",
+            "ca.cnf",
+            "-selfsign",
+            "-keyfile",
+            "dated.key",
+            "-in",
+            "dated.csr",
+            "-out",
+            "dated.pem",
+            "-notext",
+        ],
+        *["-startdate", not_before, "-enddate", not_after],
+    )
+    return directory / "dated.pem", directory / "dated.key"

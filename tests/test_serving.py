@@ -275,3 +275,91 @@ def test_connections_cut_mid_handshake_end_quietly(pki, monkeypatch):
             s.close()
         server.stop()
     assert errors == []
+
+
+# Issue 29, items 8 and 10.
+
+
+def test_bodies_held_at_once_are_bounded_and_one_past_the_bound_is_503_unread():
+    server = Server(
+        {"/echo": echo},
+        listen=LOOPBACK,
+        max_body_bytes=1024 * 1024,
+        max_body_bytes_held=1024 * 1024,
+        read_timeout=10.0,
+    )
+    port = server.start().port
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (700 * 1024)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as holding:
+            holding.sendall(head + b"a" * 1024)  # its 700 KiB are counted from its headers on
+            refused = wait_until(lambda: (a := raw_request(port, head)).startswith(b"HTTP/1.0 503") and a)
+            assert b"too many request bodies" in refused
+            holding.sendall(b"a" * (699 * 1024))
+            assert holding.recv(65536).startswith(b"HTTP/1.0 200")
+        answer = wait_until(
+            lambda: (a := raw_request(port, head + b"a" * 700 * 1024)).startswith(b"HTTP/1.0 200") and a
+        )
+        assert answer.endswith(b"got 716800 bytes")  # given back: the next one fits
+    finally:
+        server.stop()
+
+
+def test_a_certificate_outside_its_validity_is_refused_with_its_dates(pki, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from gpuzombie.serving import certificate_validity
+    from pki import make_dated_certificate
+
+    cert, key = make_dated_certificate(tmp_path, "20300101000000Z", "20300102000000Z")
+    assert certificate_validity(cert.read_text()) == (
+        datetime(2030, 1, 1, tzinfo=UTC),
+        datetime(2030, 1, 2, tzinfo=UTC),
+    )
+    with pytest.raises(OSError, match=rf"certificate {cert}: not valid yet \(notBefore 2030-01-01 00:00:00 UTC\)"):
+        TlsFiles(str(cert), str(key)).context()
+    TlsFiles(str(cert), str(key)).context(now=datetime(2030, 1, 1, 12, tzinfo=UTC))
+    with pytest.raises(OSError, match=rf"certificate {cert}: expired \(notAfter 2030-01-02 00:00:00 UTC\)"):
+        TlsFiles(str(cert), str(key)).context(now=datetime(2030, 1, 2, tzinfo=UTC) + timedelta(seconds=1))
+    early = datetime(2030, 1, 1, tzinfo=UTC) - timedelta(minutes=4)  # a node's clock a little behind
+    TlsFiles(str(cert), str(key)).context(now=early)
+    not_before, not_after = certificate_validity((pki / "server.pem").read_text())  # RSA, from req -x509 -days 2
+    assert timedelta(days=2) == not_after - not_before
+
+
+def test_a_reload_keeps_the_listener_and_the_connections_in_flight(pki, tmp_path):
+    """The context is swapped for new connections; one accepted before the reload finishes on the old."""
+    other = make_pki(tmp_path)
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("server.pem", "server.key"):
+        (served / name).write_bytes((pki / name).read_bytes())
+    server = Server(
+        {"/echo": echo},
+        listen=LOOPBACK,
+        read_timeout=10.0,
+        probes=probes(),
+        tls=TlsFiles(str(served / "server.pem"), str(served / "server.key")),
+    )
+    port = server.start().port
+    old = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    new = ssl.create_default_context(cafile=str(other / "ca.pem"))
+    try:
+        with old.wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1"
+        ) as early:
+            early.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+            for name in ("server.pem", "server.key"):
+                (served / name).write_bytes((other / name).read_bytes())
+            server.reload_tls()
+            assert https_get(port, new) == 200
+            with pytest.raises(ssl.SSLCertVerificationError):
+                https_get(port, old)
+            early.sendall(b"cd")
+            assert early.recv(65536).startswith(b"HTTP/1.0 200")
+        (served / "server.key").write_bytes((pki / "server.key").read_bytes())  # a key of another certificate
+        with pytest.raises(OSError, match="key"):
+            server.reload_tls()
+        assert https_get(port, new) == 200  # the last good context, still served
+    finally:
+        server.stop()

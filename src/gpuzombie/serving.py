@@ -8,7 +8,10 @@ included, whatever the pace of their bytes), at most ``max_connections`` are ser
 bound a new connection evicts the oldest one still sending its request, so a held-open flood cannot
 starve the scraper), the TLS handshake runs in the connection's thread under the same deadline, a
 request body is bounded by ``max_body_bytes`` (over it: 413, never read) and read under the same
-deadline, every connection (plain, TLS, failed handshake) is released and closed in one
+deadline, the bodies held by all connections together by ``max_body_bytes_held`` (over it: 503,
+never read), a certificate renewal swaps the TLS context for new connections without closing the
+listener (``reload_tls``), TLS files that cannot serve (encrypted key, certificate expired or not
+yet valid) are refused naming the file, every connection (plain, TLS, failed handshake) is released and closed in one
 ``finally``, and nothing is logged per request. One server may listen on several addresses (a pod
 IP and loopback) under one bound. Standard library only: the webhook's image needs no extra (why
 not cheroot: docs/reliability.md).
@@ -16,6 +19,7 @@ not cheroot: docs/reliability.md).
 
 from __future__ import annotations
 
+import datetime
 import io
 import ipaddress
 import os
@@ -88,6 +92,11 @@ def _ssl_reason(exc: ssl.SSLError) -> str:
     return exc.reason.lower().replace("_", " ") if exc.reason else str(exc)
 
 
+CLOCK_SKEW = datetime.timedelta(minutes=5)
+"""A certificate whose notBefore is this little ahead of our clock is served (cert-manager issues
+one the moment it is asked; a node's clock may lag)."""
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """PEM files of the server certificate and key; ``client_ca`` makes clients show a certificate."""
@@ -96,16 +105,23 @@ class TlsFiles:
     keyfile: str
     client_ca: str | None = None
 
-    def context(self) -> ssl.SSLContext:
-        """Raises TlsFileError (an OSError) naming the file that is missing, unreadable or wrong."""
+    def context(self, now: datetime.datetime | None = None) -> ssl.SSLContext:
+        """Raises TlsFileError (an OSError) naming the file that is missing, unreadable or wrong, a
+        key encrypted with a passphrase (never asked for on a terminal), or a certificate outside
+        its validity at ``now`` (default: the current time)."""
         for role, path in (("certificate", self.certfile), ("key", self.keyfile), ("client CA", self.client_ca)):
             if path is not None:
                 _regular_file(role, path)
         _certificates("certificate", self.certfile)
+        _within_validity(self.certfile, now or datetime.datetime.now(datetime.UTC))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+
+        def no_passphrase() -> str:  # OpenSSL would prompt on the terminal, twice, then fail unnamed
+            raise TlsFileError(f"key {self.keyfile}: encrypted with a passphrase; serve an unencrypted key")
+
         try:
-            context.load_cert_chain(self.certfile, self.keyfile)
+            context.load_cert_chain(self.certfile, self.keyfile, password=no_passphrase)
         except ssl.SSLError as exc:  # the certificate itself loaded above: the key is what is wrong
             raise TlsFileError(
                 f"key {self.keyfile}: not a PEM private key of certificate {self.certfile} ({_ssl_reason(exc)})"
@@ -128,6 +144,68 @@ def _regular_file(role: str, path: str) -> None:
         os.close(fd)
     if not regular:
         raise TlsFileError(f"{role} {path}: not a regular file")
+
+
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.S)
+
+
+def _der_items(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(tag, start, end) of each DER item between ``start`` and ``end``; ValueError when malformed."""
+    items = []
+    while start < end:
+        if start + 2 > end:
+            raise ValueError("truncated")
+        tag, length, at = data[start], data[start + 1], start + 2
+        if length & 0x80:
+            count = length & 0x7F
+            if not 1 <= count <= 4 or at + count > end:
+                raise ValueError("bad length")
+            length, at = int.from_bytes(data[at : at + count], "big"), at + count
+        if at + length > end:
+            raise ValueError("truncated")
+        items.append((tag, at, at + length))
+        start = at + length
+    return items
+
+
+def _der_time(tag: int, text: bytes) -> datetime.datetime:
+    """UTCTime (0x17, YYMMDDHHMMSSZ) or GeneralizedTime (0x18, YYYYMMDDHHMMSSZ), as RFC 5280 writes them."""
+    if tag == 0x17:
+        moment = datetime.datetime.strptime(text.decode("ascii"), "%y%m%d%H%M%SZ")
+    elif tag == 0x18:
+        moment = datetime.datetime.strptime(text.decode("ascii"), "%Y%m%d%H%M%SZ")
+    else:
+        raise ValueError(f"tag {tag:#x} is not a time")
+    return moment.replace(tzinfo=datetime.UTC)
+
+
+def certificate_validity(pem: str) -> tuple[datetime.datetime, datetime.datetime]:
+    """(notBefore, notAfter) of the first certificate of ``pem``, read from its DER (the standard
+    library's ssl module shows them only for a peer's certificate). ValueError when there is none."""
+    match = _PEM_CERTIFICATE.search(pem)
+    if match is None:
+        raise ValueError("no PEM certificate")
+    der = ssl.PEM_cert_to_DER_cert(match.group())
+    ((_, cert_start, cert_end),) = _der_items(der, 0, len(der))[:1]
+    tbs = _der_items(der, cert_start, cert_end)[0]
+    fields = _der_items(der, tbs[1], tbs[2])
+    if fields and fields[0][0] == 0xA0:  # [0] version
+        fields = fields[1:]
+    _, start, end = fields[3]  # serialNumber, signature, issuer, validity
+    (before_tag, b0, b1), (after_tag, a0, a1) = _der_items(der, start, end)
+    return _der_time(before_tag, der[b0:b1]), _der_time(after_tag, der[a0:a1])
+
+
+def _within_validity(path: str, now: datetime.datetime) -> None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            not_before, not_after = certificate_validity(f.read())
+    except (ValueError, IndexError) as exc:
+        raise TlsFileError(f"certificate {path}: its validity cannot be read ({exc})") from exc
+    if now > not_after:
+        raise TlsFileError(f"certificate {path}: expired (notAfter {not_after:%Y-%m-%d %H:%M:%S} UTC)")
+    if now + CLOCK_SKEW < not_before:
+        raise TlsFileError(f"certificate {path}: not valid yet (notBefore {not_before:%Y-%m-%d %H:%M:%S} UTC)")
 
 
 def _certificates(role: str, path: str, into: ssl.SSLContext | None = None) -> None:
@@ -231,6 +309,27 @@ class _Connections:
                     conn.cut_off()
 
 
+class _BodyBytes:
+    """The bytes of request bodies held at once, bounded: a body that does not fit is refused (503)
+    before it is read, so many connections sending the largest body cannot add up past a memory limit."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def take(self, length: int) -> bool:
+        with self._lock:
+            if self.limit is not None and self._held + length > self.limit:
+                return False
+            self._held += length
+            return True
+
+    def give_back(self, length: int) -> None:
+        with self._lock:
+            self._held -= length
+
+
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
@@ -243,6 +342,7 @@ class _Handler(WSGIRequestHandler):
     def __init__(self, conn: _Connection, server: _Server) -> None:
         self.conn = conn
         self._socket_rfile: Any = None
+        self._held = 0
         super().__init__(conn.sock, conn.address, server)
 
     def parse_request(self) -> bool:
@@ -268,6 +368,10 @@ class _Handler(WSGIRequestHandler):
         if length > self.server.max_body_bytes:
             self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body is over {self.server.max_body_bytes} bytes")
             return None
+        if not self.server.body_bytes.take(length):
+            self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "too many request bodies held at once")
+            return None
+        self._held = length
         body = self.rfile.read(length) if length else b""
         return body if len(body) == length else None
 
@@ -275,6 +379,8 @@ class _Handler(WSGIRequestHandler):
         try:
             super().finish()
         finally:
+            self.server.body_bytes.give_back(self._held)
+            self._held = 0
             if self._socket_rfile is not None:
                 self._socket_rfile.close()
 
@@ -295,6 +401,7 @@ class _Server(WSGIServer):
         tls: ssl.SSLContext | None,
         app: Any,
         max_body_bytes: int,
+        body_bytes: _BodyBytes,
         name: str,
     ) -> None:
         family, _, _, _, sockaddr = socket.getaddrinfo(
@@ -303,7 +410,10 @@ class _Server(WSGIServer):
         self.address_family = family
         self.connections = connections
         self.tls = tls
+        """The context each new connection is wrapped with, replaced whole on a reload: a connection
+        keeps the one it was accepted with, the listening socket never closes."""
         self.max_body_bytes = max_body_bytes
+        self.body_bytes = body_bytes
         self.name = name
         # _serve builds each _Handler from its connection entry; socketserver never calls it.
         super().__init__((str(sockaddr[0]), int(sockaddr[1])), _Handler)  # type: ignore[arg-type]
@@ -328,8 +438,9 @@ class _Server(WSGIServer):
             # wsgiref writes the headers and the body apart: with Nagle the body waits for the client's
             # delayed ACK, 40 ms an answer (measured over TLS on 127.0.0.1: p50 48 ms, 1.6 ms without)
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:
-                tls = self.tls.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            context = self.tls  # read once: a reload may replace it meanwhile
+            if context is not None:
+                tls = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
                 self.connections.wrapped(conn, tls)
                 tls.do_handshake()
             _Handler(conn, self)
@@ -379,9 +490,12 @@ class Server:
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes_held: int | None = None,
         tls: TlsFiles | None = None,
         name: str = "gpuzombie-http",
     ) -> None:
+        """``max_body_bytes_held``: the request bodies of all connections together (None: only the
+        connection bound bounds them); a body past it is answered 503, unread."""
         self.routes = dict(routes)
         self.addresses = (listen,) if isinstance(listen, ListenAddress) else tuple(listen)
         if not self.addresses:
@@ -389,6 +503,7 @@ class Server:
         self.listen = self.addresses[0]
         self.probes = dict(probes or {})
         self.max_body_bytes = max_body_bytes
+        self.body_bytes = _BodyBytes(max_body_bytes_held)
         self.tls = tls
         self.name = name
         self.connections = _Connections(read_timeout=read_timeout, max_connections=max_connections)
@@ -412,6 +527,7 @@ class Server:
                     tls=context,
                     app=app,
                     max_body_bytes=self.max_body_bytes,
+                    body_bytes=self.body_bytes,
                     name=self.name,
                 )
             except OSError as exc:
@@ -429,6 +545,16 @@ class Server:
             ListenAddress(a.host, s.server_address[1]) for a, s in zip(self.addresses, self._servers, strict=True)
         )
         return self.bound[0]
+
+    def reload_tls(self) -> None:
+        """Serve the TLS files as they are now to every new connection, without closing the listening
+        sockets or cutting a connection in flight (each keeps the context it was accepted with).
+        Raises TlsFileError, the old context still served, when the files cannot be used."""
+        if self.tls is None:
+            raise ValueError("this server serves no TLS")
+        context = self.tls.context()
+        for server in self._servers:
+            server.tls = context
 
     def stop(self) -> None:
         for server in self._servers:

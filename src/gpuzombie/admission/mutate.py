@@ -14,6 +14,7 @@ it (or the volume) gets nothing more, so reinvocation and re-applied manifests w
 from __future__ import annotations
 
 import enum
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,9 @@ IMAGE_PRESTOP = "/opt/gpuzombie/prestop.pyz"
 DEFAULT_IMAGE = f"localhost/gpu-zombie/gpuzombie-node:{__version__}"
 """What the chart's image values render to by default; the chart passes --image explicitly."""
 ALWAYS_SKIPPED_NAMESPACES = frozenset({"kube-system"})
+MAX_CONTAINERS = 256
+"""A pod with more containers (init containers included) is not looked at, so the work and memory of
+one review stay bounded (docs/reliability.md): no pod a person writes comes near it."""
 MAX_WARNINGS = 12
 TORCHRUN_MARGIN_SECONDS = 5
 """Time left after torchrun's SIGKILL for the exit to land before the kubelet's."""
@@ -149,6 +153,11 @@ def _annotate(ops: list[dict[str, Any]], pod: Mapping[str, Any], actions: list[s
         ops.append({"op": "add", "path": f"/metadata/annotations/{escape(INJECTED)}", "value": value})
 
 
+def _every_container(spec: Mapping[str, Any]) -> list[Any]:
+    listed = [spec.get(k) for k in ("containers", "initContainers", "ephemeralContainers")]
+    return [c for cs in listed if isinstance(cs, list) for c in cs]
+
+
 def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> str | None:
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
@@ -163,6 +172,9 @@ def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) 
     volumes = spec.get("volumes")
     if isinstance(volumes, list) and any(isinstance(v, Mapping) and v.get("name") == VOLUME for v in volumes):
         return f"already mutated (volume {VOLUME})"
+    every = _every_container(spec)
+    if any(isinstance(c, Mapping) and c.get("name") == INIT_CONTAINER for c in every):
+        return f"a container is named {INIT_CONTAINER} already"
     os_name = spec.get("os", {}).get("name") if isinstance(spec.get("os"), Mapping) else None
     if os_name == "windows":
         return "a Windows pod"
@@ -186,15 +198,43 @@ class _Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _plan(spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[str, str], mode: Mode) -> _Plan:
+def _mounts_ours(container: Mapping[str, Any]) -> bool:
+    """Something is mounted at MOUNT already, however the path is written (``/.gpuzombie/``, ``//.gpuzombie``)."""
+    mounts = container.get("volumeMounts")
+    return isinstance(mounts, list) and any(
+        isinstance(m, Mapping)
+        and isinstance(m.get("mountPath"), str)
+        and posixpath.normpath("/" + m["mountPath"].lstrip("/")) == MOUNT
+        for m in mounts
+    )
+
+
+def _own_wait(c: rules.Container) -> float:
+    """How long the container's own preStop hook may wait (0: none, or one that cannot be judged)."""
+    hook = rules.prestop(c.raw, f"spec.containers[{c.index}]")
+    return hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
+
+
+def _plan(
+    spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[str, str], mode: Mode, budget: rules.Budget
+) -> _Plan:
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
-    plan = _Plan(grace=grace if grace is not None else rules.grace_seconds(spec))
+    plan = _Plan(grace=rules.grace_seconds(spec))
+    longest_wait = max((_own_wait(c) for c in gpu), default=0.0)
+    if grace is not None and grace <= longest_wait:  # GZ004: the kubelet would kill the pod's own hook
+        plan.warnings.append(
+            f"{DOMAIN}/grace-seconds {grace} is not applied: a preStop hook of the pod may wait "
+            f"{longest_wait:g} s (the grace stays {plan.grace} s)"
+        )
+        grace = None
+    elif grace is not None:
+        plan.grace = grace
     want_prestop = opt_ins.get("prestop", "").lower() == "true"
     want_torchrun = opt_ins.get("torchrun-shutdown", "").lower() == "true"
     sharing = rules.shares_process_namespace(spec)
     for c in gpu:
-        mounts = c.raw.get("volumeMounts")
-        if isinstance(mounts, list) and any(isinstance(m, Mapping) and m.get("mountPath") == MOUNT for m in mounts):
+        budget.check()
+        if _mounts_ours(c.raw):
             plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
             continue
         if sharing or c.pid1.kind is rules.Pid1Kind.INIT:
@@ -211,10 +251,16 @@ def _plan(spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[
                 f"(no registry lookup), so shareProcessNamespace: true {verb} set instead of tini (measured: "
                 f"{rules.EVIDENCE['S5'].result}; set command to get tini)"
             )
-        hooked = want_prestop and not _has_prestop(c.raw)
+        fits = prestop_timeout(plan.grace) < plan.grace  # GZ004 otherwise
+        hooked = want_prestop and fits and not _has_prestop(c.raw)
         if hooked:
             plan.hooks.append(c)
             plan.actions.append(f"prestop:{c.name}")
+        elif want_prestop and not fits:
+            plan.warnings.append(
+                f"container {c.name}: the gpuzombie hook was not added: its --timeout "
+                f"{prestop_timeout(plan.grace)} s does not fit in a {plan.grace} s grace"
+            )
         elif want_prestop:
             plan.warnings.append(f"container {c.name} has a preStop hook already; the gpuzombie hook was not added")
         shutdown = rules.torchrun_shutdown(c)
@@ -269,22 +315,77 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
     return ops
 
 
-def mutate(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> Mutation:
+def mutate(
+    pod: Mapping[str, Any], namespace: str | None, policy: Policy, budget: rules.Budget = rules.UNBOUNDED
+) -> Mutation:
     """The fix of ``pod`` as JSONPatch operations. Raises rules.SpecError or ValueError (a bad
-    opt-in value) for a pod it cannot understand; the caller then admits the pod unchanged."""
+    opt-in value) for a pod it cannot understand, rules.OverBudget when ``budget`` runs out; the
+    caller then admits the pod unchanged."""
     reason = _skip_reason(pod, namespace, policy)
     if reason is not None:
         return Mutation([], [], [], reason)
-    gpu = rules.gpu_containers(pod["spec"])
+    count = len(_every_container(pod["spec"]))
+    if count > MAX_CONTAINERS:
+        why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
+        return Mutation([], [], [why], why)
+    gpu = rules.gpu_containers(pod["spec"], budget)
     if not gpu:
         return Mutation([], [], [], "no GPU container")
-    plan = _plan(pod["spec"], gpu, _opt_ins(pod, namespace, policy), policy.mode)
+    plan = _plan(pod["spec"], gpu, _opt_ins(pod, namespace, policy), policy.mode, budget)
     if not plan.actions:
         return _none(*plan.warnings)
     described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]
+    ops = _ops(pod, plan, policy.image)
+    worse = _new_findings(pod, ops, budget)
+    if worse:
+        return _none(f"no change made: the patched pod would have {worse}", *plan.warnings)
     if policy.mode is Mode.WARN:
         return _none(*[f"would {d} (--mode warn)" for d in described], *plan.warnings)
-    return Mutation(_ops(pod, plan, policy.image), plan.actions, [*described, *plan.warnings])
+    return Mutation(ops, plan.actions, [*described, *plan.warnings])
+
+
+def _serious(spec: Mapping[str, Any], budget: rules.Budget) -> set[tuple[str, str | None]]:
+    return {(f.rule, f.container) for f in rules.check_pod_spec(spec, budget) if f.severity is not rules.Severity.NOTE}
+
+
+def _new_findings(pod: Mapping[str, Any], ops: list[dict[str, Any]], budget: rules.Budget) -> str | None:
+    """The first error or warning of ``check`` that the patched pod has and ``pod`` has not, as
+    "GZ004 (container train)"; None when the patch makes nothing worse. The webhook's own
+    safety net: a change it makes must check clean."""
+    new = _serious(patched(pod, ops)["spec"], budget) - _serious(pod["spec"], budget)
+    if not new:
+        return None
+    rule, container = min(new, key=lambda f: (f[0], f[1] or ""))
+    return f"{rule} {rules.RULES[rule].name}" + (f" (container {container})" if container else "")
+
+
+def patched(pod: Mapping[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``pod`` with mutate's operations applied (add and replace on object keys, list indices and
+    ``-``: the only ones it writes), ``pod`` untouched: each map and list on an operation's path is
+    copied once, nothing else (no deep copy of what a request may nest deep). The webhook needs no
+    JSONPatch library."""
+    out = dict(pod)
+    copied = {id(out)}
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target: Any = out
+        for part in parents:
+            key: Any = int(part) if isinstance(target, list) else part
+            child = target[key]
+            if id(child) not in copied:
+                child = list(child) if isinstance(child, list) else dict(child)
+                target[key] = child
+                copied.add(id(child))
+            target = child
+        if isinstance(target, list) and last == "-":
+            target.append(op["value"])
+        elif isinstance(target, list) and op["op"] == "add":
+            target.insert(int(last), op["value"])
+        elif isinstance(target, list):
+            target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+    return out
 
 
 def _has_prestop(container: Mapping[str, Any]) -> bool:

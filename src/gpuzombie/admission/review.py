@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuzombie.admission.mutate import MAX_WARNINGS, Mutation, Policy, mutate
-from gpuzombie.admission.rules import short
+from gpuzombie.admission.rules import Budget, OverBudget, short
 from gpuzombie.escape import escape
 
 API_VERSION = "admission.k8s.io/v1"
@@ -51,7 +51,10 @@ def status_error(code: int, reason: str, message: str) -> Answer:
 
 
 def _warnings(lines: list[str]) -> list[str]:
-    out = [short(WARNING_PREFIX + line, MAX_WARNING_CHARS) for line in lines[:MAX_WARNINGS]]
+    """At most MAX_WARNINGS lines for kubectl, each escaped (a container's name may hold a terminal
+    escape) and cut to MAX_WARNING_CHARS."""
+    width = MAX_WARNING_CHARS - len(WARNING_PREFIX)
+    out = [WARNING_PREFIX + escape(short(line, width), width) for line in lines[:MAX_WARNINGS]]
     if len(lines) > MAX_WARNINGS:
         out.append(f"{WARNING_PREFIX}{len(lines) - MAX_WARNINGS} more warnings left out")
     return out
@@ -95,8 +98,9 @@ def _is_pod(request: Mapping[str, Any]) -> bool:
     )
 
 
-def review(body: bytes, policy: Policy) -> Answer:
-    """Answer one AdmissionReview (the raw request body)."""
+def review(body: bytes, policy: Policy, budget: Budget | None = None) -> Answer:
+    """Answer one AdmissionReview (the raw request body); past ``budget``, allowed unchanged with a
+    warning saying so."""
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError) as exc:  # not JSON, a number too long, nesting too deep
@@ -119,7 +123,10 @@ def review(body: bytes, policy: Policy) -> Answer:
     name = meta.get("name") or f"{meta.get('generateName') or ''}*"
     who = escape(f"{namespace or ''}/{name} (uid {uid})", 160)
     try:
-        mutation = mutate(pod, namespace, policy)
+        mutation = mutate(pod, namespace, policy, budget or Budget())
+    except OverBudget as exc:
+        why = f"{exc}; admitted unchanged"
+        return replace(respond(uid, warnings=[why]), note=f"{who}: {why}")
     except ValueError as exc:  # a spec of wrong types, a bad opt-in value
         why = f"could not understand the pod ({short(str(exc), 120)}); admitted unchanged"
         return replace(respond(uid, warnings=[why]), note=f"{who}: {escape(why)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import posixpath
 import re
-import shlex
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,12 @@ INITS = frozenset(
 INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+MAX_SCRIPT_CHARS = 64 * 1024
+"""A ``sh -c`` script longer than this is not read: PID 1 is "cannot tell", said so. Inline scripts
+are a few hundred characters; a long one belongs in a ConfigMap, and reading one is work an
+AdmissionReview's sender chooses."""
+MAX_EXEC_DEPTH = 4
+"""``sh -c 'exec sh -c "exec ..."'`` is followed this deep, no deeper ("cannot tell" past it)."""
 SOURCE = "results/runtimes/comparison.md"
 
 
@@ -120,9 +126,11 @@ RULES: Mapping[str, Rule] = {
         Rule(
             "GZ006",
             "pid1-cannot-tell",
-            "command is not set: PID 1 is the image's ENTRYPOINT, which a manifest does not show",
+            "PID 1 cannot be told from the manifest: command is not set (the image's ENTRYPOINT runs), or "
+            "its shell script is too long or nested too deep to read",
             evidence("S1", "S5"),
-            "set command explicitly, or shareProcessNamespace: true (what the webhook does)",
+            "set command explicitly (a short one: a long script goes in a file), or shareProcessNamespace: "
+            "true (what the webhook does without a command)",
         ),
     )
 }
@@ -130,6 +138,28 @@ RULES: Mapping[str, Rule] = {
 
 class SpecError(ValueError):
     """A pod spec that is not what the API would accept (a wrong type where a list or a map goes)."""
+
+
+class OverBudget(Exception):
+    """A review ran out of its time: nothing it found so far is acted on."""
+
+
+class Budget:
+    """A wall-clock deadline for the work on one pod, checked between containers (each container's
+    analysis is linear in its bytes and bounded by MAX_SCRIPT_CHARS, so the step is short). Wall
+    clock bounds the CPU too: one review runs on one thread."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def check(self) -> None:
+        """Raises OverBudget once the deadline has passed."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise OverBudget(f"the review took over its {self.seconds:g} s budget")
+
+
+UNBOUNDED = Budget()
 
 
 @dataclass(frozen=True)
@@ -172,6 +202,9 @@ class Pid1:
     program: str | None = None
     background: bool = False
     script: str | None = None
+    unread: str | None = None
+    """Why the argv was not read to the end (a script over MAX_SCRIPT_CHARS, exec nested too deep):
+    then the kind is UNKNOWN."""
 
 
 @dataclass(frozen=True)
@@ -243,10 +276,11 @@ def _asks_for_gpu(container: Mapping[str, Any], where: str) -> bool:
     return False
 
 
-def containers(spec: Mapping[str, Any]) -> list[Container]:
+def containers(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Container]:
     """The pod's regular containers (init containers, native sidecars included, run no training)."""
     out = []
     for i, raw in enumerate(_list(spec.get("containers"), "spec.containers")):
+        budget.check()
         where = f"spec.containers[{i}]"
         raw = _mapping(raw, where)
         env = {}
@@ -268,8 +302,8 @@ def containers(spec: Mapping[str, Any]) -> list[Container]:
     return out
 
 
-def gpu_containers(spec: Mapping[str, Any]) -> list[Container]:
-    return [c for c in containers(spec) if c.gpu]
+def gpu_containers(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Container]:
+    return [c for c in containers(spec, budget) if c.gpu]
 
 
 def grace_seconds(spec: Mapping[str, Any]) -> int:
@@ -306,18 +340,56 @@ def _script(words: Sequence[str]) -> str | None:
     return None
 
 
+_PIECES = re.compile(
+    r"(?P<space>[ \t\r\n]++)"  # shlex's whitespace
+    r"|[^ \t\r\n'\"\\]++"
+    r"|'(?P<single>[^']*+)'"
+    r"|\"(?P<double>(?:[^\"\\]++|\\.)*+)\""
+    r"|\\(?P<escaped>.)"
+    r"|(?P<open>['\"\\])",
+    re.S,
+)
+"""One piece of a shell word each; possessive, so an unbalanced quote costs one pass, no backtracking."""
+_DOUBLE_QUOTED_ESCAPE = re.compile(r'\\([\\"])')
+
+
+def shell_words(command: str) -> list[str]:
+    """``command`` split into words as ``shlex.split`` does (POSIX quotes and backslashes), in time
+    linear in its length (shlex grows each word a character at a time: quadratic on one long word);
+    an unbalanced quote gives the whitespace-separated words as they are."""
+    words: list[str] = []
+    word: list[str] | None = None
+    for piece in _PIECES.finditer(command):
+        if piece["space"] is not None:
+            if word is not None:
+                words.append("".join(word))
+            word = None
+            continue
+        if piece["open"] is not None:  # an unbalanced quote, or a backslash at the end
+            return command.split()
+        if word is None:
+            word = []
+        if piece["single"] is not None:
+            word.append(piece["single"])
+        elif piece["double"] is not None:
+            word.append(_DOUBLE_QUOTED_ESCAPE.sub(r"\1", piece["double"]))
+        elif piece["escaped"] is not None:
+            word.append(piece["escaped"])
+        else:
+            word.append(piece.group())
+    if word is not None:
+        words.append("".join(word))
+    return words
+
+
 def _last_command(script: str) -> list[str]:
     parts = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
-    if not parts:
-        return []
-    try:
-        return shlex.split(parts[-1])
-    except ValueError:  # an unbalanced quote: the words as they are
-        return parts[-1].split()
+    return shell_words(parts[-1]) if parts else []
 
 
-def analyse_argv(words: Sequence[str]) -> Pid1:
-    """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program."""
+def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
+    """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program;
+    UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""
     if not words:
         return Pid1(Pid1Kind.UNKNOWN)
     program = words[0]
@@ -331,11 +403,16 @@ def analyse_argv(words: Sequence[str]) -> Pid1:
     script = _script(words)
     if script is None:
         return Pid1(Pid1Kind.SHELL, base)
+    if len(script) > MAX_SCRIPT_CHARS:
+        unread = f"its {base} -c script is {len(script)} characters, over the {MAX_SCRIPT_CHARS} read"
+        return Pid1(Pid1Kind.UNKNOWN, base, unread=unread)
+    if depth >= MAX_EXEC_DEPTH:
+        return Pid1(Pid1Kind.UNKNOWN, base, unread=f"its shells exec shells over {MAX_EXEC_DEPTH} deep")
     background = bool(_BACKGROUND.search(script))
     last = _last_command(script)
     if last[:1] == ["exec"] and len(last) > 1:  # the shell becomes the last program
-        inner = analyse_argv(last[1:])
-        return Pid1(inner.kind, inner.program, background, script)
+        inner = analyse_argv(last[1:], depth + 1)
+        return Pid1(inner.kind, inner.program, background, script, inner.unread)
     return Pid1(Pid1Kind.SHELL, base, background, script)
 
 
@@ -437,6 +514,9 @@ def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
     if c.argv_known:
         pid1 = c.pid1
         assert c.command is not None
+        if pid1.kind is Pid1Kind.UNKNOWN:
+            yield Finding("GZ006", Severity.NOTE, c.name, f"cannot tell PID 1: {pid1.unread}")
+            return
         shown = _shown(pid1, c.words)
         if pid1.kind is Pid1Kind.INIT:
             return
@@ -454,7 +534,7 @@ def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
         )
         return
     seen = c.seen
-    if seen.background and seen.kind is not Pid1Kind.INIT:
+    if seen.background and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
         # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
         yield Finding(
             "GZ001",
@@ -503,15 +583,17 @@ def _shutdown_findings(c: Container, grace: int) -> Iterator[Finding]:
         )
 
 
-def check_pod_spec(spec: Mapping[str, Any]) -> list[Finding]:
+def check_pod_spec(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Finding]:
     """Every finding of a pod spec's GPU containers (a pod without GPUs has none).
-    Raises SpecError for a spec with a wrong type where the API takes a list or a map."""
+    Raises SpecError for a spec with a wrong type where the API takes a list or a map, OverBudget
+    when ``budget`` runs out."""
     spec = _mapping(spec, "spec")
     if _mapping(spec.get("os"), "spec.os").get("name") == "windows":
         return []
     grace = grace_seconds(spec)
     findings: list[Finding] = []
-    for c in gpu_containers(spec):
+    for c in gpu_containers(spec, budget):
+        budget.check()
         findings += _pid1_findings(c, spec)
         findings += _shutdown_findings(c, grace)
     return findings

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES
+from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
 from gpuzombie.admission.mutate import DEFAULT_IMAGE
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
@@ -106,19 +106,17 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     from gpuzombie.serving import Server, TlsFiles
 
     tls = TlsFiles(serving["tls_cert"], serving["tls_key"])
-
-    def make(listen: Any) -> Any:
-        return Server(
-            {"/mutate": app},
-            listen=listen,
-            tls=tls,
-            probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
-            read_timeout=serving["read_timeout"],
-            max_connections=serving["max_connections"],
-            max_body_bytes=max_body_bytes,  # the server's 413 and the app's own bound agree
-            name="gpuzombie-webhook",
-        )
-
+    server = Server(
+        {"/mutate": app},
+        listen=serving["listen"],
+        tls=tls,
+        probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
+        read_timeout=serving["read_timeout"],
+        max_connections=serving["max_connections"],
+        max_body_bytes=max_body_bytes,  # the server's 413 and the app's own bound agree
+        max_body_bytes_held=serving["max_body_bytes_held"],
+        name="gpuzombie-webhook",
+    )
     stop = threading.Event()
     received: list[int] = []
 
@@ -126,7 +124,6 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
         received.append(signum)
         stop.set()
 
-    server = make(serving["listen"])
     try:
         bound = server.start()
     except OSError as exc:
@@ -139,15 +136,12 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
             now = _stamp(tls.certfile, tls.keyfile)
             if now == stamp:
                 continue
-            try:  # a renewed certificate (cert-manager rotates the Secret): serve it from now on
-                tls.context()
-            except OSError as exc:
-                click.echo(f"gpuzombie webhook: warning: new TLS files not loadable yet: {exc}", err=True)
+            try:  # a renewed certificate (cert-manager rotates the Secret): new connections get it
+                server.reload_tls()
+            except OSError as exc:  # tried again at the next check: the old files are served meanwhile
+                click.echo(f"gpuzombie webhook: warning: new TLS files not served, the old ones are: {exc}", err=True)
                 continue
             stamp = now
-            server.stop()
-            server = make(bound)  # the same port, also when 0 was asked
-            server.start()
             click.echo("gpuzombie webhook: TLS certificate reloaded", err=True)
     finally:
         server.stop()
@@ -219,6 +213,30 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     metavar="N",
     help="Refuse AdmissionReviews larger than N bytes (413).",
 )
+@click.option(
+    "--max-body-bytes-held",
+    type=click.IntRange(min=1024),
+    default=4 * DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    metavar="N",
+    help="The bodies of all connections together: one past it is refused (503), unread (a memory bound).",
+)
+@click.option(
+    "--review-seconds",
+    type=click.FloatRange(min=0.01),
+    default=DEFAULT_REVIEW_SECONDS,
+    show_default=True,
+    metavar="S",
+    help="One review's time (a wait for a slot included): past it the pod is admitted unchanged, with a warning.",
+)
+@click.option(
+    "--max-reviews",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_REVIEWS,
+    show_default=True,
+    metavar="N",
+    help="Reviews analysed at once; more wait for a slot within --review-seconds (429 past it).",
+)
 def command(
     patch_source: str | None,
     mode: str,
@@ -227,6 +245,8 @@ def command(
     skip_namespace: tuple[str, ...],
     opt_in: dict[str, dict[str, str]],
     max_body_bytes: int,
+    review_seconds: float,
+    max_reviews: int,
     **serving: Any,
 ) -> int:
     """Serve the mutating admission webhook that fixes GPU pods nobody rebuilt: a container with
@@ -237,8 +257,8 @@ def command(
     and --namespace, pods annotated gpuzombie.dev/inject: "false" or already mutated. Never denies
     a pod. With --patch FILE|- it prints the mutated manifests instead (GitOps).
 
-    Exit 0 when stopped by SIGTERM (or --patch printed), 2 on a bad flag, unreadable TLS files or
-    input, a port in use; 130 on Ctrl-C.
+    Exit 0 when stopped by SIGTERM (or --patch printed), 2 on a bad flag, unreadable, encrypted or
+    expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
     """
     policy = _policy(mode, image, namespace, skip_namespace, opt_in)
     if patch_source is not None:
@@ -250,4 +270,7 @@ def command(
     def log(line: str) -> None:
         click.echo(f"gpuzombie webhook: {line}", err=True)
 
-    return _serve(make_app(policy, max_body_bytes=max_body_bytes, log=log), serving, max_body_bytes)
+    app = make_app(
+        policy, max_body_bytes=max_body_bytes, review_seconds=review_seconds, max_reviews=max_reviews, log=log
+    )
+    return _serve(app, serving, max_body_bytes)
