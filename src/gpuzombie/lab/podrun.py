@@ -22,7 +22,7 @@ from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import PodManifest
 from gpuzombie.lab.metrics import release_tolerance, sampling_stats, scenario_metrics
 from gpuzombie.lab.observation import Observation, observe, smi_snapshot
-from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, cni_bin_dir
 from gpuzombie.lab.runtime.cri import (
     CriRuntime,
 )
@@ -101,6 +101,11 @@ def lab_notes(manifest: PodManifest, config: PodRunConfig) -> list[str]:
 def check_runnable(manifest: PodManifest, config: PodRunConfig) -> None:
     """What the kubelet (or this host, or ``--allow-host-path``) refuses before the first container,
     in one line."""
+    if cni_bin_dir() is None:
+        raise PodRunError(
+            "each pod gets its own network namespace, which needs the CNI plugins loopback and static "
+            "(Debian: apt-get install containernetworking-plugins; make debian installs it)"
+        )
     for c in (*manifest.init_containers, *manifest.containers):
         sec = c.security
         if sec.run_as_non_root and not sec.run_as_user:
