@@ -6,6 +6,7 @@ anything is made; and a SIGKILLed run leaves nothing once `gpuzombie lab clean` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,9 +153,10 @@ def _leftovers(run: Path, pod_cgroups: list[str]) -> dict[str, list[str]]:
     }
 
 
-def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
-    """SIGKILL `lab pod` while it waits out its pod's grace: its containerd, shim, pause and
-    container, mounts and directory stay behind; `gpuzombie lab clean` removes every one."""
+@contextlib.contextmanager
+def sigkilled_run(tmp_path: Path) -> Iterator[tuple[Path, list[str], dict[str, list[str]]]]:
+    """A `lab pod` SIGKILLed while it waits out its pod's grace: its run directory, its pod cgroups
+    and what it left; whatever the test does, nothing of it is left afterwards."""
     from gpuzombie.lab.runtime.rundirs import LAB_STATE_ROOT, recorded_cgroups, remove_run
 
     (tmp_path / "pod.yaml").write_text(
@@ -166,7 +169,7 @@ def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
     )
     argv = [sys.executable, "-m", "gpuzombie", "lab", "pod", str(tmp_path / "pod.yaml"), "--device", "cpu"]
     lab = subprocess.Popen(
-        [*argv, "--grace", "120", "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [*argv, "--grace", "120", "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     run = None
     try:
@@ -176,21 +179,39 @@ def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
         lab.send_signal(signal.SIGKILL)
         lab.wait(10)
         pods = [c for c in recorded_cgroups(run) if os.path.basename(c).startswith("pod")]
-        before = _leftovers(run, pods)
-        cleaned = subprocess.run(
-            [sys.executable, "-m", "gpuzombie", "lab", "clean", "--json"], capture_output=True, text=True, timeout=120
-        )
-        after = _leftovers(run, pods)
+        left = _leftovers(run, pods)
+        assert len(left["processes"]) == 4, left  # containerd, its shim, the pause, the container's sleep
+        assert left["mounts"] and left["cgroups"] and left["shim_sockets"] and left["dirs"], left
+        yield run, pods, left
     finally:
         if lab.poll() is None:
             lab.kill()
             lab.wait(10)
         if run is not None and run.exists():
             remove_run(run)  # a failed test must not leave its containerd either
-    assert len(before["processes"]) == 4, before  # containerd, its shim, the pause, the container's sleep
-    assert before["mounts"] and before["cgroups"] and before["shim_sockets"] and before["dirs"], before
+
+
+NOTHING = {"processes": [], "mounts": [], "cgroups": [], "shim_sockets": [], "dirs": []}
+
+
+def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
+    """241ae16: the SIGKILLed run's containerd, shim, pause and container, mounts, pod cgroup, shim
+    socket and directories stay, and no command removes them. `gpuzombie lab clean` removes each."""
+    with sigkilled_run(tmp_path) as (run, pods, before):
+        cleaned = subprocess.run(
+            [sys.executable, "-m", "gpuzombie", "lab", "clean", "--json"], capture_output=True, text=True, timeout=120
+        )
+        after = _leftovers(run, pods)
     assert cleaned.returncode == 0, cleaned.stderr
     report = json.loads(cleaned.stdout)
     (mine,) = [r for r in report["runs"] if r["path"] == str(run)]
     assert mine["removed"] and not mine["owner_alive"] and len(mine["processes"]) == len(before["processes"])
-    assert after == {"processes": [], "mounts": [], "cgroups": [], "shim_sockets": [], "dirs": []}, after
+    assert after == NOTHING, after
+
+
+def test_the_next_lab_pod_removes_what_a_sigkilled_one_left(tmp_path):
+    with sigkilled_run(tmp_path) as (run, pods, _before):
+        (tmp_path / "next").mkdir()
+        rc, _out = lab_pod(tmp_path / "next", manifest("next", "true"))
+        after = _leftovers(run, pods)
+    assert rc in (0, 1) and after == NOTHING, after

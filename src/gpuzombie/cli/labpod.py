@@ -116,7 +116,10 @@ def pod_command(
     would, delete it as the kubelet does, and measure it like the scenarios.
 
     \b
-    Start: volumes (emptyDir, medium Memory a tmpfs; hostPath), RunPodSandbox,
+    Start: volumes (emptyDir, medium Memory a tmpfs; hostPath only where
+    --allow-host-path allows it, read-only unless :rw), RunPodSandbox (its own
+    network namespace with lo only; seccomp RuntimeDefault unless the manifest
+    says Unconfined; no NET_RAW),
     each init container to completion, then the containers. Delete: every
     container's preStop (exec by ExecSync, or sleep) within the grace, then
     StopContainer with the seconds left (at least 2), then the sandbox.
