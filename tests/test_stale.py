@@ -28,7 +28,8 @@ from cri_standin import standin_kubelet
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
-from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, _cgroup_roots
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
+from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
 from pidns import wait_until
 
@@ -54,7 +55,7 @@ def pod_cgroups(pod: PodSpec) -> list[str]:
     """Where a survivor of ``pod`` joins: the pod's own cgroup in every hierarchy that has it (the
     runtime made them with its sandbox); on cgroup v2 only, a leaf below it, as no process may sit
     beside child cgroups with controllers (removed with the pod's cgroup at the end)."""
-    roots = _cgroup_roots()
+    roots = cgroup_roots()
     groups = [root + pod.cgroup_parent for root in roots if os.path.isdir(root + pod.cgroup_parent)]
     if roots == ["/sys/fs/cgroup"] and groups:
         leaf = groups[0] + "/survivors"
