@@ -399,8 +399,9 @@ def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
     whose owner still runs are not touched. `lab pod` does the same at its start.
 
     \b
-    Exit codes: 0 nothing left (or all of it removed), 1 something found (--dry-run) or something
-    could not be removed, 2 not root.
+    Exit codes: 0 nothing left (or all of it removed),
+    1 something found (--dry-run) or something not removable,
+    2 not root.
     """
     import json
     import os

@@ -127,15 +127,15 @@ def run_processes(run: Path, cgroups: Iterable[str], procfs: Procfs | None = Non
     table = (procfs or Procfs()).snapshot(now=time.time(), with_cgroup=True)
     prefix = f"{run}/"
     pods = _pod_cgroups(cgroups)
+
+    def in_a_pod(cgroup_lines: tuple[str, ...]) -> bool:  # "N:controller:/kubepods/.../pod<uid>[/<id>]"
+        paths = [line.split(":", 2)[-1] for line in cgroup_lines]
+        return any(path == pod or path.startswith(f"{pod}/") for path in paths for pod in pods)
+
     roots = [
         p.pid
         for p in table
-        if p.pid != os.getpid()
-        and (
-            any(arg.startswith(prefix) for arg in p.cmdline)
-            or any(line.split(":", 2)[-1].startswith(tuple(f"{c}/" for c in pods)) for line in p.cgroup)
-            or any(line.split(":", 2)[-1] in pods for line in p.cgroup)
-        )
+        if p.pid != os.getpid() and (any(arg.startswith(prefix) for arg in p.cmdline) or in_a_pod(p.cgroup))
     ]
     order: list[int] = []
     pending = list(roots)
