@@ -106,8 +106,9 @@ def _opt_children() -> list[str]:
 class PodVolumes:
     """The pod's volumes on the host, as the kubelet makes them; ``close`` removes them."""
 
-    def __init__(self, workdir: Path, volumes: Sequence[Volume]) -> None:
+    def __init__(self, workdir: Path, volumes: Sequence[Volume], grants: Sequence[HostPathGrant]) -> None:
         self.paths: dict[str, str] = {}
+        self._grants = grants
         self._tmpfs: list[str] = []
         self._workdir = workdir
         try:
@@ -122,7 +123,10 @@ class PodVolumes:
         if v.kind == "hostPath" and v.host_path:
             if v.host_type == "DirectoryOrCreate":
                 os.makedirs(v.host_path, mode=0o755, exist_ok=True)
-            self.paths[v.name] = os.path.realpath(v.host_path)  # what --allow-host-path was checked against
+            real = os.path.realpath(v.host_path)  # bound as resolved now, and checked again now
+            if host_path_grant(real, self._grants) is None:
+                raise PodRunError(f"volume {v.name}: hostPath {v.host_path} resolves to {real}, not allowed")
+            self.paths[v.name] = real
             return
         path = self._workdir / "volumes" / v.name
         path.mkdir(parents=True)
@@ -159,7 +163,7 @@ class ManifestPod:
         self.hook = str(build_hook(workdir / "hook" / "prestop.pyz"))
         os.chmod(workdir, 0o755)
         os.chmod(workdir / "hook", 0o755)
-        self.volumes = PodVolumes(workdir, manifest.volumes)
+        self.volumes = PodVolumes(workdir, manifest.volumes, config.host_paths)
         self.spec = PodSpec(
             name=f"{manifest.name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
             namespace=manifest.namespace,
