@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 # Debian packages the lab and the tests use: real inits as PID 1, real container runtimes (podman, and
 # containerd with its CRI plugin), Prometheus and promtool for the alert and dashboard tests.
-DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static containerd prometheus python3-venv
+DEBIAN_PACKAGES ?= tini catatonit podman runc busybox-static containerd containernetworking-plugins prometheus python3-venv
 # The suite must pass beside `stress-ng --cpu 2` (docs/development.md): the load it is checked under.
 DEBIAN_PACKAGES += stress-ng
 # `make image`: podman, and debootstrap for the local Debian base where the pinned one cannot be pulled.

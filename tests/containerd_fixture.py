@@ -28,12 +28,15 @@ if TYPE_CHECKING:  # the CRI client needs the 'node' extra; conftest.py imports 
     from gpuzombie.lab.runtime.containerd import Containerd
     from gpuzombie.lab.runtime.interpreter import PythonLayout
 
-HAVE_CONTAINERD = all(shutil.which(exe) for exe in ("containerd", "ctr", "runc", "catatonit", "busybox"))
+HAVE_CONTAINERD = all(shutil.which(exe) for exe in ("containerd", "ctr", "runc", "catatonit", "busybox")) and any(
+    os.path.isfile(f"{d}/loopback") for d in ("/usr/lib/cni", "/opt/cni/bin")
+)
 HAVE_CRI_CLIENT = all(importlib.util.find_spec(module) for module in ("grpc", "cri_api"))
 
 needs_containerd = pytest.mark.skipif(
     os.geteuid() != 0 or not HAVE_CONTAINERD or not HAVE_CRI_CLIENT,
-    reason="needs root, containerd, runc, catatonit and busybox-static (make debian installs them)"
+    reason="needs root, containerd, runc, catatonit, busybox-static and containernetworking-plugins"
+    " (make debian installs them)"
     " and the 'node' extra (grpcio, container-runtime-interface-api)",
 )
 

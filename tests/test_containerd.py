@@ -23,6 +23,7 @@ from gpuzombie.k8s.cri import ContainerSpec, PodSpec, sandbox_config
 from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
 from gpuzombie.lab.runtime import containerd as ctd_lib
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, ImageSpec, private_containerd, write_image_archive
+from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.proc.procfs import Procfs
 from pidns import wait_until
 
@@ -96,7 +97,7 @@ def _leftovers(workdir: Path, socket: str, cgroup: str) -> list[str]:
     left = [str(workdir)] if workdir.exists() else []
     table = Procfs().snapshot(now=time.time(), with_cgroup=False)
     left += [p.command for p in table if any(socket in arg for arg in p.cmdline)]
-    left += [f"cgroup {cgroup}" for root in ctd_lib._cgroup_roots() if os.path.isdir(root + cgroup)]
+    left += [f"cgroup {cgroup}" for root in cgroup_roots() if os.path.isdir(root + cgroup)]
     return left
 
 
@@ -130,9 +131,13 @@ class TestOnContainerd:
         pod = kube_pods(PodSpec(name="p"))
         (sandbox,) = [s for s in containerd.client.list_pod_sandboxes() if s.id == pod.sandbox_id]
         assert sandbox.labels[POD_NAME] == "p"
-        table = Procfs().snapshot(now=time.time(), with_cgroup=True)
-        pauses = [p for p in table if p.cmdline[:2] == ("/catatonit", "-P") and pod.spec.uid in "".join(p.cgroup)]
-        assert len(pauses) == 1
+
+        def pauses() -> list:
+            table = Procfs().snapshot(now=time.time(), with_cgroup=True)
+            return [p for p in table if p.cmdline[:2] == ("/catatonit", "-P") and pod.spec.uid in "".join(p.cgroup)]
+
+        # runc's start returns before its init has exec'd the pause (cmdline still `runc init`)
+        assert len(wait_until(pauses)) == 1
 
 
 @needs_containerd
@@ -158,10 +163,10 @@ def test_pods_of_the_raw_client_leave_no_cgroup():
     spec = PodSpec(name="raw", qos="burstable")
     with private_containerd() as ctd:
         sandbox = ctd.client.run_pod_sandbox(spec)
-        assert any(os.path.isdir(root + spec.cgroup_parent) for root in ctd_lib._cgroup_roots())
+        assert any(os.path.isdir(root + spec.cgroup_parent) for root in cgroup_roots())
         ctd.client.stop_pod_sandbox(sandbox)
         ctd.client.remove_pod_sandbox(sandbox)
-    assert not any(os.path.isdir(root + spec.cgroup_parent) for root in ctd_lib._cgroup_roots())
+    assert not any(os.path.isdir(root + spec.cgroup_parent) for root in cgroup_roots())
 
 
 FAILING_TEST = """

@@ -59,7 +59,7 @@ def test_the_webhooks_tini_patch_is_applied_field_by_field():
     assert init.argv == ("cp", "/usr/bin/tini-static", "/opt/gpuzombie/prestop.pyz", "/.gpuzombie/")
     assert init.security.run_as_user == 65532 and init.security.run_as_non_root and init.security.read_only_root
     assert init.security.no_new_privs and init.security.drop_capabilities == ("ALL",)
-    assert init.security.seccomp == "RuntimeDefault" and c.security.seccomp == "Unconfined"  # the kubelet's default
+    assert init.security.seccomp == "RuntimeDefault" and c.security.seccomp == "RuntimeDefault"  # the lab's default
     assert [(x.volume, x.path, x.read_only) for x in init.mounts] == [("gpuzombie-bin", "/.gpuzombie", False)]
     assert c.argv[:5] == ("/.gpuzombie/tini-static", "-s", "-g", "--", "sh") and c.command_given
     assert c.prestop is not None and c.prestop.command[:4] == ("python3", "-S", "-I", "/.gpuzombie/prestop.pyz")
@@ -175,6 +175,45 @@ def test_a_field_it_cannot_apply_is_refused_by_name(change, field):
         parse_pod(doc)
     message = str(raised.value)
     assert message.startswith(field) or (field.startswith("runs") and field in message), message
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["metadata"].update(name="../../etc"), "metadata.name: '../../etc' is not a DNS-1123 subdomain"),
+        (lambda d: d["metadata"].update(name="a" * 254), "metadata.name: 'aaaa"),
+        (lambda d: d["metadata"].update(name="Upper"), "metadata.name: 'Upper' is not a DNS-1123 subdomain"),
+        (lambda d: d["metadata"].update(namespace="../x"), "metadata.namespace: '../x' is not a DNS-1123 label"),
+        (lambda d: d["metadata"].update(namespace="a.b"), "metadata.namespace: 'a.b' is not a DNS-1123 label"),
+        (
+            lambda d: (d["metadata"].pop("name"), d["metadata"].update(generateName="../")),
+            "metadata.generateName: '../lab' is not a DNS-1123 subdomain",
+        ),
+        (lambda d: d["spec"]["containers"][0].update(name="../c"), "spec.containers[0].name: '../c' is not a DNS"),
+        (lambda d: d["spec"]["containers"][0].update(name="c" * 64), "spec.containers[0].name: 'ccc"),
+        (lambda d: d["spec"]["containers"][0].pop("name"), "spec.containers[0].name: None is not a DNS-1123 label"),
+        (
+            lambda d: d["spec"].update(volumes=[{"name": "../../x", "emptyDir": {}}]),
+            "spec.volumes[0].name: '../../x' is not a DNS-1123 label",
+        ),
+    ],
+)
+def test_names_follow_the_api_servers_rules(change, message):
+    """Names become paths (log directory, log file, emptyDir directory): refused as the API server
+    refuses them, before anything is made."""
+    doc = pod(BASE)
+    change(doc)
+    with pytest.raises(ManifestError) as raised:
+        parse_pod(doc)
+    assert str(raised.value).startswith(message), raised.value
+
+
+def test_names_the_api_server_takes_pass():
+    doc = pod(BASE)
+    doc["metadata"].update(name="a-1.b" + "c" * 240, namespace="n" * 63)
+    doc["spec"]["containers"][0]["name"] = "c" * 63
+    m = parse_pod(doc)
+    assert m.name.startswith("a-1.b") and m.namespace == "n" * 63 and m.containers[0].name == "c" * 63
 
 
 def test_quantities():

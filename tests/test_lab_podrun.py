@@ -143,7 +143,7 @@ spec:
     volumeMounts: [{{name: host, mountPath: /out}}, {{name: scratch, mountPath: /scratch}}]
     lifecycle: {{preStop: {{sleep: {{seconds: 1}}}}}}
 """
-    rc, e, _ = lab_pod(tmp_path, text, monkeypatch, "--grace", "4")
+    rc, e, _ = lab_pod(tmp_path, text, monkeypatch, "--grace", "4", "--allow-host-path", f"{shared}:rw")
     assert (shared / "greeting").read_text() == "hello\n" and (shared / "uid").read_text() == "1000\n"
     assert "tmpfs" in (shared / "scratch").read_text() and "size=8192k" in (shared / "scratch").read_text()
     assert (shared / "seccomp").read_text().split() == ["Seccomp:", "2"]  # SECCOMP_MODE_FILTER

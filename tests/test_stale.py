@@ -31,7 +31,8 @@ from cri_standin import standin_kubelet
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
-from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, _cgroup_roots
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
+from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
 from pidns import wait_until
 
@@ -57,7 +58,7 @@ def pod_cgroups(pod: PodSpec) -> list[str]:
     """Where a survivor of ``pod`` joins: the pod's own cgroup in every hierarchy that has it (the
     runtime made them with its sandbox); on cgroup v2 only, a leaf below it, as no process may sit
     beside child cgroups with controllers (removed with the pod's cgroup at the end)."""
-    roots = _cgroup_roots()
+    roots = cgroup_roots()
     groups = [root + pod.cgroup_parent for root in roots if os.path.isdir(root + pod.cgroup_parent)]
     if roots == ["/sys/fs/cgroup"] and groups:
         leaf = groups[0] + "/survivors"
@@ -473,7 +474,7 @@ def nested_survivor(driver: str, pod: PodSpec, holder: int) -> Iterator[tuple[st
     inner = str(uuid.uuid4())
     if driver == "cgroupfs":
         nested = f"{container}/kubepods/besteffort/pod{inner}/{'c' * 64}"
-        roots = [root for root in _cgroup_roots() if os.path.isdir(root + container)]
+        roots = [root for root in cgroup_roots() if os.path.isdir(root + container)]
     else:
         outer = f"kubepods-besteffort-pod{pod.uid.replace('-', '_')}.slice"
         kind = f"kubelet-kubepods-besteffort-pod{inner.replace('-', '_')}.slice"
@@ -481,7 +482,7 @@ def nested_survivor(driver: str, pod: PodSpec, holder: int) -> Iterator[tuple[st
             f"/kubepods.slice/kubepods-besteffort.slice/{outer}/cri-containerd-{container.rsplit('/', 1)[1]}.scope/"
             f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/{kind}/cri-containerd-{'c' * 64}.scope"
         )
-        roots = _cgroup_roots()
+        roots = cgroup_roots()
     made: list[str] = []
     survivor = None
     try:

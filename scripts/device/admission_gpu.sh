@@ -3,7 +3,7 @@
 # current one, on the GPU machine. From the repository root, as root.
 #
 #   here, once:   scripts/device/admission_gpu.sh prepare
-#                 fills the gitignored .debs/ (containerd, runc, catatonit, tini), .whl/ (the CRI
+#                 fills the gitignored .debs/ (containerd, runc, catatonit, tini, the CNI plugins), .whl/ (the CRI
 #                 stubs, PyYAML for python 3.12, jsonpatch) and .lab-images/ (pause, busybox), ~33 MB.
 #   GPU machine:  scripts/device/admission_gpu.sh run        (carry: .debs .whl .lab-images)
 #
@@ -36,7 +36,7 @@ BUDGET_S=${BUDGET_S:-225}
 WORK=${WORK:-/tmp/gpuzombie-admission}
 UNPACKED=/tmp/gz-ctr
 SITE=/tmp/gz-site
-DEBS=(containerd runc catatonit tini)
+DEBS=(containerd runc catatonit tini containernetworking-plugins)
 PYYAML_WHEEL=PyYAML==6.0.2
 FIXTURES=tests/fixtures/labpod
 LOG=$OUT/admission-gpu.log

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lab on both runtimes, repeated: PID namespaces made by the lab, and real CRI pods on a private
-# containerd (Debian's containerd, runc, catatonit and tini, carried as .debs and unpacked with
+# containerd (Debian's containerd, runc, catatonit, tini and containernetworking-plugins, carried as .debs and unpacked with
 # dpkg -x: nothing can be installed on the GPU machine). From the repository root, as root.
 #
 #   here, once:   scripts/device/lab_runtimes.sh prepare
@@ -30,7 +30,7 @@ BUDGET_S=${BUDGET_S:-520}
 WORK=${WORK:-/tmp/gpuzombie-lab-runtimes}
 UNPACKED=/tmp/gz-ctr
 SITE=/tmp/gz-site
-DEBS=(containerd runc catatonit tini)
+DEBS=(containerd runc catatonit tini containernetworking-plugins)
 CRI_WHEEL=container-runtime-interface-api==2.0.1
 
 prepare() {
@@ -64,7 +64,7 @@ leftovers() {  # what a run must not leave: containerd, shims, runc mounts, pod 
   echo "containerd/shim processes: $(pgrep -fc 'containerd( |-shim)' || true)"
   pgrep -fa 'containerd( |-shim)' | sed 's/^/  /' | cut -c1-200  # which: a leftover, or another's
   echo "workload processes: $(pgrep -fc 'gpuzombie.workloads' || true)"
-  echo "mounts of a lab containerd: $(grep -c gpuzombie-containerd /proc/self/mounts || true)"
+  echo "mounts of a lab containerd: $(grep -c /run/gpuzombie-lab/ /proc/self/mounts || true)"
   echo "pod cgroups: $(find /sys/fs/cgroup -maxdepth 4 -type d -path '*kubepods*' -name 'pod*' 2>/dev/null | wc -l)"
 }
 

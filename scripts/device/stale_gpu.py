@@ -20,7 +20,8 @@ from pathlib import Path
 
 from gpuzombie.gpu.nvml import default_backend, read_gpus
 from gpuzombie.k8s.cri import PodSpec
-from gpuzombie.lab.runtime.containerd import _cgroup_roots, pause_image, private_containerd
+from gpuzombie.lab.runtime.containerd import pause_image, private_containerd
+from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
 
 OUT = Path(sys.argv[1])
@@ -76,7 +77,7 @@ def main() -> int:
         ctd.start_pod(PodSpec(name="keeper-0", namespace="gpu-test"))  # the runtime runs a pod: it is asked for real
         doomed = ctd.start_pod(PodSpec(name="trainer-0", namespace="gpu-test"))
         uid = doomed.spec.uid
-        roots = [r for r in _cgroup_roots() if os.path.isdir(r + doomed.spec.cgroup_parent)]
+        roots = [r for r in cgroup_roots() if os.path.isdir(r + doomed.spec.cgroup_parent)]
         groups = [Path(r + doomed.spec.cgroup_parent) for r in roots]
         leaves: list[Path] = []
         if roots == ["/sys/fs/cgroup"]:  # cgroup v2 (the device): a leaf, as no process may sit beside children

@@ -382,6 +382,54 @@ def report_command(directory: Path) -> int:
     return ExitStatus.OK
 
 
+@command.command("clean", short_help="Remove what lab runs that died (SIGKILL, OOM) left behind.")
+@click.option("--dry-run", is_flag=True, help="Only list what dead runs left; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema gpuzombie.labclean/1).")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the lab's runs keep their state (default /run/gpuzombie-lab).",
+)
+def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
+    """Find the lab's runs (private containerds of `lab pod`, `lab run --runtime containerd` and
+    the tests) whose owner process is gone, and remove what each left: its containerd, shims, pause
+    and container processes (each signalled through a pidfd checked against its start time, never
+    a reused pid), its mounts, the pod cgroups it made, its shim sockets and its directory. Runs
+    whose owner still runs are not touched. `lab pod` does the same at its start.
+
+    \b
+    Exit codes: 0 nothing left (or all of it removed),
+    1 something found (--dry-run) or something not removable,
+    2 not root.
+    """
+    import json
+    import os
+    from dataclasses import asdict
+
+    from gpuzombie.lab.runtime.rundirs import LAB_STATE_ROOT, clean_dead_runs
+
+    if os.geteuid() != 0:
+        raise GpuzombieError("lab clean needs root (it stops containerd, shims and containers, and unmounts)")
+    found = clean_dead_runs(state_dir or LAB_STATE_ROOT, dry_run=dry_run)
+    if as_json:
+        runs = [asdict(r) for r in found]
+        click.echo(json.dumps({"schema": "gpuzombie.labclean/1", "dry_run": dry_run, "runs": runs}))
+    for r in found if not as_json else ():
+        what = (
+            f"{len(r.processes)} process(es), {len(r.mounts)} mount(s), {len(r.cgroups)} cgroup(s), "
+            f"{len(r.shim_sockets)} shim socket(s)"
+        )
+        verb = "would remove" if dry_run else ("removed" if r.removed else "could not remove all of")
+        click.echo(f"{verb} {r.path} (owner pid {r.owner_pid} gone): {what}")
+        for problem in r.problems:
+            click.echo(f"  {problem}")
+    if not found and not as_json:
+        click.echo("nothing left by a dead lab run")
+    failed = any(r.problems or not r.removed for r in found) if not dry_run else bool(found)
+    return ExitStatus.FINDINGS if failed else ExitStatus.OK
+
+
 def _register_pod() -> None:
     """``lab pod`` lives in its own module (cli/labpod.py)."""
     from gpuzombie.cli.labpod import pod_command

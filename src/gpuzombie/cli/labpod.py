@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
+
+if TYPE_CHECKING:
+    from gpuzombie.lab.runtime.manifestpod import HostPathGrant
 
 SCHEMA = "gpuzombie.labpod/1"
 DEFAULT_OUT = Path("lab-out")
@@ -32,6 +36,16 @@ def load_manifest(stream: IO[str]) -> Any:
         raise GpuzombieError(f"{stream.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
     except ManifestError as exc:
         raise GpuzombieError(f"{stream.name}: {exc}") from exc
+
+
+def host_path_grant_of(value: str) -> HostPathGrant:
+    """``PATH`` or ``PATH:rw`` (``PATH:ro`` too) of --allow-host-path; an absolute path is needed."""
+    from gpuzombie.lab.runtime.manifestpod import HostPathGrant
+
+    path, _, mode = value.rpartition(":") if value.endswith((":rw", ":ro")) else (value, "", "ro")
+    if not os.path.isabs(path):
+        raise GpuzombieError(f"--allow-host-path {value}: an absolute path is needed")
+    return HostPathGrant(os.path.normpath(path), writable=mode == "rw")
 
 
 @click.command("pod", short_help="Run a Pod manifest on the lab's containerd and measure its deletion.")
@@ -71,6 +85,14 @@ def load_manifest(stream: IO[str]) -> Any:
     help="Measure the pod after this long even if it never settles (its processes, memory held and "
     "none of them running unchanged for a second).",
 )
+@click.option(
+    "--allow-host-path",
+    "host_paths",
+    metavar="PATH[:rw]",
+    multiple=True,
+    help="Let hostPath volumes at or under PATH be bound (repeatable); read-only unless :rw and the "
+    "volumeMount is not readOnly. Without it every hostPath is refused: the manifest runs as root.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/1).")
 @click.option(
     "--out",
@@ -86,6 +108,7 @@ def pod_command(
     image_archives: Path | None,
     repeat: int,
     ready_timeout: float,
+    host_paths: tuple[str, ...],
     as_json: bool,
     out: Path,
 ) -> int:
@@ -93,7 +116,10 @@ def pod_command(
     would, delete it as the kubelet does, and measure it like the scenarios.
 
     \b
-    Start: volumes (emptyDir, medium Memory a tmpfs; hostPath), RunPodSandbox,
+    Start: volumes (emptyDir, medium Memory a tmpfs; hostPath only where
+    --allow-host-path allows it, read-only unless :rw), RunPodSandbox (its own
+    network namespace with lo only; seccomp RuntimeDefault unless the manifest
+    says Unconfined; no NET_RAW),
     each init container to completion, then the containers. Delete: every
     container's preStop (exec by ExecSync, or sleep) within the grace, then
     StopContainer with the seconds left (at least 2), then the sandbox.
@@ -122,17 +148,22 @@ def pod_command(
         raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     try:  # grpcio and the CRI stubs are an extra
         from gpuzombie.k8s.cri import CriError
-        from gpuzombie.lab.podrun import PodRunConfig, PodRunError, lab_notes, run_lab_pod
+        from gpuzombie.lab.podrun import PodRunConfig, PodRunError, check_runnable, lab_notes, run_lab_pod
         from gpuzombie.lab.runtime.containerd import ContainerdError
     except ImportError as exc:
         raise GpuzombieError(f"lab pod needs the node extra ({exc})") from exc
     nvml = default_backend()
     gpus = nvml.read()
     resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))
+    grants = tuple(host_path_grant_of(value) for value in host_paths)
+    config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout, host_paths=grants)
+    try:
+        check_runnable(parsed, config)  # before anything is made, and before the notes
+    except PodRunError as exc:
+        raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     console = Console(stderr=True, log_path=False)
-    for note in lab_notes(parsed, resolved):
+    for note in lab_notes(parsed, config):
         console.print(f"[yellow]lab pod:[/] {note}")
-    config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout)
     try:
         with console.status("starting") as status:
 

@@ -65,6 +65,9 @@ class PodSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     share_process_namespace: bool = False
     """``shareProcessNamespace: true``: one PID namespace for the pod, the pause container its PID 1."""
+    host_network: bool = True
+    """The node's network and UTS namespaces (``hostNetwork: true``, no CNI needed); False: the
+    pod's own, which the runtime's CNI configuration sets up, and the pod's name as hostname."""
 
     def __post_init__(self) -> None:
         if self.qos not in QOS_CLASSES:
@@ -135,24 +138,24 @@ def _namespaces(host_network: bool, share_pid: bool = False) -> pb.NamespaceOpti
     )
 
 
-def sandbox_config(pod: PodSpec, *, log_root: str = KUBELET_LOG_ROOT, host_network: bool = True) -> pb.PodSandboxConfig:
+def sandbox_config(pod: PodSpec, *, log_root: str = KUBELET_LOG_ROOT) -> pb.PodSandboxConfig:
     """The PodSandboxConfig the kubelet (cgroupfs driver) sends for ``pod``."""
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=0),
-        hostname="" if host_network else pod.name,  # a host-network pod has the node's UTS namespace
+        hostname="" if pod.host_network else pod.name[:63].rstrip("-."),  # the kubelet's cut; host network: the node's
         log_directory=f"{log_root}/{pod.namespace}_{pod.name}_{pod.uid}",
         labels=pod.kubelet_labels,
         annotations={"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": "gpuzombie"},
         linux=pb.LinuxPodSandboxConfig(
             cgroup_parent=pod.cgroup_parent,
             security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=_namespaces(host_network, pod.share_process_namespace)
+                namespace_options=_namespaces(pod.host_network, pod.share_process_namespace)
             ),
         ),
     )
 
 
-def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bool = True) -> pb.ContainerConfig:
+def container_config(pod: PodSpec, container: ContainerSpec) -> pb.ContainerConfig:
     """The ContainerConfig the kubelet sends: its four labels, its log path ``<name>/0.log``."""
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=container.name, attempt=0),
@@ -170,7 +173,7 @@ def container_config(pod: PodSpec, container: ContainerSpec, *, host_network: bo
         log_path=f"{container.name}/0.log",
         linux=pb.LinuxContainerConfig(
             security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=_namespaces(host_network, pod.share_process_namespace),
+                namespace_options=_namespaces(pod.host_network, pod.share_process_namespace),
                 run_as_user=None if container.run_as_user is None else pb.Int64Value(value=container.run_as_user),
                 run_as_group=None if container.run_as_group is None else pb.Int64Value(value=container.run_as_group),
                 readonly_rootfs=container.readonly_rootfs,

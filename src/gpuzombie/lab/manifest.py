@@ -43,6 +43,14 @@ SUFFIX = {
     "m": 1e-3,
 }
 DEFAULT_GRACE_S = 30
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL_MAX = 63
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1123_SUBDOMAIN_MAX = 253
+"""The API server's name rules (k8s.io/apimachinery validation ``IsDNS1123Label`` and
+``IsDNS1123Subdomain``): a namespace, a container and a volume name is a label, a pod name a
+subdomain. The lab checks them before anything is made, because the names become paths (the pod's
+log directory, each container's log file, each emptyDir's directory)."""
 SECCOMP_TYPES = ("RuntimeDefault", "Unconfined")
 """The seccompProfile types the lab applies (a Localhost profile would be a file on the node)."""
 
@@ -139,9 +147,10 @@ class Security:
     read_only_root: bool = False
     no_new_privs: bool = False
     drop_capabilities: tuple[str, ...] = ()
-    seccomp: str = "Unconfined"
-    """``seccompProfile.type``; the kubelet sends Unconfined when neither the pod nor the container
-    names one (its seccompDefault setting is off by default)."""
+    seccomp: str = "RuntimeDefault"
+    """``seccompProfile.type``; RuntimeDefault when neither the pod nor the container names one, as
+    a kubelet with ``seccompDefault: true`` does (the kubelet's own default, off, sends Unconfined):
+    a lab runs manifests it was handed, so it filters unless a manifest asks for Unconfined."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,27 @@ def parse_quantity(value: object, where: str) -> float:
     if m is None or isinstance(value, bool):
         raise ManifestError(f"{where}: {value!r} is not a quantity the lab understands")
     return float(m.group(1)) * SUFFIX.get(m.group(2) or "", 1)
+
+
+def dns_label(value: object, where: str) -> str:
+    """``value`` if it is a DNS-1123 label (a namespace, container or volume name)."""
+    if not isinstance(value, str) or len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.match(value):
+        raise ManifestError(
+            f"{where}: {value!r} is not a DNS-1123 label (at most {DNS1123_LABEL_MAX} lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit), as the API server requires"
+        )
+    return value
+
+
+def dns_subdomain(value: object, where: str) -> str:
+    """``value`` if it is a DNS-1123 subdomain (a pod name)."""
+    if not isinstance(value, str) or len(value) > DNS1123_SUBDOMAIN_MAX or not DNS1123_SUBDOMAIN.match(value):
+        raise ManifestError(
+            f"{where}: {value!r} is not a DNS-1123 subdomain (at most {DNS1123_SUBDOMAIN_MAX} lower-case "
+            "letters, digits, '-' and '.', each part starting and ending with a letter or digit), as the "
+            "API server requires"
+        )
+    return value
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -377,9 +407,7 @@ def _container(
     if not init:
         applied.add("lifecycle")
     _check_keys(c, where, applied, NO_EFFECT["container"], seen)
-    name = c.get("name")
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"{where}.name: missing")
+    name = dns_label(c.get("name"), f"{where}.name")
     command = _strings(c.get("command"), f"{where}.command")
     args = _strings(c.get("args"), f"{where}.args")
     if not command and not args:
@@ -401,9 +429,7 @@ def _container(
 
 def _volume(data: object, where: str, seen: list[str]) -> Volume:
     v = _mapping(data, where)
-    name = v.get("name")
-    if not isinstance(name, str) or not name:
-        raise ManifestError(f"{where}.name: missing")
+    name = dns_label(v.get("name"), f"{where}.name")
     _check_keys(v, where, {"name", "emptyDir", "hostPath"}, set(), seen)
     if "emptyDir" in v:
         ed = _mapping(v["emptyDir"], f"{where}.emptyDir")
@@ -467,12 +493,16 @@ def parse_pod(doc: object) -> PodManifest:
     all_names = [c.name for c in (*inits, *containers)]
     if len(set(all_names)) != len(all_names):
         raise ManifestError("spec.containers: two containers with one name")
-    name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}lab"
+    if meta.get("name"):
+        name = dns_subdomain(meta["name"], "metadata.name")
+    else:
+        name = dns_subdomain(f"{meta.get('generateName') or 'pod-'}lab", "metadata.generateName")
+    namespace = dns_label(meta.get("namespace") or "default", "metadata.namespace")
     annotations = {str(k): str(v) for k, v in _mapping(meta.get("annotations"), "metadata.annotations").items()}
     grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
     return PodManifest(
-        name=str(name),
-        namespace=str(meta.get("namespace") or "default"),
+        name=name,
+        namespace=namespace,
         annotations=annotations,
         grace_s=_int(grace, "spec.terminationGracePeriodSeconds"),
         share_process_namespace=_bool(spec.get("shareProcessNamespace", False), "spec.shareProcessNamespace"),

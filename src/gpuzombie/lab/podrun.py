@@ -22,7 +22,7 @@ from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import PodManifest
 from gpuzombie.lab.metrics import release_tolerance, sampling_stats, scenario_metrics
 from gpuzombie.lab.observation import Observation, observe, smi_snapshot
-from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
+from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, cni_bin_dir
 from gpuzombie.lab.runtime.cri import (
     CriRuntime,
 )
@@ -33,6 +33,7 @@ from gpuzombie.lab.runtime.manifestpod import (
     ManifestPod,
     PodRunConfig,
     PodRunError,
+    host_path_grant,
 )
 from gpuzombie.lab.runtime.pidns import PROCFS, Deletion
 from gpuzombie.lab.sampler import Probe, Sampler, nvml_or_standin
@@ -46,6 +47,14 @@ STEADY_BYTES = 8 * MIB
 IMAGE_NOTE = (
     f"every image runs as the lab's ({BUSYBOX_IMAGE}: busybox with the host's /usr, /lib, /lib64 and "
     "/opt mounted read-only; nothing is pulled)"
+)
+NETWORK_NOTE = (
+    "each pod has its own network and UTS namespaces with only lo up (no pod network, Services, DNS or "
+    "ports: a lab node has no CNI network); its hostname is the pod's name"
+)
+DEFAULTS_NOTE = (
+    "containers get seccomp RuntimeDefault unless the manifest says Unconfined, and the runtime's default "
+    "capabilities less NET_RAW (the Pod Security Standards' baseline set)"
 )
 ENTRYPOINT_NOTE = "an image's ENTRYPOINT is taken as empty (the lab's image has none): a container runs command + args"
 Progress = Callable[[str], None]
@@ -64,9 +73,10 @@ class PodRssProbe:
         return total, total
 
 
-def lab_notes(manifest: PodManifest, device: str) -> list[str]:
+def lab_notes(manifest: PodManifest, config: PodRunConfig) -> list[str]:
     """What the lab does differently from a node, for the output (nothing silently)."""
-    notes = [IMAGE_NOTE, ENTRYPOINT_NOTE]
+    device = config.device
+    notes = [IMAGE_NOTE, ENTRYPOINT_NOTE, NETWORK_NOTE, DEFAULTS_NOTE]
     python3 = shutil.which("python3", path=LAB_PYTHON_BIN) or shutil.which("python3", path="/usr/local/bin:/usr/bin")
     notes.append(f"python3 in a container is the lab's ({python3}, as the scenarios run it), the project on PYTHONPATH")
     notes.append(f"the fast preStop hook is built fresh and mounted read-only at {HOOK_PATH}")
@@ -77,13 +87,25 @@ def lab_notes(manifest: PodManifest, device: str) -> list[str]:
             if device == "cuda"
             else "GPU resources: no GPU device (CPU stand-in: the workload holds host memory)"
         )
+    for v in manifest.volumes:
+        grant = host_path_grant(v.host_path, config.host_paths) if v.host_path else None
+        if grant is not None and not grant.writable:
+            notes.append(
+                f"hostPath {v.host_path} (volume {v.name}) is bound read-only (--allow-host-path PATH:rw writes)"
+            )
     if manifest.no_effect:
         notes.append("accepted without effect on a lab node: " + ", ".join(manifest.no_effect))
     return notes
 
 
-def check_runnable(manifest: PodManifest) -> None:
-    """What the kubelet (or this host) would refuse before the first container, in one line."""
+def check_runnable(manifest: PodManifest, config: PodRunConfig) -> None:
+    """What the kubelet (or this host, or ``--allow-host-path``) refuses before the first container,
+    in one line."""
+    if cni_bin_dir() is None:
+        raise PodRunError(
+            "each pod gets its own network namespace, which needs the CNI plugins loopback and static "
+            "(Debian: apt-get install containernetworking-plugins; make debian installs it)"
+        )
     for c in (*manifest.init_containers, *manifest.containers):
         sec = c.security
         if sec.run_as_non_root and not sec.run_as_user:
@@ -95,6 +117,11 @@ def check_runnable(manifest: PodManifest) -> None:
         if uses_tini and not os.path.isfile(TINI_STATIC):
             raise PodRunError(f"container {c.name} copies {TINI_STATIC}: install Debian's tini package on this host")
     for v in manifest.volumes:
+        if v.host_path and host_path_grant(v.host_path, config.host_paths) is None:
+            raise PodRunError(
+                f"volume {v.name}: hostPath {v.host_path} is not allowed: lab pod binds a host path only "
+                "where --allow-host-path names it or a directory above it"
+            )
         if v.kind == "hostPath" and v.host_type in ("Directory", "File") and v.host_path:
             exists = os.path.isdir(v.host_path) if v.host_type == "Directory" else os.path.isfile(v.host_path)
             if not exists:
@@ -117,7 +144,7 @@ class _PodMeasurement:
         self.manifest, self.config, self.nvml, self.progress = manifest, config, nvml, progress
         self.events = EventLog()
         self.standin = config.device != "cuda"
-        self.workdir = Path(tempfile.mkdtemp(prefix="gpuzombie-labpod-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="pod-", dir=runtime.state_dir))
         self.cri_socket = runtime.socket
         self.observations: list[Observation] = []
         self.logs: dict[str, str] = {}
@@ -269,7 +296,7 @@ class _PodMeasurement:
             "containers": [c.name for c in self.manifest.containers],
             "prestop_containers": hooks,
             "pid1_comm": self.pod.init,
-            "notes": lab_notes(self.manifest, self.config.device),
+            "notes": lab_notes(self.manifest, self.config),
         }
         return replace(run, manifest=pod_info)
 
@@ -283,7 +310,7 @@ def run_pod(
     progress: Progress = lambda _: None,
 ) -> ScenarioRun:
     """Run, delete and measure the pod; nothing of it is left when this returns, whatever happened."""
-    check_runnable(manifest)
+    check_runnable(manifest, config)
     return _PodMeasurement(runtime, manifest, config, nvml, progress).run()
 
 
@@ -306,11 +333,14 @@ def run_lab_pod(
     from gpuzombie.lab.results import write_results
     from gpuzombie.lab.runner import check_can_make_pods, interrupts_as_keyboard_interrupt
     from gpuzombie.lab.runtime.cri import cri_runtime
+    from gpuzombie.lab.runtime.rundirs import clean_dead_runs
 
     check_can_make_pods()
+    for left in clean_dead_runs():  # a SIGKILLed run's containerd, shims, pods, mounts
+        progress(f"removed what a dead run left in {left.path}: {len(left.processes)} process(es)")
     nvml = nvml or default_backend()
     gpus = nvml.read()
-    check_runnable(manifest)
+    check_runnable(manifest, config)
     with (
         interrupts_as_keyboard_interrupt(),
         cri_runtime(socket=None, gpu=config.device == "cuda", archives=archives) as cri,

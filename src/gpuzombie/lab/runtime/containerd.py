@@ -1,12 +1,14 @@
 """A private containerd with its CRI plugin, for labs and tests: own root, state and socket in a
-temp dir, images built here (no registry), everything stopped and removed at the end.
+run directory (``rundirs``: under /run/gpuzombie-lab, named after its owner, so ``gpuzombie lab
+clean`` finds it if the owner is SIGKILLed), images built here (no registry), everything stopped
+and removed at the end.
 
 ``with private_containerd() as ctd:`` starts ``containerd --config`` in its own session, imports a
 pause image (``catatonit -P``, a real reaping pause) and a busybox-static image, and yields a
 ``Containerd`` whose ``pod()`` makes sandboxes as the kubelet does. On leaving the block, even after
 an error: every sandbox is stopped and removed through the CRI, containerd is stopped by its pid,
 any shim or container process still tied to this instance is killed, its mounts are unmounted, the
-pod cgroups it made are removed, and the temp dir is deleted.
+pod cgroups it made are removed, and the run directory is deleted.
 """
 
 from __future__ import annotations
@@ -20,14 +22,20 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuzombie.k8s.cri import CriError, PodSpec, RunningPod, RuntimeClient
-from gpuzombie.proc.procfs import Procfs
+from gpuzombie.lab.runtime.rundirs import (
+    LAB_STATE_ROOT,
+    cgroup_roots,
+    new_run_dir,
+    record_cgroup,
+    recorded_cgroups,
+    remove_run,
+)
 
 PAUSE_IMAGE = "localhost/gpuzombie/pause:catatonit"
 BUSYBOX_IMAGE = "localhost/gpuzombie/busybox:static"
@@ -137,9 +145,37 @@ def write_image_archive(spec: ImageSpec, path: str | os.PathLike[str]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def config_toml(workdir: Path, *, sandbox_image: str = PAUSE_IMAGE) -> str:
-    """containerd's config: everything under ``workdir``; ``restrict_oom_score_adj`` because a
-    container without CAP_SYS_RESOURCE (CI, this lab) cannot give the pause container -998."""
+CNI_PLUGIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+"""Where Debian's containernetworking-plugins (and the upstream tarball) put ``loopback`` and ``static``."""
+LOOPBACK_ONLY_CNI = {
+    "cniVersion": "1.0.0",
+    "name": "gpuzombie-lab-loopback-only",
+    "plugins": [
+        {"type": "static", "ipam": {"type": "static", "addresses": [{"address": "127.0.0.1/8"}]}},
+        {"type": "loopback"},
+    ],
+}
+"""A pod's own network namespace with nothing in it but ``lo``: ``static`` (an IPAM plugin run as
+the chain's first plugin) creates no device and only reports 127.0.0.1, which containerd needs as
+the pod IP of ``eth0``; ``loopback`` brings ``lo`` up and passes that result on. No bridge, no veth,
+no state outside the work dir: the pod reaches nothing but itself."""
+
+
+def cni_bin_dir() -> str | None:
+    """The directory with the ``loopback`` and ``static`` CNI plugins: beside the containerd in use
+    (``<prefix>/lib/cni``, also a Debian package unpacked elsewhere), or a usual place."""
+    containerd = shutil.which("containerd")
+    beside = [os.path.join(os.path.dirname(os.path.dirname(containerd)), "lib", "cni")] if containerd else []
+    for d in (*beside, *CNI_PLUGIN_DIRS):
+        if all(os.path.isfile(os.path.join(d, p)) for p in ("loopback", "static")):
+            return d
+    return None
+
+
+def config_toml(workdir: Path, *, sandbox_image: str = PAUSE_IMAGE, cni_bin: str = CNI_PLUGIN_DIRS[0]) -> str:
+    """containerd's config: everything under ``workdir`` (also the pods' network namespaces);
+    ``restrict_oom_score_adj`` because a container without CAP_SYS_RESOURCE (CI, this lab) cannot
+    give the pause container -998."""
     return f"""version = 2
 root = "{workdir}/root"
 state = "{workdir}/state"
@@ -149,10 +185,11 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox_image}"
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{workdir}/cni/bin"
+    bin_dir = "{cni_bin}"
     conf_dir = "{workdir}/cni/conf"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
@@ -167,8 +204,6 @@ class Containerd:
         self.socket = str(workdir / "containerd.sock")
         self.process = process
         self.client = RuntimeClient(self.socket, log_root=str(workdir / "pods"), before_sandbox=self._claim_cgroups)
-        self._cgroups: list[str] = []
-        """Cgroup paths (relative to each hierarchy) this instance's pods made: removed at the end."""
 
     @property
     def pid(self) -> int:
@@ -196,14 +231,13 @@ class Containerd:
         """The pod's cgroup, and those of its parents (``/kubepods``, its QoS level) that no one had
         made yet: a kubelet keeps those, a private runtime removes what it added."""
         parent = pod.cgroup_parent
-        roots = _cgroup_roots()
+        roots, claimed = cgroup_roots(), recorded_cgroups(self.workdir)
         path = ""
         for part in parent.strip("/").split("/"):
             path = f"{path}/{part}"
-            if path not in self._cgroups and not any(os.path.isdir(root + path) for root in roots):
-                self._cgroups.append(path)
-        if parent not in self._cgroups:
-            self._cgroups.append(parent)
+            if path not in claimed and (path == parent or not any(os.path.isdir(root + path) for root in roots)):
+                record_cgroup(self.workdir, path)
+                claimed.append(path)
 
     def start_pod(self, spec: PodSpec) -> RunningPod:
         """A pod sandbox as the kubelet makes it, left running until ``stop_pod`` or the end."""
@@ -255,101 +289,22 @@ class Containerd:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT)
 
-    def _kill_leftover_shims(self) -> list[str]:
-        """Shims outlive containerd (their own session): kill ours, and the containers under them."""
-        table = Procfs().snapshot(now=time.time(), with_cgroup=False)
-        shims = [
-            p.pid
-            for p in table
-            if p.cmdline and os.path.basename(p.cmdline[0]).startswith("containerd-shim") and self.socket in p.cmdline
-        ]
-        victims: list[int] = []
-        pending = list(shims)
-        while pending:  # the shim's whole tree, children first
-            pid = pending.pop()
-            victims.insert(0, pid)
-            pending.extend(c.pid for c in table.children(pid))
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while victims and time.monotonic() < deadline:  # exited (zombie or gone) leaves its cgroup
-            left = Procfs().snapshot(victims, now=time.time(), with_cgroup=False)
-            if all(p.is_zombie for p in left):
-                break
-            time.sleep(0.02)
-        return [f"killed {len(shims)} leftover shim(s) and {len(victims) - len(shims)} process(es)"] if shims else []
-
-    def _unmount(self) -> list[str]:
-        """Mounts left under the work dir (sandbox /dev/shm, container rootfs), deepest first."""
-        mounts: list[str] = []
-        for top, dirs, _files in os.walk(self.workdir):
-            for d in list(dirs):
-                path = os.path.join(top, d)
-                if os.path.ismount(path):
-                    mounts.append(path)
-                    dirs.remove(d)  # do not walk into a container's rootfs
-        for mountpoint in sorted(mounts, key=len, reverse=True):
-            subprocess.run(["umount", "--lazy", mountpoint], capture_output=True, timeout=30, check=False)
-        return [f"unmounted {len(mounts)} leftover mount(s)"] if mounts else []
-
-    def _remove_cgroups(self) -> list[str]:
-        """The cgroups ``_claim_cgroups`` recorded, deepest first, in every hierarchy."""
-        problems = []
-        for relative in sorted(self._cgroups, key=lambda p: p.count("/"), reverse=True):
-            problems += remove_cgroup(relative)
-        return problems
-
     def close(self) -> list[str]:
         """Stop and remove everything; what needed a backstop or could not be removed, one line each."""
         problems = self._remove_sandboxes()
         self.client.close()
         self._stop_daemon()
-        problems += self._kill_leftover_shims()
-        problems += self._unmount()
-        problems += self._remove_cgroups()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.workdir.exists():
-            problems.append(f"cannot remove {self.workdir}")
-        return problems
-
-
-def remove_cgroup(relative: str) -> list[str]:
-    """Remove the cgroup ``relative`` (e.g. a pod's ``/kubepods/besteffort/pod<uid>``) and the empty
-    cgroups under it in every hierarchy; what could not be removed (only a pod's own cgroup counts:
-    a shared parent may hold others' pods). Pods made on a runtime without a kubelet need it."""
-    problems = []
-    for root in _cgroup_roots():
-        path = Path(root + relative)
-        if not path.is_dir():
-            continue
-        for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):  # a container's cgroup runc left (killed shim)
-                child.rmdir()
-        try:
-            path.rmdir()
-        except OSError as exc:
-            if os.path.basename(relative).startswith("pod"):
-                problems.append(f"cannot remove cgroup {path}: {exc.strerror}")
-    return problems
-
-
-def _cgroup_roots(base: str = "/sys/fs/cgroup") -> list[str]:
-    """Every mounted cgroup hierarchy: the v2 root, or each v1 controller (and the hybrid unified one)."""
-    if os.path.exists(os.path.join(base, "cgroup.controllers")):
-        return [base]
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return []
-    return [path for n in names if not os.path.islink(path := os.path.join(base, n)) and os.path.ismount(path)]
+        return problems + remove_run(self.workdir)  # shims, containers, mounts, cgroups, the dir
 
 
 def _start(workdir: Path, start_timeout: float) -> Containerd:
-    for sub in ("root", "state", "pods", "cni/bin", "cni/conf"):
+    for sub in ("root", "state", "pods", "cni/conf"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     config = workdir / "config.toml"
-    config.write_text(config_toml(workdir))
+    cni_bin = cni_bin_dir()
+    config.write_text(config_toml(workdir, cni_bin=cni_bin or CNI_PLUGIN_DIRS[0]))
+    if cni_bin:  # else only host-network pods can start (lab pod refuses to run: check_runnable)
+        (workdir / "cni" / "conf" / "10-loopback-only.conflist").write_text(json.dumps(LOOPBACK_ONLY_CNI))
     exe = _host_binary("containerd", "/usr/bin/containerd")
     with open(workdir / "containerd.log", "wb") as log:
         process = subprocess.Popen(
@@ -381,13 +336,13 @@ def _start(workdir: Path, start_timeout: float) -> Containerd:
 def private_containerd(
     *,
     images: tuple[ImageSpec, ...] | None = None,
-    parent_dir: str | None = None,
+    state_root: Path = LAB_STATE_ROOT,
     start_timeout: float = START_TIMEOUT,
 ) -> Iterator[Containerd]:
     """A private containerd with the pause and busybox images (or ``images``) imported; everything
     removed when the block ends. Raises ContainerdError if it cannot start or import, and after the
     block if something could not be removed."""
-    workdir = Path(tempfile.mkdtemp(prefix="gpuzombie-containerd-", dir=parent_dir))
+    workdir = new_run_dir(state_root)
     try:
         ctd = _start(workdir, start_timeout)
     except BaseException:

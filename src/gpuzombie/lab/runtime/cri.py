@@ -36,11 +36,11 @@ from gpuzombie.lab.runtime.containerd import (
     busybox_image,
     pause_image,
     private_containerd,
-    remove_cgroup,
     write_image_archive,
 )
 from gpuzombie.lab.runtime.interpreter import PythonLayout, interpreter_paths
 from gpuzombie.lab.runtime.pidns import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
+from gpuzombie.lab.runtime.rundirs import remove_cgroup
 
 CONTAINER = "workload"
 LAB_NAMESPACE = "gpuzombie-lab"
@@ -180,6 +180,9 @@ class CriRuntime:
     devices: tuple[str, ...]
     private: bool
     """A containerd of the lab's own (stopped at the end), or a runtime given by ``--cri-socket``."""
+    state_dir: Path | None = None
+    """The private containerd's run directory, where a pod's volumes go too (``lab clean`` finds
+    them there after a crash); None on a runtime the lab did not start."""
 
 
 def _import_archives(ctd: Containerd, archives: Path) -> None:
@@ -190,18 +193,19 @@ def _import_archives(ctd: Containerd, archives: Path) -> None:
         ctd.ctr("images", "import", "--no-unpack=false", str(path))
 
 
-def _runtime(client: RuntimeClient, pods: PodMaker, socket: str, *, gpu: bool, private: bool) -> CriRuntime:
+def _runtime(client: RuntimeClient, pods: PodMaker, socket: str, *, gpu: bool, state_dir: Path | None) -> CriRuntime:
     parts = find_gpu_parts() if gpu else None
     if gpu and not (parts and parts.devices):
         raise CriError("CreateContainer: --device cuda, but no /dev/nvidia* device on this host")
     mounts = workload_mounts(python_paths(os.environ), parts)
     env = lab_environment(os.environ, parts)
-    return CriRuntime(client, pods, socket, BUSYBOX_IMAGE, mounts, env, parts.devices if parts else (), private)
+    devices = parts.devices if parts else ()
+    return CriRuntime(client, pods, socket, BUSYBOX_IMAGE, mounts, env, devices, state_dir is not None, state_dir)
 
 
 def cri_runtime_on(ctd: Containerd, *, gpu: bool = False) -> CriRuntime:
     """The lab's runtime on a private containerd that already runs (with the busybox image)."""
-    return _runtime(ctd.client, ctd, ctd.socket, gpu=gpu, private=True)
+    return _runtime(ctd.client, ctd, ctd.socket, gpu=gpu, state_dir=ctd.workdir)
 
 
 @contextlib.contextmanager
@@ -220,7 +224,7 @@ def cri_runtime(*, socket: str | None, gpu: bool, archives: Path | None = None) 
         client.version(timeout=5)
         pods = SocketPods(client)
         try:
-            yield _runtime(client, pods, socket, gpu=gpu, private=False)
+            yield _runtime(client, pods, socket, gpu=gpu, state_dir=None)
         finally:
             pods.remove_left()
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, PodSpec, RunningPod
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.manifest import Container, PodManifest, Volume
+from gpuzombie.lab.manifest import Container, Mount, PodManifest, Volume
 from gpuzombie.lab.runtime.cri import (
     KUBELET_MIN_GRACE_S,
     KUBELET_RUNTIME_TIMEOUT_S,
@@ -52,10 +52,34 @@ TINI_STATIC = "/usr/bin/tini-static"
 LAB_PYTHON_BIN = os.path.dirname(sys.executable)
 """On a container's PATH after the image's /bin: ``python3`` (and ``gpuzombie``) are the lab's."""
 INIT_TIMEOUT_S = 120.0
+LAB_DROPPED_CAPABILITIES = ("NET_RAW",)
+"""Dropped from every container on top of the manifest's drops: the runtime's default set less
+NET_RAW is the Pod Security Standards' baseline set and CRI-O's default; containerd still grants
+NET_RAW (raw and packet sockets: spoofing, and the kernel's packet-socket bugs)."""
 
 
 class PodRunError(RuntimeError):
     """The pod could not be run (an init container failed, the kubelet would refuse a container)."""
+
+
+@dataclass(frozen=True)
+class HostPathGrant:
+    """``--allow-host-path PATH[:rw]``: hostPath volumes at or under ``path`` may be bound, read-only
+    unless ``writable``."""
+
+    path: str
+    writable: bool = False
+
+    def covers(self, host_path: str) -> bool:
+        """``host_path`` (its symlinks resolved) is ``path`` or under it."""
+        granted, real = os.path.realpath(self.path), os.path.realpath(host_path)
+        return real == granted or real.startswith(granted.rstrip("/") + "/")
+
+
+def host_path_grant(host_path: str, grants: Sequence[HostPathGrant]) -> HostPathGrant | None:
+    """The deepest grant that covers ``host_path``; None: the volume is refused."""
+    covering = [g for g in grants if g.covers(host_path)]
+    return max(covering, key=lambda g: len(os.path.realpath(g.path)), default=None)
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,8 @@ class PodRunConfig:
     gpu_index: int = 0
     ready_timeout: float = 180.0
     sample_interval: float = 0.01
+    host_paths: tuple[HostPathGrant, ...] = ()
+    """Where hostPath volumes may point (none by default: the manifest is untrusted)."""
 
 
 def _opt_children() -> list[str]:
@@ -80,8 +106,9 @@ def _opt_children() -> list[str]:
 class PodVolumes:
     """The pod's volumes on the host, as the kubelet makes them; ``close`` removes them."""
 
-    def __init__(self, workdir: Path, volumes: Sequence[Volume]) -> None:
+    def __init__(self, workdir: Path, volumes: Sequence[Volume], grants: Sequence[HostPathGrant]) -> None:
         self.paths: dict[str, str] = {}
+        self._grants = grants
         self._tmpfs: list[str] = []
         self._workdir = workdir
         try:
@@ -96,7 +123,10 @@ class PodVolumes:
         if v.kind == "hostPath" and v.host_path:
             if v.host_type == "DirectoryOrCreate":
                 os.makedirs(v.host_path, mode=0o755, exist_ok=True)
-            self.paths[v.name] = v.host_path
+            real = os.path.realpath(v.host_path)  # bound as resolved now, and checked again now
+            if host_path_grant(real, self._grants) is None:
+                raise PodRunError(f"volume {v.name}: hostPath {v.host_path} resolves to {real}, not allowed")
+            self.paths[v.name] = real
             return
         path = self._workdir / "volumes" / v.name
         path.mkdir(parents=True)
@@ -133,12 +163,13 @@ class ManifestPod:
         self.hook = str(build_hook(workdir / "hook" / "prestop.pyz"))
         os.chmod(workdir, 0o755)
         os.chmod(workdir / "hook", 0o755)
-        self.volumes = PodVolumes(workdir, manifest.volumes)
+        self.volumes = PodVolumes(workdir, manifest.volumes, config.host_paths)
         self.spec = PodSpec(
             name=f"{manifest.name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
             namespace=manifest.namespace,
             share_process_namespace=manifest.share_process_namespace,
             qos=manifest.qos,
+            host_network=False,  # its own network namespace: lo only (the private containerd's CNI)
         )
         self.gpu = find_gpu_parts() if config.device == "cuda" else None
         self.init = "?"
@@ -158,8 +189,16 @@ class ManifestPod:
         taken = {m.container_path for m in base}
         base += [BindMount(p, p, readonly=True) for p in _opt_children() if p not in taken]
         base.append(BindMount(self.hook, HOOK_PATH, readonly=True))
-        base += [BindMount(self.volumes.paths[m.volume], m.path, readonly=m.read_only) for m in c.mounts]
+        base += [BindMount(self.volumes.paths[m.volume], m.path, readonly=self.read_only(m)) for m in c.mounts]
         return tuple(base)
+
+    def read_only(self, m: Mount) -> bool:
+        """A hostPath is written only where its grant says ``rw`` and the mount is not readOnly."""
+        volume = next(v for v in self.manifest.volumes if v.name == m.volume)
+        if volume.kind != "hostPath" or volume.host_path is None:
+            return m.read_only
+        grant = host_path_grant(volume.host_path, self.config.host_paths)
+        return m.read_only or grant is None or not grant.writable
 
     def _env(self, c: Container) -> dict[str, str]:
         env = lab_environment(os.environ, self.gpu if c.resources.gpus else None)
@@ -186,7 +225,7 @@ class ManifestPod:
             run_as_group=sec.run_as_group if sec.run_as_user is not None else None,
             readonly_rootfs=sec.read_only_root,
             no_new_privs=sec.no_new_privs,
-            drop_capabilities=sec.drop_capabilities,
+            drop_capabilities=tuple(dict.fromkeys((*sec.drop_capabilities, *LAB_DROPPED_CAPABILITIES))),
             seccomp=sec.seccomp,
             memory_limit=res.memory_limit,
             cpu_request=res.cpu_request,
