@@ -329,6 +329,11 @@ class _BodyBytes:
         with self._lock:
             self._held -= length
 
+    @property
+    def held(self) -> int:
+        """The bytes taken now (for a probe, and for a test to know a body's headers were read)."""
+        return self._held
+
 
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
