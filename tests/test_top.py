@@ -33,7 +33,9 @@ HOSTILE_POD = "[bold]evil[/bold]\x1b[2J"
 def node(tmp_path) -> FakeNode:
     node = build_fake_node(tmp_path, pods=12, per_pod=4, host=20, gpus=4)
     # A host process holding /dev/nvidia0 that NVML does not list (an agent, a stuck tool).
-    make_fake_proc(node.proc, 900, ppid=1, comm="nvidia-smi", cmdline=b"nvidia-smi\0-l\0", fds=("/dev/nvidia0",), pidns=TREE_PIDNS)
+    make_fake_proc(
+        node.proc, 900, ppid=1, comm="nvidia-smi", cmdline=b"nvidia-smi\0-l\0", fds=("/dev/nvidia0",), pidns=TREE_PIDNS
+    )
     return node
 
 
@@ -64,7 +66,12 @@ def test_each_gpu_lists_the_pods_holding_it_with_their_processes(node):
     assert (train0.namespace, train0.containers, train0.gpu_memory) == ("team-a", ("worker",), 2000 * MIB)
     assert train0.pid1 == "sleep (non_forking)" and train0.reaps is False
     assert train0.zombies == 1 and train0.grace_risk == "pid1_drops_sigterm"
-    assert [(p.nspid, p.depth, p.state) for p in train0.processes] == [(1, 0, "S"), (2, 1, "S"), (3, 2, "S"), (4, 2, "Z")]
+    assert [(p.nspid, p.depth, p.state) for p in train0.processes] == [
+        (1, 0, "S"),
+        (2, 1, "S"),
+        (3, 2, "S"),
+        (4, 2, "Z"),
+    ]
     assert train0.processes[1].gpu_memory == 2000 * MIB and train0.processes[1].command == "python3 train.py --gpu"
     train1 = pod_of(view, "train-1")
     assert train1.pid1 == "tini (init)" and train1.reaps is True and train1.zombies == 0
@@ -96,7 +103,9 @@ def test_sorting_and_filtering_are_pure_functions_of_the_frame(node):
 
 def test_stopped_pods_stale_holders_and_time_since_stopping(node):
     stopped = pod_uid(3)
-    answer = RuntimePods(source="fake", ready=frozenset(pod_uid(i) for i in range(12)) - {stopped}, not_ready=frozenset({stopped}))
+    answer = RuntimePods(
+        source="fake", ready=frozenset(pod_uid(i) for i in range(12)) - {stopped}, not_ready=frozenset({stopped})
+    )
     now = [100.0]
     scan = scan_node(
         procfs=Procfs(str(node.proc)),
@@ -111,7 +120,12 @@ def test_stopped_pods_stale_holders_and_time_since_stopping(node):
     now[0] = 142.0
     later = build_view(scan, pods=answer, stopping=tracker)
     pod = pod_of(later, "train-3")
-    assert (pod.runtime_state, pod.dirty, pod_of(first, "train-3").stopping_s, pod.stopping_s) == ("not_ready", "stale", 0.0, 42.0)
+    assert (pod.runtime_state, pod.dirty, pod_of(first, "train-3").stopping_s, pod.stopping_s) == (
+        "not_ready",
+        "stale",
+        0.0,
+        42.0,
+    )
     assert pod_of(later, "train-2").runtime_state == "running" and pod_of(later, "train-2").stopping_s is None
     assert next(g for g in later.groups if g.key == "3").handover == "dirty"
     assert "STALE" in render_text(later) and "not_ready 42s" in render_text(later)
@@ -157,7 +171,16 @@ def test_once_prints_a_frame_and_json_without_textual(node, tmp_path, capsys, mo
     monkeypatch.setitem(sys.modules, "textual", None)  # as on the node image: --once needs no Textual
     replay = tmp_path / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(node.nvml().snapshot)))
-    argv = ["top", "--once", "--procfs", str(node.proc), "--nvml-replay", str(replay), "--cri-socket", str(tmp_path / "none.sock")]
+    argv = [
+        "top",
+        "--once",
+        "--procfs",
+        str(node.proc),
+        "--nvml-replay",
+        str(replay),
+        "--cri-socket",
+        str(tmp_path / "none.sock"),
+    ]
     assert main([*argv, "--tree", "--sort", "name", "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert "GPU 0 NVIDIA H200 GPU-0000" in out and "python3 train.py --gpu" in out and "(host processes)" in out
