@@ -211,3 +211,17 @@ def test_an_unreadable_procfs_is_one_line_exit_2(tmp_path, capsys):
     assert main(["top", "--once", "--procfs", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nope" in err
+
+
+@pytest.mark.parametrize("ns_link", [True, False])
+def test_a_zombie_whose_cgroup_reads_empty_stays_in_its_pod(node, ns_link):
+    """A zombie's cgroup reads empty on a real kernel: its PID namespace, or else its parent, says whose it is."""
+    zombie = node.proc / str(100_000 + 5 * 100 + 4)  # train-5's zombie helper (local pid 4)
+    (zombie / "cgroup").write_text("")
+    if not ns_link:
+        (zombie / "ns" / "pid").unlink()
+    view = source(node)()
+    pod = pod_of(view, "train-5")
+    assert [(p.nspid, p.state) for p in pod.processes][-1] == (4, "Z")
+    assert pod.zombies == (1 if ns_link else 0)  # the namespace survey needs the link; the tree does not
+    assert [p.pid for p in view.groups[-1].pods[0].processes] == [900]  # the host group: the host holder alone

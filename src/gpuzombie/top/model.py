@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuzombie.escape import escape
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
+from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
 from gpuzombie.observe.pid1 import Pid1Kind
@@ -96,7 +96,9 @@ class PodLine:
 
     @property
     def label(self) -> str:
-        return f"{self.namespace}/{self.pod}" if self.pod else self.namespace or self.key
+        if self.namespace and self.pod:
+            return f"{self.namespace}/{self.pod}"
+        return self.pod or self.namespace or self.key
 
 
 @dataclass(frozen=True)
@@ -212,11 +214,17 @@ def build_view(
     """The frame of one scan: ``pods`` is the runtime's answer the scan's stale check got."""
     now = scan.trace.taken_at if now is None else now
     table, trace = scan.table, scan.trace
-    refs: dict[int, ContainerRef | None] = {}
     accs: dict[str, _PodAcc] = {}
 
+    # A zombie's cgroup reads empty: its PID namespace still says whose it is.
+    pod_of_pidns = {
+        ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
+    }
+
     def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        ref = refs[proc.pid] = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
+        ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
+        if (ref is None or not ref.pod_uid) and proc.pidns is not None:
+            ref = pod_of_pidns.get(proc.pidns)
         if ref is None or not ref.pod_uid:
             return None
         acc = accs.setdefault(ref.pod_uid, _PodAcc(ref.pod_uid))
@@ -233,13 +241,19 @@ def build_view(
 
     host = _PodAcc(HOST, namespace=HOST)
     row_pids = {r.pid for r in trace.rows if r.pid is not None}
+    placed: dict[int, tuple[_PodAcc, str]] = {}
     for proc in table:
-        found = acc_of(proc) if proc.cgroup else None
+        found = acc_of(proc) if proc.cgroup or proc.pidns in pod_of_pidns else None
         if found is not None:
-            acc, container = found
-            acc.procs.append((proc, container))
-            if container:
-                acc.containers[container] = None
+            placed[proc.pid] = found
+            if found[1]:
+                found[0].containers[found[1]] = None
+    for proc in table:
+        found = placed.get(proc.pid)
+        if found is None and proc.is_zombie and len(proc.nspid) > 1:
+            found = placed.get(proc.ppid)  # its cgroup and namespace links are gone: its parent's pod
+        if found is not None:
+            found[0].procs.append((proc, found[1]))
         elif proc.pid in row_pids:
             host.procs.append((proc, ""))
     for ns in scan.namespaces.namespaces:
