@@ -97,7 +97,7 @@ def top_refresh(node: FakeNode) -> tuple[Callable[[], object], Callable[[], obje
         return last[0]
 
     def render() -> object:
-        return render_text(arrange(last[0] if last else source()), width=200)
+        return render_text(arrange(last[0] if last else source()), width=200, expanded=frozenset())
 
     return refresh, render
 

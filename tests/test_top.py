@@ -225,3 +225,21 @@ def test_a_zombie_whose_cgroup_reads_empty_stays_in_its_pod(node, ns_link):
     assert [(p.nspid, p.state) for p in pod.processes][-1] == (4, "Z")
     assert pod.zombies == (1 if ns_link else 0)  # the namespace survey needs the link; the tree does not
     assert [p.pid for p in view.groups[-1].pods[0].processes] == [900]  # the host group: the host holder alone
+
+
+def test_each_mig_instance_is_its_own_group_as_trace_accounts_it(tmp_path):
+    pytest.importorskip("prometheus_client", reason="test_mig's node is imported with the exporter extra")
+    import fake_pynvml as nv
+    from gpuzombie.gpu.nvml import PynvmlBackend
+    from test_mig import build_node, machine
+
+    proc = build_node(tmp_path / "proc")
+    node = FakeNode(proc, pods=0, per_pod=0, gpus=2)
+    view = source(
+        node, nvml=PynvmlBackend(nv.module(machine(extra=2 * 1024 * MIB))), names=lambda ids: CriNames(source=None)
+    )()
+    assert [g.key for g in view.groups] == ["0/mig1", "0/mig2", "1", HOST]
+    gi1, gi2 = view.groups[:2]
+    assert "GPU 0 MIG 1g.18gb (GI 1)" in gi1.title and (gi1.handover, gi2.handover) == ("dirty", "clean")
+    (host,) = view.groups[-1].pods
+    assert [(p.pid, p.gpu_memory) for p in host.processes] == [(4242, 10 * 1024 * MIB), (5151, 2000 * MIB)]

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Input, Static
 from gpuzombie.escape import escape
 from gpuzombie.top.actions import READ_ONLY, describe_reap, describe_signal
 from gpuzombie.top.model import SORT_KEYS, NodeView, PodLine, ProcessLine, arrange, namespaces_of
-from gpuzombie.top.render import POD_COLUMNS, group_title, header, mib, pod_cells, process_cells
+from gpuzombie.top.render import GRID_COLUMNS, grid_process_row, group_row, header, pod_cells
 
 MIN_WIDTH, MIN_HEIGHT = 60, 10
 """Below this the frame cannot be read: a one-line message instead of a garbled table."""
@@ -81,6 +81,7 @@ class Help(ModalScreen[None]):
 
 
 class TopApp(App[None]):
+    TITLE = "gpuzombie top"
     AUTO_FOCUS = "#table"
     CSS = """
     #header { height: 1; }
@@ -134,7 +135,7 @@ class TopApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        for column in POD_COLUMNS:
+        for column in GRID_COLUMNS:
             table.add_column(column, key=column)
         self._fit(self.size.width, self.size.height)
         self.refresh_view()
@@ -173,26 +174,18 @@ class TopApp(App[None]):
         selected = self._selected_key()
         table.clear()
         self.rows = {}
-        blank = (Text(""),) * (len(POD_COLUMNS) - 1)
         for group in view.groups:
             key = f"g:{group.key}"
-            table.add_row(group_title(group), *blank, key=key)
+            table.add_row(*group_row(group), key=key)
             self.rows[key] = (None, None)
             for pod in group.pods:
                 key = f"p:{group.key}:{pod.key}"
-                table.add_row(*pod_cells(pod), key=key)
+                table.add_row(*pod_cells(pod), Text(""), key=key)
                 self.rows[key] = (pod, None)
                 if self.tree_mode or pod.key in self.expanded:
                     for proc in pod.processes:
-                        cells = process_cells(proc)
-                        line = Text("  ").join((*cells[:3], cells[4], cells[5]))
                         key = f"x:{group.key}:{pod.key}:{proc.pid}"
-                        table.add_row(
-                            Text("  ") + line,
-                            Text(mib(proc.gpu_memory) if proc.gpu_memory else ""),
-                            *blank[1:],
-                            key=key,
-                        )
+                        table.add_row(*grid_process_row(proc), key=key)
                         self.rows[key] = (pod, proc)
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(selected))

@@ -156,7 +156,7 @@ def _gpu_key(index: int | None, row_mig: Any) -> str:
 def _gpu_title(memory: GpuMemory) -> str:
     where = f"GPU {memory.index}"
     if memory.mig is not None:
-        where += f" MIG gi {memory.mig.gpu_instance_id}"
+        where += f" MIG {escape(memory.mig.profile, 32)} (GI {memory.mig.gpu_instance_id})"  # as trace writes it
     return f"{where} {escape(memory.name, _NAME_LIMIT)} {memory.uuid}"
 
 

@@ -10,7 +10,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpuzombie.escape import escape
 from gpuzombie.top.model import HOST, GpuGroup, NodeView, PodLine, ProcessLine
+from gpuzombie.trace.report import GpuMemory
 from gpuzombie.units import MIB
 
 POD_COLUMNS = ("POD", "GPU MEM", "PROCS", "PID 1", "ZOMB", "ORPH", "D-STATE", "MARK", "GRACE RISK", "RUNTIME", "AGE")
@@ -54,13 +56,45 @@ def group_title(group: GpuGroup) -> Text:
     title = Text(group.title, style="bold")
     m = group.memory
     if m is not None:
-        title.append(
-            f"  used {mib(m.used)} / {mib(m.total)}, driver {mib(m.baseline)}, processes {mib(m.process_memory)}, "
-            f"ghost {mib(m.unexplained) if m.flagged else '0 MiB'}"
-        )
+        title.append(f"  used {mib(m.used)} {accounting(m)}")
     if group.handover:
         title.append(f"  {group.handover}", style=_HANDOVER_STYLE.get(group.handover, ""))
     return title
+
+
+GRID_COLUMNS = (*POD_COLUMNS, "DETAIL")
+"""The full screen's one table: a group's, a pod's and a process's rows share these columns; what is
+long (a GPU's UUID and accounting, a command line) goes last, where it cannot push the rest away."""
+
+
+def accounting(m: GpuMemory) -> str:
+    ghost = mib(m.unexplained) if m.flagged else "0 MiB"
+    return f"of {mib(m.total)}: driver {mib(m.baseline)}, processes {mib(m.process_memory)}, ghost {ghost}"
+
+
+def group_row(group: GpuGroup) -> tuple[Text, ...]:
+    m = group.memory
+    blank = Text("")
+    if m is None:
+        return (Text(group.title, style="bold"), *(blank,) * (len(GRID_COLUMNS) - 1))
+    where = f"GPU {m.index}" + (f" MIG {escape(m.mig.profile, 32)} (GI {m.mig.gpu_instance_id})" if m.mig else "")
+    cells = dict.fromkeys(GRID_COLUMNS, blank)
+    cells["POD"] = Text(f"{where} {escape(m.name, 40)}", style="bold")
+    cells["GPU MEM"] = Text(mib(m.used), style="bold", justify="right")
+    cells["MARK"] = Text(group.handover.upper(), style=_HANDOVER_STYLE.get(group.handover, ""))
+    cells["DETAIL"] = Text(f"{m.uuid}  {accounting(m)}")
+    return tuple(cells.values())
+
+
+def grid_process_row(proc: ProcessLine) -> tuple[Text, ...]:
+    cells = dict.fromkeys(GRID_COLUMNS, Text(""))
+    pid, _, state, memory, container, command = process_cells(proc)
+    cells["POD"] = Text("  ") + pid + Text(f" ({proc.nspid}) ") + state
+    cells["GPU MEM"] = memory
+    cells["PID 1"] = container
+    cells["AGE"] = Text(duration(proc.age_s), justify="right")
+    cells["DETAIL"] = command
+    return tuple(cells.values())
 
 
 def pod_cells(pod: PodLine) -> tuple[Text, ...]:
@@ -103,11 +137,23 @@ def process_cells(proc: ProcessLine) -> tuple[Text, ...]:
     )
 
 
-def _pod_table(*, show_header: bool = True) -> Table:
+_MAX_WIDTH = {"POD": 60, "PID 1": 48, "GRACE RISK": 40}
+
+
+def _pod_table(widths: list[int], *, show_header: bool = True) -> Table:
+    """One group's pods; ``widths`` shared by every piece of the group, so the columns line up
+    around the process tables between them."""
     table = Table(box=None, pad_edge=False, show_edge=False, show_header=show_header)
-    for column in POD_COLUMNS:
-        table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=60 if column == "POD" else None)
+    for column, width in zip(POD_COLUMNS, widths):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", width=width)
     return table
+
+
+def _widths(rows: list[tuple[Text, ...]]) -> list[int]:
+    return [
+        min(_MAX_WIDTH.get(column, 1000), max([len(column), *(r[i].cell_len for r in rows)]))
+        for i, column in enumerate(POD_COLUMNS)
+    ]
 
 
 def process_table(processes: tuple[ProcessLine, ...]) -> Table:
@@ -140,12 +186,14 @@ def frame(
         if not group.pods:
             parts.append(Text("  no pod holds it"))
             continue
-        table = _pod_table()
-        for pod in group.pods:
-            table.add_row(*pod_cells(pod))
+        rows = [pod_cells(pod) for pod in group.pods]
+        widths = _widths(rows)
+        table = _pod_table(widths)
+        for pod, cells in zip(group.pods, rows):
+            table.add_row(*cells)
             if expanded is None or pod.key in expanded:
                 parts.extend((table, process_table(pod.processes)))
-                table = _pod_table(show_header=False)
+                table = _pod_table(widths, show_header=False)
         if table.row_count:
             parts.append(table)
     return Group(*parts)
