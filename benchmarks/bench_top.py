@@ -15,6 +15,10 @@ every fifth with a zombie); 4,200 live processes are too heavy for the 2 shared 
   node they add one query per device per refresh); it reads the 110 processes NVML lists, where top
   reads all 4,200 (zombies, orphans and PID 1 are in the others).
 
+With --real (a GPU node: scripts/device/top_gpu.sh runs it with the lab's pods up): both on this
+machine's own /proc and real NVML, nvitop's TUI refresh whole: every device's snapshot, its
+processes, ``GpuProcess.take_snapshots`` of them and the host panel.
+
 Each: --repeat refreshes, median and spread of wall time, and CPU seconds per refresh
 (``time.process_time``) as a share of one core at the default 2 s refresh of both tools.
 
@@ -144,6 +148,34 @@ def nvitop_refresh(node: FakeNode) -> Callable[[], object] | str:
     return refresh
 
 
+def real_refreshes(cri_socket: str | None) -> tuple[Callable[[], object], Callable[[], object] | str]:
+    """Both tools on this machine's /proc and NVML."""
+    from gpuzombie.gpu.attribution import current_view
+    from gpuzombie.gpu.nvml import default_backend
+    from gpuzombie.k8s.names import RuntimeNames
+
+    source = NodeSource(
+        procfs=Procfs("/proc"),
+        nvml=default_backend(),
+        view=current_view(),
+        names=RuntimeNames(cri_socket),
+        resources=lambda: PodResources(source=None),
+        pods=None,
+    )
+    try:
+        from nvitop import Device, GpuProcess, host
+    except ImportError as exc:
+        return source, f"nvitop not installed ({exc})"
+    devices = Device.all()
+
+    def nvitop_refresh() -> object:  # the TUI's device panel, process panel and host panel
+        snapshots = [d.as_snapshot() for d in devices]
+        processes = [p for d in devices for p in d.processes().values()]
+        return snapshots, GpuProcess.take_snapshots(processes, failsafe=True), host.cpu_percent(), host.virtual_memory()
+
+    return source, nvitop_refresh
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=110)
@@ -151,14 +183,26 @@ def main() -> int:
     parser.add_argument("--host", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--real", action="store_true", help="this machine's /proc and NVML, not a fake node")
+    parser.add_argument("--cri-socket", default=None, help="with --real: the runtime that names the pods")
     args = parser.parse_args()
+    if args.real:
+        top, nvitop_real = real_refreshes(args.cri_socket)
+        results: dict[str, object] = {
+            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "node": "this machine's /proc and NVML",
+            "gpuzombie_top_refresh": measure(top, args.repeat),
+            "nvitop_refresh": nvitop_real if isinstance(nvitop_real, str) else measure(nvitop_real, args.repeat),
+        }
+        return report(results, as_json=args.json)
     root = Path(tempfile.mkdtemp(prefix="bench-top-"))
     try:
         node = build_fake_node(root, pods=args.pods, per_pod=args.per_pod, host=args.host)
         pad_stat(node)
         refresh, render = top_refresh(node)
         view = refresh()
-        results: dict[str, object] = {
+        results = {
             "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
             "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -177,7 +221,11 @@ def main() -> int:
             results["nvitop_refresh"] = measure(nvitop, args.repeat)
     finally:
         shutil.rmtree(root)
-    if args.json:
+    return report(results, as_json=args.json)
+
+
+def report(results: dict[str, object], *, as_json: bool) -> int:
+    if as_json:
         print(json.dumps(results, indent=2))
         return 0
     for key, value in results.items():

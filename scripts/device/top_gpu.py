@@ -6,8 +6,9 @@ On a private containerd (the lab's): ``keeper-0`` (a pod the runtime runs, nothi
 ``orphans-0``, a PID namespace in its own pod's cgroup whose PID 1 is ``sleep`` and whose parent
 starts two workers holding SIZE_MIB each and exits without wait() (the seed's scenario 1: orphans
 on the GPU under a PID 1 that reaps nothing). Captured under OUT: top's frame and JSON with all of
-it running (top-running.txt/.json), then after ``trainer-0`` is removed through the CRI (its worker
-STALE: top-stale.txt/.json), and the time of each --once.
+it running (top-running.txt/.json), both tools' refresh on this node beside each other
+(bench-top-real.log: benchmarks/bench_top.py --real; BENCH=0 skips it), then after ``trainer-0`` is
+removed through the CRI (its worker STALE: top-stale.txt/.json), and the time of each --once.
 """
 
 from __future__ import annotations
@@ -102,6 +103,19 @@ def main() -> int:
                     "--trust-runtime-without-kubelet",
                 )
                 summary["once_running_s"] = top("top-running", *args)
+                if os.environ.get("BENCH", "1") == "1":  # both tools' refresh on this node, the pods up
+                    bench = [
+                        sys.executable,
+                        "benchmarks/bench_top.py",
+                        "--real",
+                        "--repeat",
+                        "20",
+                        "--cri-socket",
+                        ctd.socket,
+                    ]
+                    done = subprocess.run(bench, capture_output=True, text=True, timeout=300)
+                    (OUT / "bench-top-real.log").write_text(f"$ {' '.join(bench)}\n{done.stdout}{done.stderr}")
+                    print(done.stdout, flush=True)
                 ctd.client.stop_pod_sandbox(trainer.sandbox_id)
                 ctd.client.remove_pod_sandbox(trainer.sandbox_id)
                 summary["once_stale_s"] = top("top-stale", *args)

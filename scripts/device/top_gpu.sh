@@ -7,8 +7,9 @@
 # top's frame is captured running and after trainer-0's removal (its worker STALE). With nvitop's
 # wheel in .whl (pip download nvitop; its needs, nvidia-ml-py and psutil, are on the device), also
 # benchmarks/bench_top.py beside nvitop on this quiet 16-core machine.
-# Under $OUT: top-running.txt/.json, top-stale.txt/.json, summary.json, machine.txt, top-gpu.log,
-# bench-top.log. DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
+# Under $OUT: top-running.txt/.json, top-stale.txt/.json, bench-top-real.log (both tools on this
+# node's /proc and NVML, the pods up), summary.json, machine.txt, top-gpu.log, bench-top.log (the fake
+# node of 110 pods). DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/top-gpu-out}
