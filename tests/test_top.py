@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 
 import pytest
 
+from docs import doc
 from fakeproc import TREE_PIDNS, make_fake_proc
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
@@ -243,3 +245,14 @@ def test_each_mig_instance_is_its_own_group_as_trace_accounts_it(tmp_path):
     assert "GPU 0 MIG 1g.18gb (GI 1)" in gi1.title and (gi1.handover, gi2.handover) == ("dirty", "clean")
     (host,) = view.groups[-1].pods
     assert [(p.pid, p.gpu_memory) for p in host.processes] == [(4242, 10 * 1024 * MIB), (5151, 2000 * MIB)]
+
+
+def test_every_flag_the_doc_names_is_real(capsys):
+    page = doc("top")
+    assert main(["top", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    commands = re.findall(r"gpuzombie top([^`\n]*(?:\n {10,}[^`\n]*)*)", page)
+    assert len(commands) >= 3
+    for flags in commands:
+        for flag in re.findall(r"--[a-z-]+", flags):
+            assert flag in help_text, flag

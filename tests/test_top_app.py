@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import uuid
@@ -18,13 +19,14 @@ import pytest
 
 pytest.importorskip("textual", reason="textual is in the 'top' extra")
 
+from docs import doc
 from gpuzombie.gpu.attribution import ReaderView, current_view
 from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.top.actions import READ_ONLY, signal_process
-from gpuzombie.top.app import Actions, Confirm, Help, TopApp
+from gpuzombie.top.app import HELP, Actions, Confirm, Help, TopApp
 from gpuzombie.top.model import ProcessLine
 from gpuzombie.top.source import NodeSource
 from markers import needs_root
@@ -222,3 +224,12 @@ def test_a_process_whose_pid_was_reused_or_that_exited_is_not_signalled():
     child.wait()
     same = dataclasses.replace(earlier, start_ticks=start)
     assert signal_process("/proc", same, signal.SIGKILL) == f"pid {child.pid} not signalled: it has exited"
+
+
+def test_the_docs_keys_are_the_apps():
+    bound = {key for binding in TopApp.BINDINGS for key in binding.key.split(",")}
+    names = {"slash": "/", "question_mark": "?", "enter": "Enter", "escape": "Esc"}
+    keys = set(re.findall(r"`([^`]+)`", "".join(re.findall(r"^\| (.*?) \|", doc("top"), re.MULTILINE)[1:])))
+    assert keys == {names.get(k, k) for k in bound} - {"Esc"}
+    for key in keys - {"Enter"}:
+        assert key in HELP, key
