@@ -193,8 +193,12 @@ def test_once_prints_a_frame_and_json_without_textual(node, tmp_path, capsys, mo
 
 
 def test_full_screen_without_textual_says_how_to_install_it(node, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "textual", None)
+    import gpuzombie.top
+
+    for name in [m for m in sys.modules if m == "textual" or m.startswith("textual.")] or ["textual"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if never installed, though another test loaded it
     monkeypatch.delitem(sys.modules, "gpuzombie.top.app", raising=False)
+    monkeypatch.delattr(gpuzombie.top, "app", raising=False)
     assert main(["top", "--procfs", str(node.proc)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and ".venv/bin/pip install -e '.[top]'" in err, err
