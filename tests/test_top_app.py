@@ -31,7 +31,7 @@ from gpuzombie.top.model import ProcessLine
 from gpuzombie.top.source import NodeSource
 from markers import needs_root
 from pidns import PidNamespace, wait_until
-from topnode import build_fake_node
+from topnode import build_fake_node, worker_pid
 
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 
@@ -233,3 +233,23 @@ def test_the_docs_keys_are_the_apps():
     assert keys == {names.get(k, k) for k in bound} - {"Esc"}
     for key in keys - {"Enter"}:
         assert key in HELP, key
+
+
+def test_a_refresh_with_the_same_rows_updates_the_cells_that_changed(tmp_path):
+    source = fake_source(tmp_path)
+    worker = Path(source.procfs.root) / str(worker_pid(4)) / "stat"
+
+    async def drive() -> None:
+        app = TopApp(source, interval=3600)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await loaded(app, pilot)
+            table = app.query_one("#table")
+            key = next(k for k, (p, x) in app.rows.items() if p and p.pod == "train-4" and x is None)
+            assert str(table.get_cell(key, "D-STATE")) == ""
+            worker.write_text(worker.read_text().replace(" S ", " D ", 1))
+            app.refresh_view()
+            await loaded(app, pilot)
+            assert str(table.get_cell(key, "D-STATE")).startswith("1 for ")
+            assert table.get_row_index(key) == 2  # the same row, updated in place
+
+    asyncio.run(drive())

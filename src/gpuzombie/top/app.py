@@ -123,6 +123,8 @@ class TopApp(App[None]):
         self.tree_mode = False
         self.expanded: set[str] = set()
         self.rows: dict[str, tuple[PodLine | None, ProcessLine | None]] = {}
+        self._cells: dict[str, tuple[Text, ...]] = {}
+        """The table's cells by row key, as last drawn."""
         self.status = ""
 
     def compose(self) -> ComposeResult:
@@ -172,21 +174,30 @@ class TopApp(App[None]):
         self.query_one("#warnings", Static).update(Text("\n".join(f"warning: {w}" for w in view.warnings)))
         table = self.query_one(DataTable)
         selected = self._selected_key()
-        table.clear()
+        rows: dict[str, tuple[Text, ...]] = {}
         self.rows = {}
         for group in view.groups:
-            key = f"g:{group.key}"
-            table.add_row(*group_row(group), key=key)
-            self.rows[key] = (None, None)
+            rows[f"g:{group.key}"] = group_row(group)
+            self.rows[f"g:{group.key}"] = (None, None)
             for pod in group.pods:
                 key = f"p:{group.key}:{pod.key}"
-                table.add_row(*pod_cells(pod), Text(""), key=key)
+                rows[key] = (*pod_cells(pod), Text(""))
                 self.rows[key] = (pod, None)
                 if self.tree_mode or pod.key in self.expanded:
                     for proc in pod.processes:
                         key = f"x:{group.key}:{pod.key}:{proc.pid}"
-                        table.add_row(*grid_process_row(proc), key=key)
+                        rows[key] = grid_process_row(proc)
                         self.rows[key] = (pod, proc)
+        if list(rows) == list(self._cells):  # the same rows: change only the cells that changed (ages, mostly)
+            for key, cells in rows.items():
+                for column, old, new in zip(GRID_COLUMNS, self._cells[key], cells):
+                    if old != new:
+                        table.update_cell(key, column, new, update_width=True)
+        else:  # measuring every cell again is the costly part of a redraw
+            table.clear()
+            for key, cells in rows.items():
+                table.add_row(*cells, key=key)
+        self._cells = rows
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(selected))
         if not self.status:
