@@ -253,3 +253,26 @@ def test_a_refresh_with_the_same_rows_updates_the_cells_that_changed(tmp_path):
             assert table.get_row_index(key) == 2  # the same row, updated in place
 
     asyncio.run(drive())
+
+
+def test_a_scan_that_fails_is_one_line_and_the_last_frame_stays(tmp_path):
+    source = fake_source(tmp_path)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) > 1:
+            raise FileNotFoundError(2, "No such file or directory", "/host/proc/stat")
+        return source()
+
+    async def drive() -> None:
+        app = TopApp(flaky, interval=3600)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await loaded(app, pilot)
+            shown = dict(app.rows)
+            app.refresh_view()
+            await loaded(app, pilot)
+            assert app.status.startswith("scan failed: [Errno 2] No such file or directory")
+            assert app.rows.keys() == shown.keys() and app.is_running
+
+    asyncio.run(drive())

@@ -20,6 +20,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
+from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.top.actions import READ_ONLY, describe_reap, describe_signal
 from gpuzombie.top.model import SORT_KEYS, NodeView, PodLine, ProcessLine, arrange, namespaces_of
@@ -151,7 +152,7 @@ class TopApp(App[None]):
     def _load(self) -> None:
         try:
             view = self.source()
-        except (OSError, ValueError) as exc:  # the procfs went away: say so, keep the last frame
+        except (OSError, ValueError, GpuzombieError) as exc:  # the procfs went away: say so, keep the last frame
             self.call_from_thread(self._say, f"scan failed: {escape(str(exc), 300)}")
             return
         self.call_from_thread(self.show, view)
