@@ -73,6 +73,6 @@ image:  ## build the node-agent image with podman (scripts/build-image.sh)
 LOCK := $(PYTHON) -m piptools compile --quiet --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links
 image-lock: venv  ## re-pin the images' Python dependencies (docker/*-requirements.txt, with hashes)
 	$(PYTHON) -m pip install -q -e '.[lock]'
-	$(LOCK) --extra exporter --unsafe-package gpuzombie -o docker/node-requirements.txt pyproject.toml
+	$(LOCK) --extra exporter --extra top --unsafe-package gpuzombie -o docker/node-requirements.txt pyproject.toml
 	$(LOCK) --unsafe-package gpuzombie -o docker/workload-requirements.txt pyproject.toml
 	$(LOCK) --allow-unsafe --only-build-deps --all-build-deps -o docker/build-requirements.txt pyproject.toml

@@ -25,6 +25,7 @@ OPTIONAL = (
     "cri_api",  # node
     "prometheus_client",  # exporter
     "dumb_init",  # init
+    "textual",  # top
     "helm_python",
     "kubernetes_validate",
     "yaml",

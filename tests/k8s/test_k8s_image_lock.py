@@ -45,7 +45,7 @@ def wanted(*extras: str) -> list[Requirement]:
 
 
 LOCKS = {
-    "node": wanted("exporter", "node"),
+    "node": wanted("exporter", "node", "top"),
     "workload": wanted(),
     "build": [Requirement(s) for s in PYPROJECT["build-system"]["requires"]],
 }

@@ -5,7 +5,6 @@ Needs the ``exporter`` extra (prometheus-client); the only package that imports 
 """
 
 from gpuzombie.exporter.collector import DEFAULT_MIN_INTERVAL, NodeCollector, ScanResult
-from gpuzombie.exporter.scan import NodeScan, PodLabels, scan_node
 from gpuzombie.exporter.server import (
     DEFAULT_LISTEN,
     DEFAULT_PORT,
@@ -16,6 +15,7 @@ from gpuzombie.exporter.server import (
 )
 from gpuzombie.exporter.warnlog import WarningLog
 from gpuzombie.serving import ListenError, TlsFileError
+from gpuzombie.trace.scan import NodeScan, PodLabels, scan_node
 
 __all__ = [
     "DEFAULT_LISTEN",

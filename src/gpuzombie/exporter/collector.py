@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuzombie.exporter.metrics import node_metrics
-from gpuzombie.exporter.scan import NodeScan
+from gpuzombie.trace.scan import NodeScan
 
 DEFAULT_MIN_INTERVAL = 10.0
 DEFAULT_UNHEALTHY_AFTER = 5

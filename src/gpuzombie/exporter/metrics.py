@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
-from gpuzombie.exporter.scan import NodeScan, PodLabels
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.trace.report import GpuMemory
+from gpuzombie.trace.scan import NodeScan, PodLabels
 
 POD = ("namespace", "pod", "pod_uid", "container")
 """Names as kube-state-metrics has them (join ``on(namespace, pod)``), and the pod's UID."""

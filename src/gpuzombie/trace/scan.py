@@ -1,7 +1,7 @@
-"""One node scan for the exporter: one walk of the node's own procfs, read into one table, from which
-come both the trace report (GPU processes, fd holders, zombies, memory per GPU in bytes, mapped to
-pods) and the per-namespace survey (orphans, zombies by parent, SIGTERM reach), with one CRI lookup
-naming the containers of both."""
+"""One node scan, the exporter's and top's: one walk of the node's own procfs, read into one table,
+from which come both the trace report (GPU processes, fd holders, zombies, memory per GPU in bytes,
+mapped to pods) and the per-namespace survey (orphans, zombies by parent, SIGTERM reach), with one
+CRI lookup naming the containers of both. Outside ``exporter/``: it needs no prometheus-client."""
 
 from __future__ import annotations
 

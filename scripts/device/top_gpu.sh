@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `gpuzombie top --once` on a real GPU with the lab's GPU pods running, from the repository root, as
+# root (about 1 minute):   bash scripts/device/top_gpu.sh
+# Needs what scripts/device/lab_runtimes.sh prepares (.debs: containerd, runc, catatonit; .whl: the
+# CRI stubs), carried to the device. A private containerd runs keeper-0, trainer-0 (a torch worker
+# in its cgroup, SIZE_MIB, default 2048) and orphans-0 (PID 1 sleep, two orphaned torch workers);
+# top's frame is captured running and after trainer-0's removal (its worker STALE). With nvitop's
+# wheel in .whl (pip download nvitop; its needs, nvidia-ml-py and psutil, are on the device), also
+# benchmarks/bench_top.py beside nvitop on this quiet 16-core machine.
+# Under $OUT: top-running.txt/.json, top-stale.txt/.json, bench-top-real.log (both tools on this
+# node's /proc and NVML, the pods up), summary.json, machine.txt, top-gpu.log, bench-top.log (the fake
+# node of 110 pods). DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/top-gpu-out}
+mkdir -p "$OUT"
+# shellcheck source=scripts/device/lab_runtimes.sh
+source scripts/device/lab_runtimes.sh  # its unpack: the carried containerd, runc, catatonit, CRI stubs
+unpack || exit 2
+if ls .whl/nvitop-*.whl >/dev/null 2>&1 && ! python3 -c 'import nvitop' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nvitop-site .whl/nvitop-*.whl
+  export PYTHONPATH="/tmp/nvitop-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+{
+  date -u +"run at %Y-%m-%dT%H:%M:%SZ"
+  git rev-parse HEAD 2>/dev/null | sed 's/^/commit /'
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv 2>&1
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)' 2>&1
+  uname -r; nproc; uptime
+  containerd --version
+} | tee "$OUT/machine.txt"
+PYTHONUNBUFFERED=1 timeout -s TERM -k 20 300 python3 scripts/device/top_gpu.py "$OUT" 2>&1 | tee "$OUT/top-gpu.log"
+rc=${PIPESTATUS[0]}
+{ echo "== after"; leftovers; } 2>&1 | tee -a "$OUT/top-gpu.log"
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout 400 python3 benchmarks/bench_top.py --repeat 20 2>&1 | tee "$OUT/bench-top.log"
+fi
+echo "top_gpu: exit $rc; logs under $OUT"
+exit "$rc"

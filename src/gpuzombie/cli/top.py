@@ -1,0 +1,199 @@
+"""`gpuzombie top`: a live, pod-aware view of a GPU node (full screen with the `top` extra; --once
+prints one frame without it)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import sys
+from typing import Any
+
+import click
+
+from gpuzombie.cli.common import (
+    check_node_inputs,
+    cri_socket_option,
+    cri_timeout_option,
+    echo_json,
+    ghost_options,
+    nvml_backend,
+    pod_resources_socket_option,
+    procfs_option,
+    trust_runtime_option,
+)
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.units import MIB
+
+INSTALL_HINT = (
+    "the full-screen view needs Textual: in the gpuzombie clone run .venv/bin/pip install -e '.[top]' "
+    "(--once prints one frame without it)"
+)
+
+
+def _app_module() -> Any:
+    try:
+        from gpuzombie.top import app
+    except ImportError as exc:
+        raise GpuzombieError(f"{INSTALL_HINT} ({exc})") from exc
+    return app
+
+
+@click.command()
+@procfs_option
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.2),
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Refresh every S seconds (one node scan each).",
+)
+@click.option("--once", is_flag=True, help="Print one frame as text and exit (scripts; needs no Textual).")
+@click.option("--json", "as_json", is_flag=True, help="With --once: the frame as JSON (schema gpuzombie.top/1).")
+@click.option("--tree", is_flag=True, help="With --once: every pod's processes under it.")
+@click.option(
+    "--sort",
+    type=click.Choice(("memory", "zombies", "age", "name")),
+    default="memory",
+    show_default=True,
+    help="Sort pods by GPU memory, zombies + orphans, age or name (keys m, z, a, n).",
+)
+@click.option("--namespace", default="", metavar="NS", help="Only pods of this namespace (key N cycles).")
+@click.option(
+    "--filter",
+    "text",
+    default="",
+    metavar="TEXT",
+    help="Only pods whose names, PID 1, a command line or a pid match (key /).",
+)
+@click.option(
+    "--width",
+    type=click.IntRange(min=40, max=1000),
+    default=None,
+    metavar="COLUMNS",
+    help="With --once: the frame's width. Default: the terminal's, 160 when not a terminal.",
+)
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Let keys k / K signal the selected process and r reap the selected stale pod, each after a "
+    "confirmation, through pidfds (as prestop and reap). Off: top is read-only.",
+)
+@cri_socket_option
+@cri_timeout_option
+@pod_resources_socket_option
+@trust_runtime_option
+@click.option(
+    "--node-name",
+    default=socket.gethostname,
+    show_default="the host name",
+    envvar="NODE_NAME",
+    metavar="NAME",
+    help="The node's name in the header. Env: NODE_NAME.",
+)
+@ghost_options
+def command(
+    procfs: str,
+    interval: float,
+    once: bool,
+    as_json: bool,
+    tree: bool,
+    sort: str,
+    namespace: str,
+    text: str,
+    width: int | None,
+    allow_actions: bool,
+    cri_socket: str | None,
+    cri_timeout: float,
+    pod_resources_socket: str,
+    trust_runtime: bool,
+    node_name: str,
+    ghost_threshold_mib: int,
+    baseline_mib: int | None,
+    nvml_replay: str | None,
+) -> int:
+    """On a node (root): every GPU and MIG instance, the pods holding each with their GPU memory,
+    PID 1, zombies, orphans, D-state holders, stale or foreign marks and grace-period risk, and
+    each pod's processes; host processes holding GPUs in their own group. Refreshes every
+    --interval seconds; read-only unless --allow-actions.
+
+    In a debug pod: kubectl debug node/NAME -it --profile=sysadmin --image=IMAGE -- gpuzombie top --procfs /host/proc
+
+    Exit 0 (quit, or --once printed a frame), 2 on an unreadable procfs or a bad option.
+    """
+    if (as_json or tree or width) and not once:
+        raise click.UsageError("--json, --tree and --width go with --once")
+    if allow_actions and once:
+        raise click.UsageError("--allow-actions needs the full-screen view, not --once")
+    app = _app_module() if not once else None  # before any scan: a missing Textual is said at once
+    from gpuzombie.gpu.attribution import current_view
+    from gpuzombie.k8s.liveness import PodLister
+    from gpuzombie.k8s.names import RuntimeNames
+    from gpuzombie.k8s.podresources import list_pod_resources
+    from gpuzombie.proc.procfs import Procfs
+    from gpuzombie.top.model import arrange
+    from gpuzombie.top.source import NodeSource
+
+    check_node_inputs(procfs, who="top")
+    nvml = nvml_backend(nvml_replay)
+    names = RuntimeNames(cri_socket, timeout=cri_timeout)
+    with PodLister(
+        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
+    ) as pods:
+        source = NodeSource(
+            procfs=Procfs(procfs),
+            nvml=nvml,
+            view=current_view(),
+            names=names,
+            resources=lambda: list_pod_resources(pod_resources_socket),
+            pods=pods,
+            node_name=node_name,
+            baseline=None if baseline_mib is None else baseline_mib * MIB,
+            threshold=ghost_threshold_mib * MIB,
+        )
+        if once:
+            try:
+                view = source()
+            except (OSError, ValueError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise GpuzombieError(f"cannot read {procfs}: {reason}") from exc
+            view = arrange(view, sort=sort, namespace=namespace, text=text)
+            if as_json:
+                echo_json(view)
+            else:
+                from gpuzombie.top.render import render_text
+
+                columns = width or (shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160)
+                click.echo(
+                    render_text(
+                        view,
+                        width=columns,
+                        sort=sort,
+                        namespace=namespace,
+                        text=text,
+                        expanded=None if tree else frozenset(),
+                    ),
+                    nl=False,
+                )
+            return int(ExitStatus.OK)
+        actions = None
+        if allow_actions:
+            from gpuzombie.top import actions as top_actions
+
+            root = procfs
+
+            def send(proc: Any, sig: signal.Signals) -> str:
+                return top_actions.signal_process(root, proc, sig)
+
+            def reap(pod: Any) -> str:
+                return top_actions.reap_pod(pod, procfs=Procfs(root), pods=pods, names=names, nvml=nvml)
+
+            assert app is not None
+            actions = app.Actions(signal=send, reap=reap)
+        assert app is not None
+        top = app.TopApp(source, interval=interval, actions=actions)
+        top.sort, top.namespace, top.text = sort, namespace, text
+        top.run()
+    return int(ExitStatus.OK)
