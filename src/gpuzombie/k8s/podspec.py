@@ -16,8 +16,10 @@ map is a ``ManifestError``, anything else it cannot judge is left out (an env va
 httpGet hook). Strict (the lab, which must run what it reads): names must be what the API server
 takes and a hook exactly one handler; the caller refuses the fields it does not apply by name.
 
-GPU recognition is ``gpu_resource`` alone: every reader asks it (a DRA claim's device class slots in
-beside it as another ``GpuRequest``).
+GPU recognition is ``gpu_resource`` alone: every reader (admission, the lab, the kubelet's device
+assignments) asks it. A container's GPUs are ``GpuRequest``s, so another way to ask for one (a DRA
+claim in ``resources.claims``, resolved against the pod's ``resourceClaims`` in ``read_pod_spec``)
+adds requests, not a second model.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def gpu_resource(name: str) -> GpuResource | None:
 
 @dataclass(frozen=True)
 class GpuRequest:
-    """One way a container asks for a GPU: a device plugin's resource with a non-zero quantity."""
+    """A GPU a container asks for: today a device plugin's resource with a non-zero quantity."""
 
     resource: GpuResource
     quantity: str
@@ -366,20 +368,22 @@ def read_pod_spec(spec: object, *, strict: bool = False, between: Callable[[], N
     container (a review's deadline). Raises ManifestError naming the field (see the module's
     docstring for what each mode refuses)."""
     spec = mapping(spec, "spec")
-    read: dict[ContainerKind, list[Container]] = {kind: [] for kind in ContainerKind}
-    for listed in (ContainerKind.INIT, ContainerKind.REGULAR, ContainerKind.EPHEMERAL):
-        for i, raw in enumerate(sequence(spec.get(listed.field), f"spec.{listed.field}")):
+
+    def listed(kind: ContainerKind) -> tuple[Container, ...]:
+        out = []
+        for i, raw in enumerate(sequence(spec.get(kind.field), f"spec.{kind.field}")):
             between()
-            sidecar = listed is ContainerKind.INIT and isinstance(raw, Mapping) and raw.get("restartPolicy") == "Always"
-            kind = ContainerKind.SIDECAR if sidecar else listed
-            read[ContainerKind.INIT if sidecar else listed].append(_container(raw, kind, i, strict))
+            sidecar = kind is ContainerKind.INIT and isinstance(raw, Mapping) and raw.get("restartPolicy") == "Always"
+            out.append(_container(raw, ContainerKind.SIDECAR if sidecar else kind, i, strict))
+        return tuple(out)
+
     grace = spec.get("terminationGracePeriodSeconds")
     grace = DEFAULT_GRACE_SECONDS if grace is None else integer(grace, "spec.terminationGracePeriodSeconds")
     share = spec.get("shareProcessNamespace", False)
     pod = PodSpec(
-        init_containers=tuple(read[ContainerKind.INIT]),
-        containers=tuple(read[ContainerKind.REGULAR]),
-        ephemeral_containers=tuple(read[ContainerKind.EPHEMERAL]),
+        init_containers=listed(ContainerKind.INIT),
+        containers=listed(ContainerKind.REGULAR),
+        ephemeral_containers=listed(ContainerKind.EPHEMERAL),
         grace_seconds=grace,
         share_process_namespace=boolean(share, "spec.shareProcessNamespace") if strict else share is True,
         host_pid=spec.get("hostPID") is True,

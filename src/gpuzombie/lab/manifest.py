@@ -40,21 +40,6 @@ from gpuzombie.k8s.podspec import (
     strings,
 )
 
-__all__ = [
-    "Container",
-    "ManifestError",
-    "Mount",
-    "PodManifest",
-    "PreStop",
-    "Resources",
-    "Security",
-    "Volume",
-    "load_pod",
-    "parse_pod",
-    "parse_quantity",
-    "pick_pod",
-]
-
 LAB_GPU = "nvidia.com/gpu"
 """The GPU resource the lab maps to its GPU devices (``podspec.gpu_resource`` knows the others:
 MIG, shared and AMD GPUs, which a lab node cannot give)."""
