@@ -126,9 +126,10 @@ def strings(value: object, where: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def integer(value: object, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ManifestError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+def integer(value: object, where: str, minimum: int | None = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ManifestError(f"{where}: expected an integer{bound}, got {value!r}")
     return value
 
 
@@ -378,7 +379,10 @@ def read_pod_spec(spec: object, *, strict: bool = False, between: Callable[[], N
         return tuple(out)
 
     grace = spec.get("terminationGracePeriodSeconds")
-    grace = DEFAULT_GRACE_SECONDS if grace is None else integer(grace, "spec.terminationGracePeriodSeconds")
+    if grace is None:
+        grace = DEFAULT_GRACE_SECONDS
+    else:  # a lenient reader judges a negative grace as written (what the API server makes of it is its own)
+        grace = integer(grace, "spec.terminationGracePeriodSeconds", 0 if strict else None)
     share = spec.get("shareProcessNamespace", False)
     pod = PodSpec(
         init_containers=listed(ContainerKind.INIT),

@@ -135,6 +135,9 @@ class Security:
 
 @dataclass(frozen=True)
 class Container:
+    """A container as the lab runs it: ``podspec.Container`` (the manifest's words) with its mounts
+    resolved, its security context inherited from the pod's and its quantities in numbers."""
+
     name: str
     image: str
     argv: tuple[str, ...]
@@ -285,10 +288,7 @@ def _check_tree(data: object, where: str, applied: Mapping[str, Any], seen: list
 
 def _check_env(data: object, where: str, seen: list[str]) -> None:
     for i, item in enumerate(sequence(data, where)):
-        entry = mapping(item, f"{where}[{i}]")
-        _check_keys(entry, f"{where}[{i}]", {"name", "value"}, set(), seen)
-        if not isinstance(entry.get("name"), str):
-            raise ManifestError(f"{where}[{i}].name: missing")
+        _check_keys(mapping(item, f"{where}[{i}]"), f"{where}[{i}]", {"name", "value"}, set(), seen)
 
 
 def _mounts(data: object, where: str, volumes: set[str], seen: list[str]) -> tuple[Mount, ...]:
@@ -312,7 +312,6 @@ def _check_container(data: object, where: str, seen: list[str], init: bool) -> N
     """Refuse the container fields the lab does not apply (an init container takes no lifecycle)."""
     c = mapping(data, where)
     _check_keys(c, where, CONTAINER_APPLIED | (set() if init else {"lifecycle"}), NO_EFFECT["container"], seen)
-    dns_label(c.get("name"), f"{where}.name")
     _check_env(c.get("env"), f"{where}.env", seen)
     _check_tree(c.get("lifecycle"), f"{where}.lifecycle", LIFECYCLE_APPLIED, seen)
 
