@@ -66,8 +66,8 @@ def _container(command, args, **fields):
 @pytest.mark.parametrize(("command", "args", "kind", "fix", "rule"), ARGV_CASES)
 def test_argv_cases(command, args, kind, fix, rule):
     pod = api_server_pod(_container(command, args))
-    c = rules.containers(pod["spec"])[0]
-    assert c.pid1.kind.value == kind
+    c = rules.read(pod["spec"]).containers[0]
+    assert rules.pid1(c).kind.value == kind
     found = [f.rule for f in rules.check_pod_spec(pod["spec"])]
     assert found == ([rule] if rule else [])
     if rule == "GZ001" and command is None:  # says what it sees, claims nothing

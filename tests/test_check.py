@@ -139,6 +139,18 @@ def test_the_seed_pods_and_the_table():
     assert "GZ006" in clean.stdout
 
 
+def test_a_time_sliced_gpu_is_a_gpu():
+    """``nvidia.com/gpu.shared`` (the device plugin's time-slicing with renameByDefault) is a GPU to
+    check as to the node agent: one recognition, k8s.podspec.gpu_resource (before: 0 with GPUs)."""
+    text = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n"
+        "    command: [sh, -c, 'python3 train.py & sleep infinity']\n"
+        "    resources: {limits: {nvidia.com/gpu.shared: 1}}\n"
+    )
+    done = gpuzombie("check", "--json", "-", stdin=text)
+    assert done.returncode == 1 and json.loads(done.stdout)["summary"]["gpu_pods"] == 1, done.stdout
+
+
 def test_clean_and_non_gpu_inputs_exit_0():
     pod = {
         "apiVersion": "v1",

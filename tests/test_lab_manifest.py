@@ -232,7 +232,7 @@ def test_one_pod_per_input():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("spec: [unclosed", "not valid YAML at line 1"),
+        ("spec: [unclosed", "not YAML or JSON at line"),
         (BASE.replace("args:", "workingDir: /x\n    args:"), "spec.containers[0].workingDir: not supported"),
         (BASE + "---\n" + BASE, "runs one Pod, the input has 2 objects"),
     ],
@@ -244,3 +244,19 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, capsys, text, message
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpuzombie: error: ") and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_number_where_the_api_takes_a_string_is_refused():
+    """The API server refuses ``args: [sleep, 30]``; the lab ran it before (its own reader took str(30))."""
+    with pytest.raises(ManifestError, match=r"spec.containers\[0\].args holds something other than strings"):
+        parse_pod(pod(BASE.replace('args: [sh, -c, "sleep 1"]', "args: [sleep, 30]")))
+
+
+def test_a_nesting_too_deep_is_one_line_not_an_internal_error(tmp_path, capsys):
+    """Before: ``gpuzombie: internal error: RecursionError`` (yaml.safe_load_all recursed); now the
+    lab reads with check's loader (k8s.podspec.load_documents), which bounds the nesting."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 100_000)
+    assert main(["lab", "pod", str(path), "--out", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"gpuzombie: error: {path}: not YAML or JSON") and "internal" not in line, line

@@ -19,7 +19,7 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 import grpc
 
 from cri_standin import standin_kubelet
-from gpuzombie.k8s.podresources import PodResources, list_pod_resources
+from gpuzombie.k8s.podresources import DeviceAssignment, PodResources, list_pod_resources
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "gpuzombie" / "k8s" / "podresources_v1"
@@ -39,6 +39,23 @@ def test_assignments_of_every_container(tmp_path):
     ]
     assert got.gpu_assignments == got.assignments  # the stand-in's are all nvidia.com/gpu
     assert got.pods == {("ml", "trainer"), ("web", "api")} and got.read  # a pod without devices too
+
+
+@pytest.mark.parametrize(
+    ("resource", "gpu"),
+    [
+        ("nvidia.com/gpu", True),
+        ("nvidia.com/mig-1g.10gb", True),
+        ("nvidia.com/gpu.shared", True),  # time-slicing with renameByDefault: the ids are GPU-<uuid>::<n>
+        ("nvidia.com/hostdev", False),  # an NVIDIA NIC (network operator): a PCI address, no GPU
+        ("amd.com/gpu", False),  # a GPU, not one NVML reads
+    ],
+)
+def test_only_nvidia_gpu_resources_are_gpu_assignments(resource, gpu):
+    """gpu_assignments asks k8s.podspec.gpu_resource, as check and the lab do (before: every
+    ``nvidia.com/`` name, NICs included)."""
+    resources = PodResources("k.sock", (DeviceAssignment("ns", "p", "c", resource, "0000:3b:00.1"),))
+    assert bool(resources.gpu_assignments) is gpu
 
 
 def test_absent_socket_is_no_source_and_no_warning(tmp_path):

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import rules
-from gpuzombie.admission.manifests import escape
+from gpuzombie.k8s.podspec import Container, PodSpec, escape
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -191,9 +191,9 @@ class _Plan:
     """The grace the pod will have (an opt-in's, else its own)."""
     set_grace: bool = False
     share: bool = False
-    wrap: list[rules.Container] = field(default_factory=list)
-    hooks: list[rules.Container] = field(default_factory=list)
-    torchrun: list[tuple[rules.Container, int]] = field(default_factory=list)
+    wrap: list[Container] = field(default_factory=list)
+    hooks: list[Container] = field(default_factory=list)
+    torchrun: list[tuple[Container, int]] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -209,17 +209,16 @@ def _mounts_ours(container: Mapping[str, Any]) -> bool:
     )
 
 
-def _own_wait(c: rules.Container) -> float:
+def _own_wait(c: Container) -> float:
     """How long the container's own preStop hook may wait (0: none, or one that cannot be judged)."""
-    hook = rules.prestop(c.raw, f"spec.containers[{c.index}]")
+    hook = rules.hook_wait(c)
     return hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
 
 
-def _plan(
-    spec: Mapping[str, Any], gpu: list[rules.Container], opt_ins: Mapping[str, str], mode: Mode, budget: rules.Budget
-) -> _Plan:
+def _plan(pod: PodSpec, opt_ins: Mapping[str, str], mode: Mode, budget: rules.Budget) -> _Plan:
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
-    plan = _Plan(grace=rules.grace_seconds(spec))
+    plan = _Plan(grace=pod.grace_seconds)
+    gpu = pod.gpu_containers
     longest_wait = max((_own_wait(c) for c in gpu), default=0.0)
     if grace is not None and grace <= longest_wait:  # GZ004: the kubelet would kill the pod's own hook
         plan.warnings.append(
@@ -231,13 +230,13 @@ def _plan(
         plan.grace = grace
     want_prestop = opt_ins.get("prestop", "").lower() == "true"
     want_torchrun = opt_ins.get("torchrun-shutdown", "").lower() == "true"
-    sharing = rules.shares_process_namespace(spec)
+    sharing = pod.share_process_namespace
     for c in gpu:
         budget.check()
         if _mounts_ours(c.raw):
             plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
             continue
-        if sharing or c.pid1.kind is rules.Pid1Kind.INIT:
+        if sharing or rules.pid1(c).kind is rules.Pid1Kind.INIT:
             pass
         elif c.argv_known:
             plan.wrap.append(c)
@@ -274,7 +273,7 @@ def _plan(
             elif shutdown > target:
                 plan.torchrun.append((c, target))
                 plan.actions.append(f"torchrun-shutdown:{c.name}")
-    if grace is not None and grace != spec.get("terminationGracePeriodSeconds"):
+    if grace is not None and grace != pod.raw.get("terminationGracePeriodSeconds"):
         plan.set_grace = True
         plan.actions.append(f"grace:{grace}")
     return plan
@@ -296,7 +295,7 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
     wrapped, hooked = {c.index for c in plan.wrap}, {c.index for c in plan.hooks}
     for c in sorted({c.index: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: c.index):
-        path = f"/spec/containers/{c.index}"
+        path = c.pointer
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
         if c.index in wrapped:
             assert c.command is not None
@@ -309,7 +308,7 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
                 ops.append({"op": "add", "path": f"{path}/lifecycle", "value": {"preStop": hook}})
     for c, seconds in plan.torchrun:
         variable = {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)}
-        _append(ops, c.raw, f"/spec/containers/{c.index}", "env", variable)
+        _append(ops, c.raw, c.pointer, "env", variable)
     if plan.set_grace:
         ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": plan.grace})
     return ops
@@ -318,7 +317,7 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
 def mutate(
     pod: Mapping[str, Any], namespace: str | None, policy: Policy, budget: rules.Budget = rules.UNBOUNDED
 ) -> Mutation:
-    """The fix of ``pod`` as JSONPatch operations. Raises rules.SpecError or ValueError (a bad
+    """The fix of ``pod`` as JSONPatch operations. Raises ManifestError or ValueError (a bad
     opt-in value) for a pod it cannot understand, rules.OverBudget when ``budget`` runs out; the
     caller then admits the pod unchanged."""
     reason = _skip_reason(pod, namespace, policy)
@@ -328,10 +327,10 @@ def mutate(
     if count > MAX_CONTAINERS:
         why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
         return Mutation([], [], [why], why)
-    gpu = rules.gpu_containers(pod["spec"], budget)
-    if not gpu:
+    spec = rules.read(pod["spec"], budget)
+    if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
-    plan = _plan(pod["spec"], gpu, _opt_ins(pod, namespace, policy), policy.mode, budget)
+    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy.mode, budget)
     if not plan.actions:
         return _none(*plan.warnings)
     described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]

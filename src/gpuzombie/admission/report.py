@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuzombie import __version__
-from gpuzombie.admission import manifests, rules
+from gpuzombie.admission import rules
+from gpuzombie.k8s import podspec
 
 SCHEMA = "gpuzombie.check/v1"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -17,7 +18,7 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 @dataclass(frozen=True)
 class PodResult:
     path: str
-    ref: manifests.PodRef
+    ref: podspec.PodTemplate
     line: int | None
     gpu_containers: tuple[str, ...]
     findings: tuple[rules.Finding, ...]
@@ -44,25 +45,28 @@ class CheckReport:
     pods: list[PodResult] = field(default_factory=list)
 
     def add(self, path: str, text: str) -> None:
-        """Check every pod of one input. Raises ManifestError or SpecError (with the place)."""
+        """Check every pod of one input. Raises ManifestError naming the input (and the pod)."""
+        shown = "stdin" if path == "-" else path
         self.files.append(path)
-        documents = manifests.load_documents(text)
+        try:
+            documents = podspec.load_documents(text)
+        except podspec.ManifestError as exc:
+            raise podspec.ManifestError(f"{shown}: {exc}") from exc
         nodes = {d.index: d.node for d in documents}
-        for ref in manifests.pods(documents):
+        for ref in podspec.pod_templates(documents):
             try:
-                findings = rules.check_pod_spec(ref.spec)
-                index = {c.name: c.index for c in rules.containers(ref.spec)}
-            except rules.SpecError as exc:
-                raise rules.SpecError(f"{path}: {ref.label}: {exc}") from exc
+                pod = rules.read(ref.spec)
+                findings = rules.check(pod)
+            except podspec.ManifestError as exc:
+                raise podspec.ManifestError(f"{shown}: {ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
-            gpu = tuple(c.name for c in rules.gpu_containers(ref.spec))
+            pointers = {c.name: c.pointer for c in pod.containers}
             lines = tuple(
-                manifests.line_of(node, f"{ref.pointer}/spec/containers/{index[f.container]}")
-                if f.container in index
-                else None
+                podspec.line_of(node, ref.pointer + pointers[f.container]) if f.container in pointers else None
                 for f in findings
             )
-            line = manifests.line_of(node, ref.pointer + "/spec")
+            line = podspec.line_of(node, ref.pointer + "/spec")
+            gpu = tuple(c.name for c in pod.gpu_containers)
             self.pods.append(PodResult(path, ref, line, gpu, tuple(findings), lines))
 
     @property

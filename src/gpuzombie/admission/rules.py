@@ -16,13 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_GRACE_SECONDS = 30
-"""What the API server defaults ``terminationGracePeriodSeconds`` to (a file may leave it out)."""
+from gpuzombie.k8s.podspec import Container, PodSpec, read_pod_spec
+
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
 INITS = frozenset(
     {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir", "supervisord", "systemd"}
 )
@@ -136,10 +134,6 @@ RULES: Mapping[str, Rule] = {
 }
 
 
-class SpecError(ValueError):
-    """A pod spec that is not what the API would accept (a wrong type where a list or a map goes)."""
-
-
 class OverBudget(Exception):
     """A review ran out of its time: nothing it found so far is acted on."""
 
@@ -207,116 +201,14 @@ class Pid1:
     then the kind is UNKNOWN."""
 
 
-@dataclass(frozen=True)
-class Container:
-    """One container of a pod spec, as the rules see it."""
-
-    index: int
-    name: str
-    gpu: bool
-    command: tuple[str, ...] | None
-    """None: not set, the image's ENTRYPOINT runs."""
-    args: tuple[str, ...] | None
-    env: Mapping[str, str]
-    raw: Mapping[str, Any]
-
-    @property
-    def argv_known(self) -> bool:
-        return self.command is not None
-
-    @property
-    def words(self) -> tuple[str, ...]:
-        """What the spec shows of the argv: command + args, or args alone after an unseen ENTRYPOINT."""
-        return (self.command or ()) + (self.args or ())
-
-    @property
-    def pid1(self) -> Pid1:
-        return analyse_argv(self.command + (self.args or ())) if self.command is not None else Pid1(Pid1Kind.UNKNOWN)
-
-    @property
-    def seen(self) -> Pid1:
-        """What the spec's words would make PID 1 if the image had no ENTRYPOINT (evidence, not a claim)."""
-        return analyse_argv(self.words)
+def pid1(c: Container) -> Pid1:
+    """What the container's argv makes PID 1 (UNKNOWN without ``command``: the image's ENTRYPOINT runs)."""
+    return analyse_argv(c.words) if c.argv_known else Pid1(Pid1Kind.UNKNOWN)
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where} is not a map")
-    return value
-
-
-def _list(value: Any, where: str) -> Sequence[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise SpecError(f"{where} is not a list")
-    return value
-
-
-def _strings(value: Any, where: str) -> tuple[str, ...] | None:
-    """A list of strings; None when absent or empty (Kubernetes treats an empty command as unset)."""
-    items = _list(value, where)
-    if not all(isinstance(i, str) for i in items):
-        raise SpecError(f"{where} holds something other than strings")
-    return tuple(items) or None
-
-
-def is_gpu_resource(name: str) -> bool:
-    return name in GPU_RESOURCES or name.startswith(GPU_RESOURCE_PREFIXES)
-
-
-def _asks_for_gpu(container: Mapping[str, Any], where: str) -> bool:
-    resources = _mapping(container.get("resources"), f"{where}.resources")
-    for part in ("limits", "requests"):
-        for name, quantity in _mapping(resources.get(part), f"{where}.resources.{part}").items():
-            if is_gpu_resource(str(name)) and str(quantity).strip() not in ("0", ""):
-                return True
-    return False
-
-
-def containers(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Container]:
-    """The pod's regular containers (init containers, native sidecars included, run no training)."""
-    out = []
-    for i, raw in enumerate(_list(spec.get("containers"), "spec.containers")):
-        budget.check()
-        where = f"spec.containers[{i}]"
-        raw = _mapping(raw, where)
-        env = {}
-        for item in _list(raw.get("env"), f"{where}.env"):
-            item = _mapping(item, f"{where}.env[]")
-            if isinstance(item.get("name"), str) and isinstance(item.get("value"), str):
-                env[item["name"]] = item["value"]
-        out.append(
-            Container(
-                index=i,
-                name=str(raw.get("name", f"#{i}")),
-                gpu=_asks_for_gpu(raw, where),
-                command=_strings(raw.get("command"), f"{where}.command"),
-                args=_strings(raw.get("args"), f"{where}.args"),
-                env=env,
-                raw=raw,
-            )
-        )
-    return out
-
-
-def gpu_containers(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Container]:
-    return [c for c in containers(spec, budget) if c.gpu]
-
-
-def grace_seconds(spec: Mapping[str, Any]) -> int:
-    value = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
-    if value is None:
-        return DEFAULT_GRACE_SECONDS
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError("spec.terminationGracePeriodSeconds is not a number")
-    return value
-
-
-def shares_process_namespace(spec: Mapping[str, Any]) -> bool:
-    return spec.get("shareProcessNamespace") is True
+def read(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> PodSpec:
+    """The pod spec as the rules read it: leniently, ``budget`` checked before each container."""
+    return read_pod_spec(spec, between=budget.check)
 
 
 def is_init(program: str) -> bool:
@@ -433,8 +325,8 @@ def _shown(pid1: Pid1, words: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class PreStop:
-    """A preStop hook as the rules see it: how long it may wait, and whether it only waits."""
+class HookWait:
+    """A preStop hook as the rules judge it: how long it may wait, and whether it only waits."""
 
     wait_seconds: float | None
     only_waits: bool
@@ -465,33 +357,27 @@ def _sleep_seconds(words: Sequence[str]) -> float | None:
     return None
 
 
-def prestop(container: Mapping[str, Any], where: str) -> PreStop | None:
-    """The container's preStop hook, or None (no hook, or an httpGet one this cannot judge)."""
-    lifecycle = _mapping(container.get("lifecycle"), f"{where}.lifecycle")
-    hook = _mapping(lifecycle.get("preStop"), f"{where}.lifecycle.preStop")
-    if "sleep" in hook:
-        seconds = _mapping(hook["sleep"], f"{where}.lifecycle.preStop.sleep").get("seconds")
-        if isinstance(seconds, int):
-            return PreStop(float(seconds), True, f"sleep {seconds}")
-    if "exec" not in hook:
+def hook_wait(c: Container) -> HookWait | None:
+    """The container's preStop hook judged, or None (no hook, or an httpGet one this cannot judge)."""
+    if c.prestop is None:
         return None
-    words = _strings(_mapping(hook["exec"], f"{where}.lifecycle.preStop.exec").get("command"), where) or ()
-    if not words:
-        return None
+    if c.prestop.sleep_s is not None:
+        return HookWait(float(c.prestop.sleep_s), True, f"sleep {c.prestop.sleep_s}")
+    words = c.prestop.command
     shown = short(" ".join(words))
     slept = _sleep_seconds(words)
     if slept is not None:
-        return PreStop(slept, True, shown)
+        return HookWait(slept, True, shown)
     script = _script(words) if posixpath.basename(words[0]) in SHELLS else None
     if script is not None:
         commands = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
         sleeps = [_sleep_seconds(c.split()) for c in commands]
         if sleeps and all(s is not None for s in sleeps):
-            return PreStop(sum(s or 0.0 for s in sleeps), True, shown)
+            return HookWait(sum(s or 0.0 for s in sleeps), True, shown)
     if any("prestop" in w for w in words):  # gpuzombie prestop, python -m gpuzombie.prestop, prestop.pyz
         timeout = _number_after(words, "--timeout")
-        return PreStop(20.0 if timeout is None else timeout, False, shown)
-    return PreStop(None, False, shown)
+        return HookWait(20.0 if timeout is None else timeout, False, shown)
+    return HookWait(None, False, shown)
 
 
 def torchrun_shutdown(c: Container) -> int | None:
@@ -508,12 +394,11 @@ def torchrun_shutdown(c: Container) -> int | None:
     return TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT
 
 
-def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
-    if shares_process_namespace(spec) or spec.get("hostPID") is True:
+def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
+    if pod.share_process_namespace or pod.host_pid:
         return  # PID 1 is the pod's pause (or the host's init): it reaps, and SIGTERM reaches the workload
     if c.argv_known:
-        pid1 = c.pid1
-        assert c.command is not None
+        pid1 = analyse_argv(c.words)
         if pid1.kind is Pid1Kind.UNKNOWN:
             yield Finding("GZ006", Severity.NOTE, c.name, f"cannot tell PID 1: {pid1.unread}")
             return
@@ -533,7 +418,7 @@ def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
             "handler, never gets SIGTERM",
         )
         return
-    seen = c.seen
+    seen = analyse_argv(c.words)
     if seen.background and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
         # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
         yield Finding(
@@ -555,8 +440,7 @@ def _pid1_findings(c: Container, spec: Mapping[str, Any]) -> Iterator[Finding]:
 
 
 def _shutdown_findings(c: Container, grace: int) -> Iterator[Finding]:
-    where = f"spec.containers[{c.index}]"
-    hook = prestop(c.raw, where)
+    hook = hook_wait(c)
     if hook is not None and hook.only_waits:
         yield Finding(  # advice: a drain delay for a load balancer is a choice, its cost is the point
             "GZ003",
@@ -585,15 +469,18 @@ def _shutdown_findings(c: Container, grace: int) -> Iterator[Finding]:
 
 def check_pod_spec(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> list[Finding]:
     """Every finding of a pod spec's GPU containers (a pod without GPUs has none).
-    Raises SpecError for a spec with a wrong type where the API takes a list or a map, OverBudget
-    when ``budget`` runs out."""
-    spec = _mapping(spec, "spec")
-    if _mapping(spec.get("os"), "spec.os").get("name") == "windows":
+    Raises ManifestError for a spec with a wrong type where the API takes a list or a map,
+    OverBudget when ``budget`` runs out."""
+    return check(read(spec, budget), budget)
+
+
+def check(pod: PodSpec, budget: Budget = UNBOUNDED) -> list[Finding]:
+    """Every finding of a read pod spec (``check_pod_spec``)."""
+    if pod.windows:
         return []
-    grace = grace_seconds(spec)
     findings: list[Finding] = []
-    for c in gpu_containers(spec, budget):
+    for c in pod.gpu_containers:
         budget.check()
-        findings += _pid1_findings(c, spec)
-        findings += _shutdown_findings(c, grace)
+        findings += _pid1_findings(c, pod)
+        findings += _shutdown_findings(c, pod.grace_seconds)
     return findings

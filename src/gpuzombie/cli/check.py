@@ -50,18 +50,15 @@ def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
 
 def build_report(paths: tuple[str, ...]) -> Any:
     require_admission_extra("yaml")
-    from gpuzombie.admission.manifests import ManifestError
     from gpuzombie.admission.report import CheckReport
-    from gpuzombie.admission.rules import SpecError
+    from gpuzombie.k8s.podspec import ManifestError
 
     report = CheckReport()
     for path, text in read_inputs(paths):
         try:
             report.add(path, text)
         except ManifestError as exc:
-            raise GpuzombieError(f"{'stdin' if path == '-' else path}: {exc}") from exc
-        except SpecError as exc:
-            raise GpuzombieError(f"not a valid pod spec: {exc}") from exc
+            raise GpuzombieError(str(exc)) from exc
     return report
 
 

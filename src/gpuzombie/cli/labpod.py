@@ -22,18 +22,13 @@ DEFAULT_OUT = Path("lab-out")
 def load_manifest(stream: IO[str]) -> Any:
     """The one Pod of a YAML (or JSON) stream, as parsed data; GpuzombieError for anything else."""
     try:
-        import yaml
+        import yaml  # noqa: F401 -- the labpod extra
     except ImportError as exc:
         raise GpuzombieError(f"lab pod needs PyYAML ({exc})") from exc
-    from gpuzombie.lab.manifest import ManifestError, pick_pod
+    from gpuzombie.lab.manifest import ManifestError, load_pod
 
     try:
-        documents = list(yaml.safe_load_all(stream.read()))
-        return pick_pod(documents)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise GpuzombieError(f"{stream.name}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+        return load_pod(stream.read())
     except ManifestError as exc:
         raise GpuzombieError(f"{stream.name}: {exc}") from exc
 

@@ -52,13 +52,13 @@ def patch_manifests(text: str, policy: Any) -> tuple[list[Any], list[str]]:
     """The documents of ``text`` with every pod fixed in place, and the warnings (one line each)."""
     import jsonpatch
 
-    from gpuzombie.admission import manifests
     from gpuzombie.admission.mutate import mutate
+    from gpuzombie.k8s import podspec
 
-    documents = manifests.load_documents(text)
+    documents = podspec.load_documents(text)
     by_index = {d.index: d.data for d in documents}
     warnings: list[str] = []
-    for ref in list(manifests.pods(documents)):
+    for ref in list(podspec.pod_templates(documents)):
         try:
             mutation = mutate(ref.pod, ref.namespace, policy)
         except ValueError as exc:
@@ -79,7 +79,7 @@ def _patch(source: str, policy: Any) -> int:
     require_admission_extra("yaml", "jsonpatch")
     import yaml
 
-    from gpuzombie.admission.manifests import ManifestError
+    from gpuzombie.k8s.podspec import ManifestError
 
     ((path, text),) = read_inputs((source,))
     try:

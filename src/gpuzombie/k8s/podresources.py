@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpuzombie.k8s.podspec import gpu_resource
+
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-GPU_RESOURCE_PREFIX = "nvidia.com/"
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,15 @@ class PodResources:
 
     @property
     def gpu_assignments(self) -> tuple[DeviceAssignment, ...]:
-        """The assignments of NVIDIA resources (``nvidia.com/gpu``, ``nvidia.com/mig-…``): only their
-        ids name GPUs (another plugin's device ``0`` is no GPU index)."""
-        return tuple(a for a in self.assignments if a.resource.startswith(GPU_RESOURCE_PREFIX))
+        """The assignments of NVIDIA GPU resources (``nvidia.com/gpu``, ``nvidia.com/mig-…``,
+        ``nvidia.com/gpu.shared``: ``podspec.gpu_resource``): only their ids name GPUs NVML reads
+        (another plugin's device ``0`` is no GPU index, an NVIDIA NIC's is a PCI address)."""
+        return tuple(a for a in self.assignments if _nvidia_gpu(a.resource))
+
+
+def _nvidia_gpu(resource: str) -> bool:
+    gpu = gpu_resource(resource)
+    return gpu is not None and gpu.vendor == "nvidia"
 
 
 def list_pod_resources(socket_path: str | None = DEFAULT_SOCKET, *, timeout: float = 2.0) -> PodResources:

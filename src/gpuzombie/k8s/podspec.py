@@ -1,0 +1,562 @@
+"""The one model of a pod spec: pure functions over manifests (dicts as the API sends them, or as
+YAML gives them), shared by the admission rules (``gpuzombie check``, the webhook), ``lab pod`` and
+the node agent's reading of the kubelet's device assignments.
+
+Three layers, each usable alone:
+
+* text -> ``Document`` (``load_documents``: multi-document YAML or JSON, with line numbers);
+* document -> ``PodTemplate``: each pod-shaped object, located by a JSON pointer in its document
+  (``kind: List`` opened, the Pod itself, ``spec.template``, a CronJob's job template); a reader of
+  custom resources (Ray, training operators, LeaderWorkerSet...) adds pointers in ``_template_pointers``;
+* pod spec -> ``PodSpec``: its containers of every kind (init, native sidecar, regular, ephemeral),
+  each with its argv, literal env, preStop hook and the GPUs it asks for, and the pod's grace.
+
+``read_pod_spec`` has two modes. Lenient (admission): a wrong type where the API takes a list or a
+map is a ``ManifestError``, anything else it cannot judge is left out (an env value from a secret, an
+httpGet hook). Strict (the lab, which must run what it reads): names must be what the API server
+takes and a hook exactly one handler; the caller refuses the fields it does not apply by name.
+
+GPU recognition is ``gpu_resource`` alone: every reader (admission, the lab, the kubelet's device
+assignments) asks it. A container's GPUs are ``GpuRequest``s, so another way to ask for one (a DRA
+claim in ``resources.claims``, resolved against the pod's ``resourceClaims`` in ``read_pod_spec``)
+adds requests, not a second model.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_GRACE_SECONDS = 30
+"""What the API server defaults ``terminationGracePeriodSeconds`` to (a file may leave it out)."""
+
+
+class ManifestError(ValueError):
+    """Input that is not a manifest the reader takes: not YAML or JSON, a wrong type where the API
+    takes a list or a map, or (strict) a value the API server would refuse. One line, naming the
+    field (``spec.containers[0].args``) or the line."""
+
+
+# -- GPU resources ------------------------------------------------------------------------------
+
+
+class GpuForm(enum.Enum):
+    WHOLE = "whole"
+    MIG = "mig"
+    """A MIG instance (the device plugin's mixed strategy): a slice with its own memory."""
+    SHARED = "shared"
+    """A time-sliced or MPS replica (the device plugin's ``renameByDefault``): one GPU, many pods."""
+
+
+@dataclass(frozen=True)
+class GpuResource:
+    name: str
+    vendor: str
+    """``nvidia`` or ``amd``: whose ids the kubelet's device assignments carry."""
+    form: GpuForm
+
+
+_GPU_NAMES = {
+    "nvidia.com/gpu": ("nvidia", GpuForm.WHOLE),
+    "nvidia.com/gpu.shared": ("nvidia", GpuForm.SHARED),
+    "amd.com/gpu": ("amd", GpuForm.WHOLE),
+}
+_GPU_PREFIXES = {"nvidia.com/mig-": ("nvidia", GpuForm.MIG)}
+"""The device plugins' extended resources that are GPUs (``nvidia.com/mig-1g.10gb``,
+``nvidia.com/mig-1g.10gb.shared``: MIG, shared or not)."""
+
+
+def gpu_resource(name: str) -> GpuResource | None:
+    """The GPU an extended resource name stands for, or None (cpu, memory, a NIC, ...)."""
+    if name in _GPU_NAMES:
+        return GpuResource(name, *_GPU_NAMES[name])
+    for prefix, (vendor, form) in _GPU_PREFIXES.items():
+        if name.startswith(prefix):
+            return GpuResource(name, vendor, form)
+    return None
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A GPU a container asks for: today a device plugin's resource with a non-zero quantity."""
+
+    resource: GpuResource
+    quantity: str
+
+
+# -- typed access, one message form ---------------------------------------------------------------
+
+_JSON_TYPES = {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list"}
+
+
+def _shown_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "a map"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def mapping(value: object, where: str) -> Mapping[str, Any]:
+    """``value`` as a map; absent (None) is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where} is not a map ({_shown_type(value)})")
+    return value
+
+
+def sequence(value: object, where: str) -> Sequence[Any]:
+    """``value`` as a list; absent (None) is empty."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ManifestError(f"{where} is not a list ({_shown_type(value)})")
+    return value
+
+
+def strings(value: object, where: str) -> tuple[str, ...]:
+    """A list of strings (as the API takes ``command``, ``args``: a number is refused there too)."""
+    items = sequence(value, where)
+    if not all(isinstance(i, str) for i in items):
+        raise ManifestError(f"{where} holds something other than strings")
+    return tuple(items)
+
+
+def integer(value: object, where: str, minimum: int | None = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ManifestError(f"{where}: expected an integer{bound}, got {value!r}")
+    return value
+
+
+def boolean(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ManifestError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": 1e-3,
+}
+
+
+def parse_quantity(value: object, where: str) -> float:
+    """A Kubernetes quantity (``2Gi``, ``250m``, ``1``) as a number of base units."""
+    m = QUANTITY.match(str(value).strip())
+    if m is None or isinstance(value, bool):
+        raise ManifestError(f"{where}: {value!r} is not a quantity the lab understands")
+    return float(m.group(1)) * SUFFIX.get(m.group(2) or "", 1)
+
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL_MAX = 63
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1123_SUBDOMAIN_MAX = 253
+"""The API server's name rules (k8s.io/apimachinery validation ``IsDNS1123Label`` and
+``IsDNS1123Subdomain``): a namespace, a container and a volume name is a label, a pod name a
+subdomain. A strict reader checks them, because the lab makes paths of them (the pod's log
+directory, each container's log file, each emptyDir's directory)."""
+
+
+def dns_label(value: object, where: str) -> str:
+    """``value`` if it is a DNS-1123 label (a namespace, container or volume name)."""
+    if not isinstance(value, str) or len(value) > DNS1123_LABEL_MAX or not DNS1123_LABEL.match(value):
+        raise ManifestError(
+            f"{where}: {value!r} is not a DNS-1123 label (at most {DNS1123_LABEL_MAX} lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit), as the API server requires"
+        )
+    return value
+
+
+def dns_subdomain(value: object, where: str) -> str:
+    """``value`` if it is a DNS-1123 subdomain (a pod name)."""
+    if not isinstance(value, str) or len(value) > DNS1123_SUBDOMAIN_MAX or not DNS1123_SUBDOMAIN.match(value):
+        raise ManifestError(
+            f"{where}: {value!r} is not a DNS-1123 subdomain (at most {DNS1123_SUBDOMAIN_MAX} lower-case "
+            "letters, digits, '-' and '.', each part starting and ending with a letter or digit), as the "
+            "API server requires"
+        )
+    return value
+
+
+# -- containers ------------------------------------------------------------------------------------
+
+
+class ContainerKind(enum.Enum):
+    """What a container is in its pod: a native sidecar is an init container with
+    ``restartPolicy: Always`` that runs beside the regular ones."""
+
+    INIT = "init"
+    SIDECAR = "sidecar"
+    REGULAR = "regular"
+    EPHEMERAL = "ephemeral"
+
+    @property
+    def field(self) -> str:
+        """The pod spec's list it stands in."""
+        return _FIELDS[self]
+
+
+_FIELDS = {
+    ContainerKind.INIT: "initContainers",
+    ContainerKind.SIDECAR: "initContainers",
+    ContainerKind.REGULAR: "containers",
+    ContainerKind.EPHEMERAL: "ephemeralContainers",
+}
+
+
+@dataclass(frozen=True)
+class PreStop:
+    """A preStop hook the kubelet runs: a command in the container, or its own sleep."""
+
+    command: tuple[str, ...] = ()
+    """exec: run in the container (ExecSync)."""
+    sleep_s: int | None = None
+    """sleep: the kubelet itself waits (no process in the container)."""
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container of a pod spec as its manifest writes it."""
+
+    kind: ContainerKind
+    index: int
+    """Its place in its list (``spec.initContainers[index]``)."""
+    name: str
+    command: tuple[str, ...] | None
+    """None: not set (or empty, which Kubernetes treats the same): the image's ENTRYPOINT runs."""
+    args: tuple[str, ...] | None
+    env: Mapping[str, str]
+    """The variables with a literal value (one from a secret or a field is not known here)."""
+    prestop: PreStop | None
+    """None: no hook, or one a lenient reader cannot judge (httpGet)."""
+    gpus: tuple[GpuRequest, ...]
+    raw: Mapping[str, Any]
+
+    @property
+    def gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def argv_known(self) -> bool:
+        return self.command is not None
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """What the spec shows of the argv: command + args, or args alone after an unseen ENTRYPOINT."""
+        return (self.command or ()) + (self.args or ())
+
+    @property
+    def pointer(self) -> str:
+        """JSON pointer to the container in its pod (``/spec/containers/0``)."""
+        return f"/spec/{self.kind.field}/{self.index}"
+
+    @property
+    def where(self) -> str:
+        """Its field path in messages (``spec.containers[0]``)."""
+        return f"spec.{self.kind.field}[{self.index}]"
+
+
+def _gpu_requests(container: Mapping[str, Any], where: str) -> tuple[GpuRequest, ...]:
+    resources = mapping(container.get("resources"), f"{where}.resources")
+    found: dict[str, GpuRequest] = {}
+    for part in ("limits", "requests"):
+        for name, quantity in mapping(resources.get(part), f"{where}.resources.{part}").items():
+            gpu = gpu_resource(str(name))
+            if gpu is not None and str(quantity).strip() not in ("0", "") and gpu.name not in found:
+                found[gpu.name] = GpuRequest(gpu, str(quantity))
+    return tuple(found.values())
+
+
+def _env(value: object, where: str, strict: bool) -> dict[str, str]:
+    env = {}
+    for i, item in enumerate(sequence(value, where)):
+        item = mapping(item, f"{where}[{i}]")
+        name, literal = item.get("name"), item.get("value", "" if strict else None)
+        if isinstance(name, str) and isinstance(literal, str):
+            env[name] = literal
+        elif strict:
+            raise ManifestError(f"{where}[{i}]: a name and a string value are needed")
+    return env
+
+
+def _prestop(container: Mapping[str, Any], where: str, strict: bool) -> PreStop | None:
+    lifecycle = mapping(container.get("lifecycle"), f"{where}.lifecycle")
+    if lifecycle.get("preStop") is None:
+        return None
+    where = f"{where}.lifecycle.preStop"
+    hook = mapping(lifecycle["preStop"], where)
+    if strict and len(hook) != 1:
+        raise ManifestError(f"{where}: exactly one of exec and sleep")
+    if "sleep" in hook:
+        seconds = mapping(hook["sleep"], f"{where}.sleep").get("seconds")
+        if strict:
+            return PreStop(sleep_s=integer(seconds, f"{where}.sleep.seconds"))
+        if isinstance(seconds, int) and not isinstance(seconds, bool):
+            return PreStop(sleep_s=seconds)
+    if "exec" in hook:
+        command = strings(mapping(hook["exec"], f"{where}.exec").get("command"), f"{where}.exec.command")
+        if command:
+            return PreStop(command=command)
+        if strict:
+            raise ManifestError(f"{where}.exec.command: empty")
+    if strict:
+        raise ManifestError(f"{where}: exactly one of exec and sleep")
+    return None
+
+
+def _container(raw: object, kind: ContainerKind, index: int, strict: bool) -> Container:
+    where = f"spec.{kind.field}[{index}]"
+    c = mapping(raw, where)
+    name = dns_label(c.get("name"), f"{where}.name") if strict else str(c.get("name", f"#{index}"))
+    return Container(
+        kind=kind,
+        index=index,
+        name=name,
+        command=strings(c.get("command"), f"{where}.command") or None,
+        args=strings(c.get("args"), f"{where}.args") or None,
+        env=_env(c.get("env"), f"{where}.env", strict),
+        prestop=_prestop(c, where, strict),
+        gpus=_gpu_requests(c, where),
+        raw=c,
+    )
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A pod spec's containers of every kind, and the settings that decide how it stops."""
+
+    init_containers: tuple[Container, ...]
+    """Init containers and native sidecars (kind SIDECAR), in their order."""
+    containers: tuple[Container, ...]
+    ephemeral_containers: tuple[Container, ...]
+    grace_seconds: int
+    share_process_namespace: bool
+    host_pid: bool
+    windows: bool
+    raw: Mapping[str, Any]
+
+    @property
+    def every_container(self) -> tuple[Container, ...]:
+        return self.init_containers + self.containers + self.ephemeral_containers
+
+    @property
+    def gpu_containers(self) -> tuple[Container, ...]:
+        """The regular containers that ask for a GPU (init containers and native sidecars run no
+        training; a reader that judges them too asks ``every_container``)."""
+        return tuple(c for c in self.containers if c.gpu)
+
+
+def read_pod_spec(spec: object, *, strict: bool = False, between: Callable[[], None] = lambda: None) -> PodSpec:
+    """``spec`` (a pod's or a template's ``spec``) as a PodSpec; ``between`` is called before each
+    container (a review's deadline). Raises ManifestError naming the field (see the module's
+    docstring for what each mode refuses)."""
+    spec = mapping(spec, "spec")
+
+    def listed(kind: ContainerKind) -> tuple[Container, ...]:
+        out = []
+        for i, raw in enumerate(sequence(spec.get(kind.field), f"spec.{kind.field}")):
+            between()
+            sidecar = kind is ContainerKind.INIT and isinstance(raw, Mapping) and raw.get("restartPolicy") == "Always"
+            out.append(_container(raw, ContainerKind.SIDECAR if sidecar else kind, i, strict))
+        return tuple(out)
+
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is None:
+        grace = DEFAULT_GRACE_SECONDS
+    else:  # a lenient reader judges a negative grace as written (what the API server makes of it is its own)
+        grace = integer(grace, "spec.terminationGracePeriodSeconds", 0 if strict else None)
+    share = spec.get("shareProcessNamespace", False)
+    pod = PodSpec(
+        init_containers=listed(ContainerKind.INIT),
+        containers=listed(ContainerKind.REGULAR),
+        ephemeral_containers=listed(ContainerKind.EPHEMERAL),
+        grace_seconds=grace,
+        share_process_namespace=boolean(share, "spec.shareProcessNamespace") if strict else share is True,
+        host_pid=spec.get("hostPID") is True,
+        windows=mapping(spec.get("os"), "spec.os").get("name") == "windows",
+        raw=spec,
+    )
+    if strict:
+        names = [c.name for c in pod.every_container]
+        if len(set(names)) != len(names):
+            raise ManifestError("spec.containers: two containers with one name")
+    return pod
+
+
+# -- documents and the pod templates in them -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Document:
+    index: int
+    data: Any
+    node: Any
+    """The YAML node (line numbers for SARIF)."""
+
+
+def load_documents(text: str) -> list[Document]:
+    """Every non-empty document of ``text`` (YAML, or JSON: YAML reads it). Raises ManifestError."""
+    import yaml
+
+    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        nodes = list(yaml.compose_all(text, Loader=loader_class))
+        documents = []
+        for i, node in enumerate(nodes):
+            if node is None:
+                continue
+            data = loader_class("").construct_document(node)
+            if data is not None:
+                documents.append(Document(i, data, node))
+        return documents
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ManifestError(f"not YAML or JSON{where}: {problem}") from exc
+    except (RecursionError, ValueError) as exc:
+        raise ManifestError(f"not a manifest: {type(exc).__name__}") from exc
+
+
+@dataclass(frozen=True)
+class Object:
+    """One Kubernetes object of a document (an item of a ``kind: List`` is one too)."""
+
+    document: int
+    pointer: str
+    """JSON pointer to the object in its document (``""``, or ``/items/3``)."""
+    data: Any
+    namespace: str | None
+    """Its own, or the one its List gives it."""
+
+
+def objects(documents: Sequence[Document]) -> Iterator[Object]:
+    """Every object of ``documents``, ``kind: List`` (and ``PodList``...) opened, in order."""
+    for doc in documents:
+        yield from _open(doc.data, doc.index, "", None)
+
+
+def _open(obj: Any, document: int, pointer: str, namespace: str | None) -> Iterator[Object]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if isinstance(meta, Mapping) and isinstance(meta.get("namespace"), str):
+        namespace = meta["namespace"]
+    kind = obj.get("kind") if isinstance(obj, Mapping) else None
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(obj.get("items"), list):
+        for i, item in enumerate(obj["items"]):
+            yield from _open(item, document, f"{pointer}/items/{i}", namespace)
+        return
+    yield Object(document, pointer, obj, namespace)
+
+
+def escape(key: str) -> str:
+    """A key as one JSON pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def tokens(pointer: str) -> list[str]:
+    """The unescaped tokens of a JSON pointer."""
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]] if pointer else []
+
+
+def resolve(doc: Any, pointer: str) -> Any:
+    for token in tokens(pointer):
+        doc = doc[int(token)] if isinstance(doc, list) else doc[token]
+    return doc
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    """A pod-shaped object (``metadata`` + ``spec``: a Pod, or a workload's template) where it
+    stands: its document, and a JSON pointer to it there, so a fix applies in place."""
+
+    document: int
+    kind: str
+    """The kind of the object that holds it (Deployment, Pod...)."""
+    name: str
+    namespace: str | None
+    pointer: str
+    """JSON pointer, in the document, to the pod-shaped object (``""`` for a Pod)."""
+    pod: Mapping[str, Any]
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        spec = self.pod.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
+
+    @property
+    def label(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind}/{where}{self.name}"
+
+
+def _pod_shaped(value: Any) -> bool:
+    return isinstance(value, Mapping) and isinstance(value.get("spec"), Mapping) and "containers" in value["spec"]
+
+
+def _template_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
+    """Where ``obj`` holds pod templates, relative to it."""
+    kind, spec = obj.get("kind"), obj.get("spec")
+    if kind == "Pod":
+        yield ""
+    elif kind == "PodTemplate" and _pod_shaped(obj.get("template")):
+        yield "/template"
+    elif isinstance(spec, Mapping) and _pod_shaped(spec.get("template")):
+        yield "/spec/template"
+    elif isinstance(spec, Mapping) and isinstance(spec.get("jobTemplate"), Mapping):
+        job = spec["jobTemplate"].get("spec")
+        if isinstance(job, Mapping) and _pod_shaped(job.get("template")):
+            yield "/spec/jobTemplate/spec/template"
+
+
+def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
+    """Every pod template of ``documents``, in order."""
+    for obj in objects(documents):
+        data = obj.data
+        if not isinstance(data, Mapping) or not isinstance(data.get("kind"), str):
+            continue
+        meta = data["metadata"] if isinstance(data.get("metadata"), Mapping) else {}
+        name = meta.get("name") or meta.get("generateName") or "(unnamed)"
+        for pointer in _template_pointers(data):
+            yield PodTemplate(
+                obj.document, data["kind"], str(name), obj.namespace, obj.pointer + pointer, resolve(data, pointer)
+            )
+
+
+def line_of(node: Any, pointer: str) -> int | None:
+    """The 1-based line of ``pointer`` in a YAML node tree (as deep as the pointer resolves)."""
+    if node is None:
+        return None
+    line = int(node.start_mark.line) + 1
+    for token in tokens(pointer):
+        value = node.value
+        mark = None
+        if isinstance(value, list) and value and isinstance(value[0], tuple):
+            found = [(k, v) for k, v in value if getattr(k, "value", None) == token]
+            node, mark = (found[-1][1], found[-1][0].start_mark) if found else (None, None)
+        elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
+            node = value[int(token)]
+            mark = node.start_mark
+        else:
+            node = None
+        if node is None or mark is None:
+            break
+        line = int(mark.line) + 1  # a key's line, not its value's
+    return line
