@@ -13,6 +13,7 @@ removed through the CRI (its worker STALE: top-stale.txt/.json), and the time of
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -21,7 +22,8 @@ import time
 from pathlib import Path
 
 from gpuzombie.k8s.cri import PodSpec
-from gpuzombie.lab.runtime.containerd import _cgroup_roots, pause_image, private_containerd
+from gpuzombie.lab.runtime.containerd import pause_image, private_containerd
+from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from pidns import PidNamespace, wait_until
 
 OUT = Path(sys.argv[1])
@@ -32,13 +34,26 @@ BACKEND = "torch" if DEVICE == "cuda" else "auto"
 STAND_IN_DEV = "mount -t tmpfs dry-dev /dev && touch /dev/nvidia0 && exec 3</dev/nvidia0 && "
 
 
+def removed(cgroup: Path) -> bool:
+    """Remove an empty cgroup directory; False while the kernel still calls it busy."""
+    try:
+        cgroup.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return False
+        raise
+    return True
+
+
 def workload(module: str, *options: str) -> str:
     return f"{sys.executable} -m gpuzombie.workloads.{module} --size-mib {SIZE_MIB} --device {DEVICE} --backend {BACKEND} {' '.join(options)}"
 
 
 def cgroups_of(spec: PodSpec, leaf: str) -> list[Path]:
     """Where a process of ``spec`` joins: the pod's cgroup in each v1 hierarchy, a leaf below it on v2."""
-    roots = [r for r in _cgroup_roots() if os.path.isdir(r + spec.cgroup_parent)]
+    roots = [r for r in cgroup_roots() if os.path.isdir(r + spec.cgroup_parent)]
     groups = [Path(r + spec.cgroup_parent) for r in roots]
     if roots == ["/sys/fs/cgroup"]:
         groups = [groups[0] / leaf]
@@ -134,8 +149,8 @@ def main() -> int:
                 wait_until(
                     lambda leaf=leaf: not leaf.exists() or not (leaf / "cgroup.procs").read_text().strip(), timeout=30
                 )
-                if leaf.exists():
-                    leaf.rmdir()
+                # An emptied cgroup can answer EBUSY while its last tasks finish exiting: retry, bounded.
+                wait_until(lambda leaf=leaf: removed(leaf), timeout=30)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     marks = summary.get("pods", {})

@@ -7,9 +7,9 @@
 # top's frame is captured running and after trainer-0's removal (its worker STALE). With nvitop's
 # wheel in .whl (pip download nvitop; its needs, nvidia-ml-py and psutil, are on the device), also
 # benchmarks/bench_top.py beside nvitop on this quiet 16-core machine.
-# Under $OUT: top-running.txt/.json, top-stale.txt/.json, bench-top-real.log (both tools on this
-# node's /proc and NVML, the pods up), summary.json, machine.txt, top-gpu.log, bench-top.log (the fake
-# node of 110 pods). DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
+# Under $OUT: top-running.txt, top-stale.txt, bench-top-real.log (both tools on this node's /proc and
+# NVML, the pods up), machine.txt, top-gpu.log, bench-top.log (the fake node of 110 pods), and
+# top-json-and-workers.tgz (top-running.json, top-stale.json, summary.json, the workers' logs). DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/top-gpu-out}
@@ -36,5 +36,7 @@ rc=${PIPESTATUS[0]}
 if [ "${BENCH:-1}" = 1 ]; then
   timeout 400 python3 benchmarks/bench_top.py --repeat 20 2>&1 | tee "$OUT/bench-top.log"
 fi
+# The device tool brings back at most 8 files: the frames' JSON and the workers' logs go in one archive.
+(cd "$OUT" && tar czf top-json-and-workers.tgz --remove-files ./*.json ./*-worker.log ./*-parent.log 2>/dev/null)
 echo "top_gpu: exit $rc; logs under $OUT"
 exit "$rc"
