@@ -342,3 +342,36 @@ def test_a_workload_that_cannot_start_fails_fast_with_the_pods_last_lines(contai
     # baseline taken beside it, so it grows with the load (beside stress-ng --cpu 2).
     assert elapsed < FAIL_FAST_MARGIN * baseline, (elapsed, baseline)
     assert containerd.client.list_pod_sandboxes() == []
+
+
+def test_a_scenario_pod_has_lab_pods_guards(containerd):  # noqa: F811  (the fixture)
+    """A scenario on containerd is a one-container manifest run by lab pod's class, so it gets its
+    guards: its own network namespace, seccomp filtering (RuntimeDefault), no NET_RAW. Before
+    (26af6ff, CriPod) it shared the host's network namespace, with seccomp off and NET_RAW."""
+    from gpuzombie.lab.runtime.cri import LAB_NAMESPACE, cri_runtime_on
+    from gpuzombie.lab.runtime.manifestpod import HOOK_PATH, ManifestPod, PodRunConfig
+    from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, scenario_manifest
+
+    runtime = cri_runtime_on(containerd)
+    config = LabConfig(grace=GRACE, runtime="containerd")
+    manifest = scenario_manifest(
+        SCENARIOS["s2-tini"],
+        config,
+        "tini",
+        ["sleep", "infinity"],
+        image=runtime.image,
+        namespace=LAB_NAMESPACE,
+        zipapp=HOOK_PATH,
+    )
+    pod = ManifestPod(runtime, manifest, PodRunConfig(device="cpu"), EventLog())
+    pod.start()
+    try:
+        net = pod.exec(["readlink", "/proc/1/ns/net"], timeout=10).stdout.strip()
+        status = dict(
+            line.split(":", 1) for line in pod.exec(["cat", "/proc/1/status"], timeout=10).stdout.splitlines()
+        )
+    finally:
+        pod.kill()
+    assert net and net != os.readlink("/proc/self/ns/net")
+    assert status["Seccomp"].strip() == "2"  # filtering
+    assert not int(status["CapEff"], 16) >> 13 & 1  # CAP_NET_RAW is bit 13

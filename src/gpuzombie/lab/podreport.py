@@ -19,9 +19,8 @@ def _counts(run: RunRecord, point: str) -> tuple[int | str, int | str]:
     return (obs.zombies, obs.orphans) if obs else ("—", "—")
 
 
-def pods_md(scenarios: Mapping[str, RunRecord]) -> list[str]:
+def pods_md(pods: Mapping[str, RunRecord]) -> list[str]:
     """comparison.md's section for the pods run by ``gpuzombie lab pod``."""
-    pods = {k: e for k, e in scenarios.items() if e.is_pod}
     if not pods:
         return []
     lines = [

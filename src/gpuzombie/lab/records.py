@@ -8,7 +8,7 @@ is lenient where older files are (results/ holds runs written before ``variant``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -168,5 +168,12 @@ class LabResults:
             nccl=data.get("nccl"),
         )
 
-    def pods(self) -> Sequence[RunRecord]:
-        return [r for r in self.runs.values() if r.is_pod]
+    @property
+    def pod_runs(self) -> dict[str, RunRecord]:
+        """``lab pod``'s runs (manifests), by folder."""
+        return {k: r for k, r in self.runs.items() if r.is_pod}
+
+    @property
+    def scenario_runs(self) -> dict[str, RunRecord]:
+        """``lab run``'s runs (the scenarios and their variants), by folder."""
+        return {k: r for k, r in self.runs.items() if not r.is_pod}

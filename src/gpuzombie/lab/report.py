@@ -201,7 +201,7 @@ def main_entries(scenarios: Mapping[str, RunRecord]) -> dict[str, RunRecord | No
 
 def comparison_md(data: LabResults) -> str:
     scenarios = data.runs
-    if scenarios and all(e.is_pod for e in scenarios.values()):
+    if scenarios and not data.scenario_runs:
         return pods_comparison_md(scenarios)
     columns = main_entries(scenarios)
     base = list(columns.values())
@@ -306,7 +306,7 @@ def comparison_md(data: LabResults) -> str:
     for label, fn in extra:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
     lines += spread_md(scenarios)
-    variants = [k for k, e in scenarios.items() if _is_variant(k, e)]
+    variants = [k for k, e in data.scenario_runs.items() if _is_variant(e)]
     if variants:
         lines += [
             "",
@@ -327,7 +327,7 @@ def comparison_md(data: LabResults) -> str:
                 f"{'yes' if m.waited_whole_grace else 'no'} | {m.grace_waste_gib_s:.2f} | "
                 f"{format_seconds(m.kill9_to_free_s)} |"
             )
-    lines += pods_md(scenarios)
+    lines += pods_md(data.pod_runs)
     if nccl is not None:
         lines += [
             "",
@@ -371,9 +371,9 @@ def _observe_summary(obs: Observation | None) -> str:
     return f"zombies {s.get('zombies')}, orphans {s.get('orphans')}, orphaned ctx {s.get('orphaned_contexts')}"
 
 
-def _is_variant(key: str, e: RunRecord) -> bool:
-    """A run outside the main table and the runtimes table: another init, uid, backend..."""
-    return e.variant not in SPREAD_SCENARIOS and e.attempt == 1 and not e.is_pod
+def _is_variant(e: RunRecord) -> bool:
+    """A scenario's run outside the main table and the runtimes table: another init, uid, backend..."""
+    return e.variant not in SPREAD_SCENARIOS and e.attempt == 1
 
 
 SPREAD_SCENARIOS = (*BASE, SHARE_PID, "s4-fullfix-fasthook")

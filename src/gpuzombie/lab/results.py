@@ -204,9 +204,7 @@ def load(out_dir: Path) -> LabResults:
     try:
         return LabResults.from_json(data)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(
-            f"{out_dir / RESULTS_JSON}: not a complete {SCHEMA} file ({type(exc).__name__}: {exc})"
-        ) from exc
+        raise ValueError(f"not a complete {SCHEMA} file ({type(exc).__name__}: {exc})") from exc
 
 
 def write_results(
