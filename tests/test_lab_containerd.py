@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -86,20 +87,46 @@ def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
     assert [z[7:10] for z in zombies if name in z] == [[name, namespace, "workload"]] * 2
 
 
+def tini_pod(runtime, name: str, argv: list[str], *, prestop: tuple[str, ...] = (), gpus: int = 0):
+    """A one-container pod as a scenario makes one: tini as PID 1, its shell running ``argv``."""
+    from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
+    from gpuzombie.lab.runtime.manifestpod import ManifestPod, PodRunConfig
+    from gpuzombie.lab.runtime.pidns import init_argv
+
+    container = Container(
+        name="workload",
+        image=runtime.image,
+        argv=tuple(init_argv("tini", shlex.join(argv))),
+        command_given=True,
+        prestop=PreStop(command=prestop) if prestop else None,
+        resources=Resources(gpus=gpus),
+    )
+    manifest = PodManifest(
+        name=name,
+        namespace="gpuzombie-lab",
+        annotations={},
+        grace_s=GRACE,
+        share_process_namespace=False,
+        init_containers=(),
+        containers=(container,),
+        volumes=(),
+        no_effect=(),
+    )
+    return ManifestPod(runtime, manifest, PodRunConfig(device="cpu"), EventLog())
+
+
 def test_a_hook_longer_than_the_grace_is_cut_off(containerd):  # noqa: F811  (the fixture)
     """The kubelet waits at most the grace for preStop, then StopContainer gets its 2 s minimum."""
-    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on
+    from gpuzombie.lab.runtime.cri import cri_runtime_on
 
-    events = EventLog()
-    with open(os.devnull, "w") as log:
-        pod = CriPod(cri_runtime_on(containerd), "hook", "tini", ["true"], log=log, events=events)
-        pod.start()
-        try:
-            wait_until(lambda: "sleep" in pod.exec(["ps"], timeout=5).stdout)
-            deletion = pod.delete(grace=GRACE, prestop=["sleep", "30"])
-        finally:
-            pod.kill()
-    names = [e.name for e in events.events]
+    pod = tini_pod(cri_runtime_on(containerd), "hook", ["true"], prestop=("sleep", "30"))
+    pod.start()
+    try:
+        wait_until(lambda: "sleep" in pod.exec(["ps"], timeout=5).stdout)
+        deletion = pod.delete(grace=GRACE)
+    finally:
+        pod.kill()
+    names = [e.name for e in pod.events.events]
     assert "prestop-cut-off" in names and "prestop-end" not in names
     assert deletion.prestop_rc == 137  # the hook went with the container, as under the kubelet
     assert deletion.sigterm_at - deletion.requested_at == pytest.approx(GRACE, abs=0.3)
@@ -210,18 +237,17 @@ def test_gpu_parts_are_the_char_devices_and_the_driver_files(tmp_path):
 
 def test_a_device_given_to_the_container_is_there(containerd, tmp_path):  # noqa: F811  (the fixture)
     """The CRI Device plumbing of a GPU container, with a stand-in device node (no GPU here)."""
-    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on
+    from gpuzombie.lab.runtime.cri import cri_runtime_on
 
     device = _char_device(tmp_path / "nvidia0")
     runtime = dataclasses.replace(cri_runtime_on(containerd), devices=(device,))
-    with open(os.devnull, "w") as log:
-        pod = CriPod(runtime, "device", "tini", ["true"], log=log, events=EventLog())
-        pod.start()
-        try:
-            listing = pod.exec(["ls", "-l", device], timeout=10)
-            python = pod.exec([sys.executable, "-c", "import gpuzombie; print('ok')"], timeout=30)
-        finally:
-            pod.kill()
+    pod = tini_pod(runtime, "device", ["true"], gpus=1)
+    pod.start()
+    try:
+        listing = pod.exec(["ls", "-l", device], timeout=10)
+        python = pod.exec([sys.executable, "-c", "import gpuzombie; print('ok')"], timeout=30)
+    finally:
+        pod.kill()
     assert listing.returncode == 0 and listing.stdout.startswith("c"), listing
     assert python.stdout.strip() == "ok", python  # the host's Python and the project, mounted read-only
 
@@ -251,20 +277,19 @@ def test_cri_socket_makes_the_pods_on_a_running_containerd_and_removes_them(cont
 def test_a_venv_of_a_pyenv_python_starts_in_the_container(containerd, pyenv_venv):  # noqa: F811  (fixtures)
     """The venv's bin/python3 links to the pyenv installation (sys.base_prefix, under ~/.pyenv):
     mounted with it, the interpreter starts and finds its standard library."""
-    from gpuzombie.lab.runtime.cri import CriPod, cri_runtime_on, python_paths, workload_mounts
+    from gpuzombie.lab.runtime.cri import cri_runtime_on, python_paths, workload_mounts
 
     assert not pyenv_venv.prefixes[1].startswith("/usr/")  # the case: an installation outside /usr
     runtime = dataclasses.replace(
         cri_runtime_on(containerd), mounts=workload_mounts(python_paths({}, pyenv_venv), None)
     )
     script = "import json, sys; print('started', json.dumps(sys.base_prefix), flush=True)"
-    with open(os.devnull, "w") as log:
-        pod = CriPod(runtime, "pyenv", "tini", [pyenv_venv.executable, "-c", script], log=log, events=EventLog())
-        pod.start()
-        try:
-            started = wait_until(lambda: "started" in pod.log_text() and pod.log_text(), timeout=60)
-        finally:
-            pod.kill()
+    pod = tini_pod(runtime, "pyenv", [pyenv_venv.executable, "-c", script])
+    pod.start()
+    try:
+        started = wait_until(lambda: "started" in pod.log_text() and pod.log_text(), timeout=60)
+    finally:
+        pod.kill()
     assert f"started {json.dumps(pyenv_venv.prefixes[1])}" in started, started
 
 
@@ -317,3 +342,36 @@ def test_a_workload_that_cannot_start_fails_fast_with_the_pods_last_lines(contai
     # baseline taken beside it, so it grows with the load (beside stress-ng --cpu 2).
     assert elapsed < FAIL_FAST_MARGIN * baseline, (elapsed, baseline)
     assert containerd.client.list_pod_sandboxes() == []
+
+
+def test_a_scenario_pod_has_lab_pods_guards(containerd):  # noqa: F811  (the fixture)
+    """A scenario on containerd is a one-container manifest run by lab pod's class, so it gets its
+    guards: its own network namespace, seccomp filtering (RuntimeDefault), no NET_RAW. Before
+    (26af6ff, CriPod) it shared the host's network namespace, with seccomp off and NET_RAW."""
+    from gpuzombie.lab.runtime.cri import LAB_NAMESPACE, cri_runtime_on
+    from gpuzombie.lab.runtime.manifestpod import HOOK_PATH, ManifestPod, PodRunConfig
+    from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, scenario_manifest
+
+    runtime = cri_runtime_on(containerd)
+    config = LabConfig(grace=GRACE, runtime="containerd")
+    manifest = scenario_manifest(
+        SCENARIOS["s2-tini"],
+        config,
+        "tini",
+        ["sleep", "infinity"],
+        image=runtime.image,
+        namespace=LAB_NAMESPACE,
+        zipapp=HOOK_PATH,
+    )
+    pod = ManifestPod(runtime, manifest, PodRunConfig(device="cpu"), EventLog())
+    pod.start()
+    try:
+        net = pod.exec(["readlink", "/proc/1/ns/net"], timeout=10).stdout.strip()
+        status = dict(
+            line.split(":", 1) for line in pod.exec(["cat", "/proc/1/status"], timeout=10).stdout.splitlines()
+        )
+    finally:
+        pod.kill()
+    assert net and net != os.readlink("/proc/self/ns/net")
+    assert status["Seccomp"].strip() == "2"  # filtering
+    assert not int(status["CapEff"], 16) >> 13 & 1  # CAP_NET_RAW is bit 13

@@ -40,6 +40,6 @@ def test_scenario_metrics():
         grace=7.0,
         worker_bytes=GIB,
     )
-    assert m["release_latency_s"] == 7.5 and m["sigkill_to_free_s"] == 0.5
-    assert m["waited_whole_grace"] and m["kill9_to_free_s"] == 1.0
-    assert m["grace_waste_gib_s"] == 7.25 and m["release_within_2x_kill9"] is False
+    assert m.release_latency_s == 7.5 and m.sigkill_to_free_s == 0.5
+    assert m.waited_whole_grace and m.kill9_to_free_s == 1.0
+    assert m.grace_waste_gib_s == 7.25 and m.release_within_2x_kill9 is False

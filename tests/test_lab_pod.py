@@ -30,8 +30,8 @@ def settled(pod: Pod) -> None:
     wait_until(lambda: comm(pod.pid1) == "sleep" or any(comm(c) == "sleep" for c in children_of(pod.pid1)))
 
 
-def make_pod(init: str) -> Pod:
-    return Pod(f"t-{init}", init, ["true"], log=open(os.devnull, "w"), events=EventLog())
+def make_pod(init: str, prestop: list[str] | None = None) -> Pod:
+    return Pod(f"t-{init}", init, ["true"], log=open(os.devnull, "w"), events=EventLog(), prestop=prestop)
 
 
 @pytest.mark.parametrize("init,waits", [("sleep", True), ("tini", False), ("tini-g", False), ("dumb-init", False)])
@@ -52,12 +52,10 @@ def test_delete_follows_the_kubelet(init, waits):
 
 
 def test_prestop_runs_inside_the_pod_before_sigterm():
-    pod = make_pod("tini")
+    pod = make_pod("tini", [sys.executable, "-c", "import os; print(os.getpid(), open('/proc/1/comm').read())"])
     pod.start()
     try:
-        deletion = pod.delete(
-            grace=5.0, prestop=[sys.executable, "-c", "import os; print(os.getpid(), open('/proc/1/comm').read())"]
-        )
+        deletion = pod.delete(grace=5.0)
     finally:
         pod.kill()
     pid, comm = deletion.prestop_stdout.split()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.lab.events import Event
 from gpuzombie.lab.sampler import NvmlProbe
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import Procfs
@@ -98,12 +100,13 @@ def test_lab_run_does_not_write_into_the_committed_results_by_default():
     assert str(out.default) == "lab-out"
 
 
-def entry(delete: float, kill9: float, last: float) -> dict:
-    return {
-        "deletion": {"requested_at": delete},
-        "events": [{"t": kill9, "name": "kill-9"}],
-        "samples": {"t": [0.0, last]},
-    }
+def entry(delete: float, kill9: float, last: float) -> SimpleNamespace:
+    """What timeline_range reads of a run (a stand-in for a RunRecord: three fields)."""
+    return SimpleNamespace(
+        deletion=SimpleNamespace(requested_at=delete),
+        events=(Event(kill9, "kill-9"),),
+        samples=SimpleNamespace(t=(0.0, last)),
+    )
 
 
 def test_timeline_puts_every_scenario_on_one_time_scale():

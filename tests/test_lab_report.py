@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuzombie.lab.records import LabResults
 from gpuzombie.lab.report import build, comparison_md
+from gpuzombie.lab.results import load
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 COMMITTED = [RESULTS, RESULTS / "runtimes"]
@@ -62,7 +64,7 @@ def _row(markdown: str, label: str) -> list[str]:
 
 
 def test_marks_mean_good_for_the_user_on_the_h200_run():
-    text = comparison_md(json.loads((RESULTS / "results.json").read_text()))
+    text = comparison_md(load(RESULTS))
     held = _row(text, "Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)")
     # S1 held it 30 s and S3 20 s: bad; S2 (0.185 s, the fastest) and S4: good.
     assert [cell[0] for cell in held[:4]] == ["❌", "✅", "❌", "✅"], held
@@ -73,14 +75,37 @@ def test_marks_mean_good_for_the_user_on_the_h200_run():
 
 
 def test_a_run_without_nccl_quotes_the_seed_as_the_seed():
-    text = comparison_md(json.loads((RESULTS / "results.json").read_text()) | {"nccl": None})
+    text = comparison_md(LabResults.from_json(json.loads((RESULTS / "results.json").read_text()) | {"nccl": None}))
     nccl = _row(text, "NCCL hang: GPU memory held")
     assert nccl[0].startswith("not run here (the seed measured 5.7 GB")
     assert all(cell.startswith("not run (seed expected") for cell in nccl[1:4])
 
 
 def test_s5_has_its_column_where_it_ran():
-    data = json.loads((RESULTS / "runtimes" / "results.json").read_text())
-    text = comparison_md(data)
+    text = comparison_md(load(RESULTS / "runtimes"))
     assert "| S4 Full Fix | S5 shareProcessNamespace |" in text
     assert _row(text, "Zombies (좀비 수거)")[4] != "—"
+
+
+def test_every_committed_results_json_loads_typed():
+    """results.load reads every lab results.json in results/ (written by older versions too) into
+    typed runs: each run's metrics, deletion and samples are there by name."""
+    folders = [p.parent for p in RESULTS.rglob("results.json") if '"gpuzombie.lab/1"' in p.read_text()[:200]]
+    assert len(folders) >= 4, folders
+    for folder in folders:
+        results = load(folder)
+        raw = json.loads((folder / "results.json").read_text())["scenarios"]
+        assert list(results.runs) == list(raw)
+        for key, run in results.runs.items():
+            assert run.metrics.grace_s == raw[key]["metrics"]["grace_s"]
+            assert run.deletion.leftovers == tuple(raw[key]["deletion"]["leftovers"])
+            assert len(run.samples.t) == len(raw[key]["samples"]["t"]) and run.observed("after-spawn") is not None
+            assert run.is_pod == ("pod_manifest" in raw[key])
+
+
+def test_a_results_json_missing_a_runs_metrics_is_a_value_error(tmp_path):
+    data = json.loads((RESULTS / "runtimes" / "results.json").read_text())
+    del next(iter(data["scenarios"].values()))["metrics"]
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="not a complete"):
+        load(tmp_path)

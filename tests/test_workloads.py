@@ -13,6 +13,7 @@ import pytest
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.runtime.pidns import Pod, children_of
+from gpuzombie.lab.runtime.pod import leftovers
 from gpuzombie.workloads.memory import (
     CPU_STANDIN,
     CPU_STANDIN_LABEL,
@@ -99,7 +100,7 @@ def test_parent_exits_without_wait_and_leaves_orphans():
             assert len([s for s in states.values() if s != "Z"]) == 2
         finally:
             pod.kill()
-    assert pod.leftovers() == ()
+    assert leftovers(pod.processes) == ()
 
 
 def test_parent_standalone_reports_ready_workers():

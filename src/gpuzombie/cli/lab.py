@@ -78,11 +78,11 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
             str(obs["after-kill"].zombies),
             f"{obs['after-spawn'].orphans} → {obs['after-delete'].orphans}",
             str(len(r.deletion.leftovers)),
-            format_seconds(m["release_latency_s"]),
-            "yes" if m["waited_whole_grace"] else "no",
-            f"{m['grace_waste_gib_s']:.2f}",
-            format_seconds(m["kill9_to_free_s"]),
-            f"{r.sampler['cpu_percent_of_one_core']}%",
+            format_seconds(m.release_latency_s),
+            "yes" if m.waited_whole_grace else "no",
+            f"{m.grace_waste_gib_s:.2f}",
+            format_seconds(m.kill9_to_free_s),
+            f"{r.sampler.cpu_percent_of_one_core}%",
         )
     return table
 

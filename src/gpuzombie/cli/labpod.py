@@ -187,16 +187,16 @@ def pod_command(
         key = run_key(run)
         m, d = run.metrics, run.deletion
         before = next((o for o in run.observations if o.point == "after-spawn"), None)
-        findings = findings or bool(d.leftovers) or bool(m["waited_whole_grace"])
+        findings = findings or bool(d.leftovers) or bool(m.waited_whole_grace)
         if as_json:
             click.echo(json.dumps({"schema": SCHEMA, "run": key, **run_to_json(run)}, default=str))
             continue
-        free = "—" if m["release_latency_s"] is None else f"{m['release_latency_s']:.3f} s"
+        free = "—" if m.release_latency_s is None else f"{m.release_latency_s:.3f} s"
         click.echo(
             f"{key}: PID 1 {run.init}; zombies {before.zombies if before else 0}, orphans "
             f"{before.orphans if before else 0} before deletion; deletion → free {free}; whole grace "
-            f"({d.grace_s:g} s) waited: {'yes' if m['waited_whole_grace'] else 'no'}; grace waste "
-            f"{m['grace_waste_gib_s']:.2f} GiB·s; processes left: {len(d.leftovers)}"
+            f"({d.grace_s:g} s) waited: {'yes' if m.waited_whole_grace else 'no'}; grace waste "
+            f"{m.grace_waste_gib_s:.2f} GiB·s; processes left: {len(d.leftovers)}"
         )
     console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
     return ExitStatus.FINDINGS if findings else ExitStatus.OK

@@ -8,10 +8,12 @@ held memory fell by 90 % of its size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from itertools import pairwise
+from typing import Any, Self
 
-from gpuzombie.lab.sampler import Sample
+from gpuzombie.lab.sampler import Sample, Sampler
 from gpuzombie.lab.series import settled_from, value_at
 from gpuzombie.units import MIB
 
@@ -59,7 +61,53 @@ def integral_gib_s(samples: Sequence[Sample], start: float, end: float) -> float
     return total / GIB
 
 
-def sampling_stats(samples: Sequence[Sample]) -> dict[str, float]:
+class _FromJson:
+    """Read back from results.json: the fields by name (one missing, as in older files, is None)."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RunMetrics(_FromJson):
+    """A run's numbers (results.json's ``metrics``, in this order): seconds on the events' clock."""
+
+    held_at_delete_mib: float
+    release_latency_s: float | None
+    """Deletion → memory back at the baseline (None: still held at the end)."""
+    released_at_s: float | None
+    grace_s: float
+    waited_whole_grace: bool
+    """SIGKILL at the grace's end was needed."""
+    pod_exit_after_delete_s: float | None
+    sigkill_to_free_s: float | None
+    grace_waste_gib_s: float
+    """∫ memory held dt from the deletion until it was free."""
+    kill9_to_free_s: float | None
+    release_within_2x_kill9: bool | None
+
+
+@dataclass(frozen=True)
+class SamplerStats(_FromJson):
+    """What sampling cost and how regular it was (results.json's ``sampler``)."""
+
+    cpu_seconds: float
+    cpu_percent_of_one_core: float
+    count: int
+    mean_interval_ms: float
+    max_interval_ms: float
+
+    @classmethod
+    def of(cls, sampler: Sampler) -> SamplerStats:
+        return cls(
+            cpu_seconds=round(sampler.cpu_seconds, 4),
+            cpu_percent_of_one_core=round(sampler.cpu_percent, 2),
+            **sampling_stats(sampler.samples),
+        )
+
+
+def sampling_stats(samples: Sequence[Sample]) -> dict[str, Any]:
     """How regular the sampling was: count, mean and max interval (ms)."""
     gaps = [b.t - a.t for a, b in pairwise(samples)]
     return {
@@ -71,7 +119,7 @@ def sampling_stats(samples: Sequence[Sample]) -> dict[str, float]:
 
 def scenario_metrics(
     *, samples: Sequence[Sample], marks: dict[str, float | None], grace: float, worker_bytes: int
-) -> dict[str, float | bool | None]:
+) -> RunMetrics:
     """Release latency, grace waste and the kill -9 comparison, from the samples and event times.
 
     ``marks`` holds the event times: delete, sigkill (None when PID 1 exited within the grace),
@@ -85,17 +133,17 @@ def scenario_metrics(
     kill9_free = dropped_at(samples, kill9, kill_drop(worker_bytes)) if kill9 is not None else None
     latency = None if free is None else free - delete
     kill9_latency = None if kill9_free is None or kill9 is None else kill9_free - kill9
-    return {
-        "held_at_delete_mib": round(held_at(samples, delete) / 1024**2, 1),
-        "release_latency_s": None if latency is None else round(latency, 3),
-        "released_at_s": None if free is None else round(free, 3),
-        "grace_s": grace,
-        "waited_whole_grace": sigkill is not None,
-        "pod_exit_after_delete_s": None if pod_exit is None else round(pod_exit - delete, 3),
-        "sigkill_to_free_s": None if sigkill is None or free is None or free < sigkill else round(free - sigkill, 3),
-        "grace_waste_gib_s": round(integral_gib_s(samples, delete, end), 3),
-        "kill9_to_free_s": None if kill9_latency is None else round(kill9_latency, 3),
-        "release_within_2x_kill9": (
+    return RunMetrics(
+        held_at_delete_mib=round(held_at(samples, delete) / 1024**2, 1),
+        release_latency_s=None if latency is None else round(latency, 3),
+        released_at_s=None if free is None else round(free, 3),
+        grace_s=grace,
+        waited_whole_grace=sigkill is not None,
+        pod_exit_after_delete_s=None if pod_exit is None else round(pod_exit - delete, 3),
+        sigkill_to_free_s=None if sigkill is None or free is None or free < sigkill else round(free - sigkill, 3),
+        grace_waste_gib_s=round(integral_gib_s(samples, delete, end), 3),
+        kill9_to_free_s=None if kill9_latency is None else round(kill9_latency, 3),
+        release_within_2x_kill9=(
             None if latency is None or kill9_latency is None else latency <= 2 * max(kill9_latency, 0.01)
         ),
-    }
+    )

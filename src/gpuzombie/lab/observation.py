@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.gpu.nvml import NvmlBackend
-from gpuzombie.lab.runtime.pidns import LabPod
+from gpuzombie.lab.runtime.pod import LabPod
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 

@@ -1,31 +1,26 @@
-"""The report's parts for ``lab pod`` runs (results.json entries with ``pod_manifest``): a table in
-comparison.md and each pod's notes.md. Pure functions over results.json entries."""
+"""The report's parts for ``lab pod`` runs (results.json runs with ``pod_manifest``): a table in
+comparison.md and each pod's notes.md. Pure functions over the runs as ``results.load`` reads them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from gpuzombie.jsonout import dumps
-
-Entry = Mapping[str, Any]
-
-
-def is_pod(entry: Entry) -> bool:
-    return bool(entry.get("pod_manifest"))
+from gpuzombie.lab.records import RunRecord
 
 
 def _seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f} s"
 
 
-def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
-    return next((o for o in entry["observations"] if o["point"] == point), {})
+def _counts(run: RunRecord, point: str) -> tuple[int | str, int | str]:
+    """(zombies, orphans) the host counted at ``point``; dashes where it was not observed."""
+    obs = run.observed(point)
+    return (obs.zombies, obs.orphans) if obs else ("—", "—")
 
 
-def pods_md(scenarios: Mapping[str, Entry]) -> list[str]:
+def pods_md(pods: Mapping[str, RunRecord]) -> list[str]:
     """comparison.md's section for the pods run by ``gpuzombie lab pod``."""
-    pods = {k: e for k, e in scenarios.items() if is_pod(e)}
     if not pods:
         return []
     lines = [
@@ -40,28 +35,29 @@ def pods_md(scenarios: Mapping[str, Entry]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, e in pods.items():
-        m, d, before = e["metrics"], e["deletion"], _obs(e, "after-spawn")
+        m, d = e.metrics, e.deletion
+        zombies, orphans = _counts(e, "after-spawn")
         lines.append(
-            f"| {key} | `{e['init']}` | {d['grace_s']} s | {before.get('zombies', '—')} / {before.get('orphans', '—')} | "
-            f"{_seconds(m['release_latency_s'])} | {'yes' if m['waited_whole_grace'] else 'no'} | "
-            f"{m['grace_waste_gib_s']:.2f} | {'—' if d['prestop_rc'] is None else d['prestop_rc']} | "
-            f"{len(d['leftovers'])} |"
+            f"| {key} | `{e.init}` | {d.grace_s} s | {zombies} / {orphans} | "
+            f"{_seconds(m.release_latency_s)} | {'yes' if m.waited_whole_grace else 'no'} | "
+            f"{m.grace_waste_gib_s:.2f} | {'—' if d.prestop_rc is None else d.prestop_rc} | "
+            f"{len(d.leftovers)} |"
         )
     return lines
 
 
-def pod_notes(key: str, e: Entry) -> str:
+def pod_notes(key: str, e: RunRecord) -> str:
     """A pod's notes.md: what ran, what the lab did differently, what the deletion cost."""
-    pod, m, d = e["pod_manifest"], e["metrics"], e["deletion"]
-    lines = [f"# {key}: {e['scenario']['title']}", ""]
-    if e["cpu_standin"]:
+    pod, m, d = e.pod_manifest or {}, e.metrics, e.deletion
+    lines = [f"# {key}: {e.scenario.title}", ""]
+    if e.cpu_standin:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the pod's host RSS.", ""]
     lines += [
-        f"- memory: {e['memory']} (sampled: {e['probe']})",
-        f"- pod: `{e['pod_command']}`",
-        f"- grace {d['grace_s']} s (manifest: {pod.get('manifest_grace_s')} s) · QoS {pod.get('qos')} · "
-        f"PID 1 of the main container: `{e['init']}`",
-        f"- command: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}",
+        f"- memory: {e.memory} (sampled: {e.probe})",
+        f"- pod: `{e.pod_command}`",
+        f"- grace {d.grace_s} s (manifest: {pod.get('manifest_grace_s')} s) · QoS {pod.get('qos')} · "
+        f"PID 1 of the main container: `{e.init}`",
+        f"- command: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}",
         "",
         "## What the lab does differently from a node",
         "",
@@ -71,39 +67,39 @@ def pod_notes(key: str, e: Entry) -> str:
         "",
     ]
     for point in ("after-spawn", "after-delete"):
-        o = _obs(e, point)
-        lines.append(f"- {point}: zombies {o.get('zombies', '—')}, orphans {o.get('orphans', '—')}")
+        zombies, orphans = _counts(e, point)
+        lines.append(f"- {point}: zombies {zombies}, orphans {orphans}")
     lines += [
-        f"- deletion → memory free: {_seconds(m['release_latency_s'])}; waited the whole grace: "
-        + ("yes" if m["waited_whole_grace"] else "no"),
-        f"- grace waste: {m['grace_waste_gib_s']:.3f} GiB·s; processes left after deletion: {len(d['leftovers'])}",
+        f"- deletion → memory free: {_seconds(m.release_latency_s)}; waited the whole grace: "
+        + ("yes" if m.waited_whole_grace else "no"),
+        f"- grace waste: {m.grace_waste_gib_s:.3f} GiB·s; processes left after deletion: {len(d.leftovers)}",
         "",
         "## Timeline (seconds since the lab started the pod)",
         "",
         "| t | event | detail |",
         "|---|---|---|",
     ]
-    lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
+    lines += [f"| {ev.t:.3f} | {ev.name} | {ev.detail} |" for ev in e.events]
     lines += ["", "## Numbers", "", "```json", dumps(m, indent=1), "```", ""]
-    if d.get("prestop_log"):
-        lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
+    if d.prestop_log:
+        lines += ["## preStop log", "", "```", d.prestop_log, "```", ""]
     return "\n".join(lines)
 
 
-def pods_comparison_md(scenarios: Mapping[str, Entry]) -> str:
+def pods_comparison_md(scenarios: Mapping[str, RunRecord]) -> str:
     """comparison.md of a folder with ``lab pod`` runs only: their provenance and the pods' table."""
     first = next(iter(scenarios.values()))
     lines = ["# gpuzombie lab pod: manifests run and deleted as the kubelet does, measured", ""]
-    if first["cpu_standin"]:
+    if first.cpu_standin:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the pods' host RSS.", ""]
-    prov = first.get("provenance", {})
+    prov = first.provenance
     gpu = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in prov.get("gpus", [])) or "none"
     lines += [
         f"- machine: {prov.get('hostname')} ({prov.get('cpu')}, {prov.get('cpus')} CPUs) · kernel "
         f"{prov.get('kernel')} · GPU: {gpu} · driver: {prov.get('driver') or '—'}",
         "- each run's command and date:",
         *(
-            f"  - {key}: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}"
+            f"  - {key}: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}"
             for key, e in scenarios.items()
         ),
     ]

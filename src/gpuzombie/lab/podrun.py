@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -20,8 +19,6 @@ from pathlib import Path
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import PodManifest
-from gpuzombie.lab.metrics import release_tolerance, sampling_stats, scenario_metrics
-from gpuzombie.lab.observation import Observation, observe, smi_snapshot
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, cni_bin_dir
 from gpuzombie.lab.runtime.cri import (
     CriRuntime,
@@ -35,9 +32,8 @@ from gpuzombie.lab.runtime.manifestpod import (
     PodRunError,
     host_path_grant,
 )
-from gpuzombie.lab.runtime.pidns import PROCFS, Deletion
-from gpuzombie.lab.sampler import Probe, Sampler, nvml_or_standin
-from gpuzombie.lab.scenarios import LabConfig, Scenario, ScenarioRun, trace_from_host
+from gpuzombie.lab.runtime.pod import PROCFS, Deletion
+from gpuzombie.lab.scenarios import LabConfig, Measurement, Scenario, ScenarioRun
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
@@ -135,61 +131,43 @@ def run_key_for(manifest: PodManifest) -> str:
     return f"pod-{manifest.name}" + (f"-{suffix}" if suffix else "")
 
 
-class _PodMeasurement:
-    """One ``lab pod`` run while it runs: the pod, the sampler, what it recorded."""
+class _PodMeasurement(Measurement):
+    """One ``lab pod`` run: the manifest's pod, measured once it is steady."""
+
+    keep_prestop_log = True
 
     def __init__(
         self, runtime: CriRuntime, manifest: PodManifest, config: PodRunConfig, nvml: NvmlBackend, progress: Progress
     ) -> None:
-        self.manifest, self.config, self.nvml, self.progress = manifest, config, nvml, progress
-        self.events = EventLog()
-        self.standin = config.device != "cuda"
-        self.workdir = Path(tempfile.mkdtemp(prefix="pod-", dir=runtime.state_dir))
-        self.cri_socket = runtime.socket
-        self.observations: list[Observation] = []
-        self.logs: dict[str, str] = {}
+        self.manifest, self.config = manifest, config
+        events = EventLog()
+        pod = ManifestPod(runtime, manifest, config, events)
+        self.grace = pod.grace
+        self.at_delete = 0
         try:
-            self.pod = ManifestPod(runtime, manifest, config, self.events, self.workdir)
-            try:
-                self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
-            except BaseException:
-                self.pod.volumes.close()
-                raise
-        except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            raise
-
-    def _probe(self) -> Probe:
-        """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
-        try:
-            return nvml_or_standin(
-                self.pod, self.nvml, self.config.gpu_index, PodRssProbe(self.pod) if self.standin else None
+            super().__init__(
+                pod,
+                events,
+                nvml=nvml,
+                gpu_index=config.gpu_index,
+                standin=PodRssProbe(pod) if config.device != "cuda" else None,
+                sample_interval=config.sample_interval,
+                progress=progress,
+                cri_socket=runtime.socket,
             )
-        except LookupError as exc:
-            raise PodRunError(str(exc)) from exc
-
-    def held_now(self) -> int:
-        latest = self.sampler.latest()
-        return latest.held_bytes if latest else 0
-
-    def snapshot(self, title: str) -> str:
-        return smi_snapshot(self.pod, self.nvml, title, standin=self.standin)
-
-    def observe(self, point: str) -> None:
-        obs, text = observe(self.pod, point, self.events.now(), {})
-        self.observations.append(obs)
-        self.logs[f"observe-{point}.log"] = text
-        self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
-        self.progress(f"observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
+        except BaseException:
+            pod.kill()
+            raise
+        self.manifest_pod = pod
 
     def busy(self, pids: frozenset[int]) -> bool:
         """A process of the pod is running (state R): still setting up, e.g. importing torch before
         its CUDA allocation (a few MiB of context, steady for seconds, is not the workload's memory)."""
         return any((st := PROCFS.stat(pid)) is not None and st.state == "R" for pid in pids)
 
-    def wait_steady(self) -> None:
+    def settle(self) -> None:
         """Until the pod's processes and memory held have not changed for SETTLE_S while none of
-        them ran (the workload is set up and waiting), or the ready timeout."""
+        them ran (the workload is set up and waiting), or the ready timeout; then PID 1 is named."""
         deadline = time.monotonic() + self.config.ready_timeout
         last: tuple[frozenset[int], int] | None = None
         since = time.monotonic()
@@ -199,106 +177,75 @@ class _PodMeasurement:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= SETTLE_S and now[1] > 0:
                 self.events.add("steady", f"{len(now[0])} process(es), {now[1] // MIB} MiB held")
-                return
+                break
             time.sleep(0.05)
-        self.events.add("not-steady", f"still changing after {self.config.ready_timeout:.0f} s")
+        else:
+            self.events.add("not-steady", f"still changing after {self.config.ready_timeout:.0f} s")
+        pid1 = PROCFS.stat(self.pod.pid1)
+        self.manifest_pod.init = pid1.comm if pid1 else "?"
+
+    def deleting(self) -> str:
+        return f"deleting the pod (grace {self.grace} s, as the kubelet: preStop, StopContainer)"
+
+    def worker_bytes(self, deletion: Deletion) -> int:
+        """What the pod held when it was deleted (it has no worker size of its own)."""
+        held = self.sampler.samples
+        self.at_delete = max((s.held_bytes for s in held if s.t <= deletion.requested_at), default=0)
+        return max(self.at_delete, 1)
 
     def run(self) -> ScenarioRun:
-        pod = self.pod
-        try:
-            with self.sampler:
-                self.progress(f"starting {self.manifest.namespace}/{self.manifest.name} on the lab's containerd")
-                pod.start()
-                self.wait_steady()
-                pid1 = PROCFS.stat(pod.pid1)
-                pod.init = pid1.comm if pid1 else "?"
-                self.observe("after-spawn")
-                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
-                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
-                self.progress(f"deleting the pod (grace {pod.grace} s, as the kubelet: preStop, StopContainer)")
-                deletion = pod.delete(grace=pod.grace)
-                held = self.sampler.samples
-                at_delete = max((s.held_bytes for s in held if s.t <= deletion.requested_at), default=0)
-                threshold = release_tolerance(max(at_delete, 1))
-                waited = time.monotonic()
-                while self.held_now() > threshold and time.monotonic() - waited < 5.0:
-                    time.sleep(0.01)
-                time.sleep(0.3)  # a tail of samples after the release, for the plot
-        finally:
-            pod.kill()
-            shutil.rmtree(self.workdir, ignore_errors=True)  # its emptyDirs and the hook's build
-        self.logs["pod.log"] = pod.log_text()
-        if deletion.prestop_rc is not None:
-            self.logs["prestop.log"] = (
-                f"# exit {deletion.prestop_rc}\n{deletion.prestop_stdout}{deletion.prestop_stderr}"
-            )
-        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
-        self.observe("after-delete")
-        return self.finish(deletion, at_delete)
-
-    def finish(self, deletion: Deletion, at_delete: int) -> ScenarioRun:
-        samples = tuple(self.sampler.samples)
-        marks = {"delete": deletion.requested_at, "sigkill": deletion.sigkill_at, "pod_exit": deletion.exited_at}
-        metrics = scenario_metrics(samples=samples, marks=marks, grace=self.pod.grace, worker_bytes=max(at_delete, 1))
-        if metrics["released_at_s"] is not None:
-            self.events.add(
-                "memory-released",
-                f"{metrics['release_latency_s']} s after the deletion",
-                at=float(metrics["released_at_s"]),
-            )
+        self.say(f"starting {self.manifest.namespace}/{self.manifest.name} on the lab's containerd")
+        deletion, metrics = self.measure()
+        pod = self.manifest_pod
         hooks = [c.name for c in self.manifest.containers if c.prestop is not None]
         scenario = Scenario(
             name=run_key_for(self.manifest),
             number=0,
             title=f"lab pod {self.manifest.namespace}/{self.manifest.name}",
-            init=self.pod.init,
+            init=pod.init,
             prestop=bool(hooks),
             fixed=False,
         )
         config = LabConfig(
-            grace=float(self.pod.grace),
+            grace=float(pod.grace),
             device=self.config.device,
             backend=CPU_STANDIN if self.standin else "the pod's workload",
-            size_mib=at_delete // MIB,
+            size_mib=self.at_delete // MIB,
             runtime="containerd",
             gpu_index=self.config.gpu_index,
-        )
-        run = ScenarioRun(
-            scenario=scenario,
-            config=config,
-            init=self.pod.init,
-            pod_command=self.pod.command_line,
-            probe_source=self.sampler.probe.source,
-            events=tuple(self.events.events),
-            samples=samples,
-            observations=tuple(self.observations),
-            deletion=deletion,
-            victim_reaped=True,
-            pod_ids=self.pod.ids,
-            metrics=metrics,
-            sampler={
-                "cpu_seconds": round(self.sampler.cpu_seconds, 4),
-                "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
-                **sampling_stats(samples),
-            },
-            origin_epoch=self.events.origin_epoch,
-            logs=self.logs,
         )
         pod_info = {
             "name": self.manifest.name,
             "namespace": self.manifest.namespace,
             "annotations": dict(self.manifest.annotations),
-            "grace_s": self.pod.grace,
+            "grace_s": pod.grace,
             "manifest_grace_s": self.manifest.grace_s,
             "share_process_namespace": self.manifest.share_process_namespace,
             "qos": self.manifest.qos,
             "init_containers": [c.name for c in self.manifest.init_containers],
             "containers": [c.name for c in self.manifest.containers],
             "prestop_containers": hooks,
-            "pid1_comm": self.pod.init,
+            "pid1_comm": pod.init,
             "notes": lab_notes(self.manifest, self.config),
         }
-        return replace(run, manifest=pod_info)
+        return ScenarioRun(
+            scenario=scenario,
+            config=config,
+            init=pod.init,
+            pod_command=pod.command_line,
+            probe_source=self.sampler.probe.source,
+            events=tuple(self.events.events),
+            samples=tuple(self.sampler.samples),
+            observations=tuple(self.observations),
+            deletion=deletion,
+            victim_reaped=True,
+            pod_ids=pod.ids,
+            metrics=metrics,
+            sampler=self.sampler_stats(),
+            origin_epoch=self.events.origin_epoch,
+            logs=self.logs,
+            manifest=pod_info,
+        )
 
 
 def run_pod(

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuzombie.jsonout import dumps
-from gpuzombie.lab.podreport import is_pod, pod_notes, pods_comparison_md, pods_md
+from gpuzombie.jsonout import dumps, to_jsonable
+from gpuzombie.lab.events import Event
+from gpuzombie.lab.observation import Observation
+from gpuzombie.lab.podreport import pod_notes, pods_comparison_md, pods_md
+from gpuzombie.lab.records import LabResults, RunRecord
 from gpuzombie.lab.results import load
 
-Entry = Mapping[str, Any]
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
 SHARE_PID = "s5-sharepid"
 HEADINGS = {
@@ -41,107 +43,99 @@ MARKED_EVENTS = {
 """The events the plots mark, with their short labels (long ones ran into the next panel)."""
 
 
-def _obs(entry: Entry, point: str) -> Mapping[str, Any]:
-    return next((o for o in entry["observations"] if o["point"] == point), {})
-
-
-def _outcomes(entry: Entry) -> list[str]:
-    return [o["outcome"] for o in (entry["deletion"].get("prestop_outcomes") or [])]
-
-
 def format_seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f} s"
 
 
 # Each row: the seed's value per scenario, whether the seed's value means "yes" for the row's
 # question, and how to read our answer (text, yes/no) from a scenario's entry.
-Row = tuple[str, Sequence[str], Sequence[bool], Callable[[Entry], tuple[str, bool]]]
+Row = tuple[str, Sequence[str], Sequence[bool], Callable[[RunRecord], tuple[str, bool]]]
 
 
-def _zombies(e: Entry) -> tuple[str, bool]:
-    z = _obs(e, "after-kill").get("zombies", 0)
+def _zombies(e: RunRecord) -> tuple[str, bool]:
+    z = _count(e.observed("after-kill"), "zombies", 0)
     return (f"❌ {z} zombie(s) after kill -9, never reaped" if z else "✅ reaped (0 zombies after kill -9)", z > 0)
 
 
-def _orphans(e: Entry) -> tuple[str, bool]:
-    o = _obs(e, "after-spawn").get("orphans", 0)
+def _orphans(e: RunRecord) -> tuple[str, bool]:
+    o = _count(e.observed("after-spawn"), "orphans", 0)
     if not o:
         return "✅ none", False
-    if e.get("victim_reaped"):
+    if e.victim_reaped:
         return f"⚠️ {o} (PPID = PID 1), reaped after kill -9", True
     return f"❌ {o} (PPID = PID 1), never reaped", True
 
 
-def _freed_promptly(e: Entry) -> bool:
+def _freed_promptly(e: RunRecord) -> bool:
     """Good for the user: the memory was free within a quarter of the grace after the deletion."""
-    m = e["metrics"]
-    return m["release_latency_s"] is not None and m["release_latency_s"] < PROMPT_SHARE * m["grace_s"]
+    m = e.metrics
+    return m.release_latency_s is not None and m.release_latency_s < PROMPT_SHARE * m.grace_s
 
 
 def _mark(good: bool) -> str:
     return "✅" if good else "❌"
 
 
-def _sigterm(e: Entry) -> tuple[str, bool]:
-    outcomes, m = _outcomes(e), e["metrics"]
+def _sigterm(e: RunRecord) -> tuple[str, bool]:
+    outcomes, m = e.deletion.outcomes, e.metrics
     if "exited_after_sigterm" in outcomes:
         return "✅ graceful: exited on preStop's SIGTERM", True
     if "exited_after_sigkill" in outcomes:
-        t = e["config"]["prestop_timeout"]
+        t = e.config.prestop_timeout
         return f"❌ SIG_IGN: killed by preStop's SIGKILL fallback after {t:g} s", False
-    rc = e["deletion"]["prestop_rc"]
-    if m["waited_whole_grace"] and rc is not None:
+    rc = e.deletion.prestop_rc
+    if m.waited_whole_grace and rc is not None:
         return f"❌ preStop did not finish within the grace (exit {rc}): SIGKILL at the grace's end", False
-    if m["waited_whole_grace"] and e["init"] == "sleep":
+    if m.waited_whole_grace and e.init == "sleep":
         return (
             "❌ SIG_IGN; PID 1 (sleep) has no handler, so the kernel drops SIGTERM: SIGKILL at the grace's end",
             False,
         )
-    if m["waited_whole_grace"]:
-        return f"❌ SIG_IGN; PID 1 ({e['init']}) outlived SIGTERM: SIGKILL at the grace's end", False
+    if m.waited_whole_grace:
+        return f"❌ SIG_IGN; PID 1 ({e.init}) outlived SIGTERM: SIGKILL at the grace's end", False
     # The workers ignored SIGTERM (bad), but the pod ended at once (good for the user): handled.
-    if e["init"] == "pause":
+    if e.init == "pause":
         return (
             "⚠️ SIG_IGN, but the container's main process (sleep) exited on SIGTERM and the runtime "
             "killed the rest of the container",
             False,
         )
-    return f"⚠️ SIG_IGN, but PID 1 ({e['init']}) exited on SIGTERM and the kernel killed the namespace", False
+    return f"⚠️ SIG_IGN, but PID 1 ({e.init}) exited on SIGTERM and the kernel killed the namespace", False
 
 
-def _kill9(e: Entry) -> tuple[str, bool]:
-    t = e["metrics"]["kill9_to_free_s"]
-    ctx = (_obs(e, "after-kill").get("observe_summary") or {}).get("orphaned_contexts")
-    what = "RSS" if e["cpu_standin"] else "GPU memory"
+def _kill9(e: RunRecord) -> tuple[str, bool]:
+    t = e.metrics.kill9_to_free_s
+    ctx = _summary(e.observed("after-kill")).get("orphaned_contexts")
+    what = "RSS" if e.cpu_standin else "GPU memory"
     text = f"✅ none: {what} freed {format_seconds(t)} after kill -9" if t is not None else f"❌ {what} not freed"
     if ctx:
         text = f"❌ observe: {ctx} orphaned context(s); " + text[2:]
     return text, t is None or bool(ctx)
 
 
-def _hold_time(e: Entry) -> tuple[str, bool]:
-    m = e["metrics"]
-    if m["release_latency_s"] is None:
+def _hold_time(e: RunRecord) -> tuple[str, bool]:
+    m = e.metrics
+    if m.release_latency_s is None:
         return "❌ still held at the end", True
-    whole = m["waited_whole_grace"] or m["release_latency_s"] >= 0.9 * m["grace_s"]
-    text = f"{_mark(_freed_promptly(e))} {format_seconds(m['release_latency_s'])}" + (" (whole grace)" if whole else "")
+    whole = m.waited_whole_grace or m.release_latency_s >= 0.9 * m.grace_s
+    text = f"{_mark(_freed_promptly(e))} {format_seconds(m.release_latency_s)}" + (" (whole grace)" if whole else "")
     return text, whole
 
 
-def _after_delete(e: Entry) -> tuple[str, bool]:
+def _after_delete(e: RunRecord) -> tuple[str, bool]:
     """Whether the memory came back at all (no ghost): how long it took is the row above."""
-    freed = e["metrics"]["released_at_s"] is not None
+    freed = e.metrics.released_at_s is not None
     return ("✅ all freed, none left held" if freed else "❌ still held at the end"), freed
 
 
-def _waste(e: Entry) -> tuple[str, bool]:
+def _waste(e: RunRecord) -> tuple[str, bool]:
     wasted = not _freed_promptly(e)
-    return f"{_mark(not wasted)} {e['metrics']['grace_waste_gib_s']:.2f}", wasted
+    return f"{_mark(not wasted)} {e.metrics.grace_waste_gib_s:.2f}", wasted
 
 
-def _reboot(e: Entry) -> tuple[str, bool]:
-    left = e["deletion"]["leftovers"]
-    freed = e["metrics"]["released_at_s"] is not None
+def _reboot(e: RunRecord) -> tuple[str, bool]:
+    left = e.deletion.leftovers
+    freed = e.metrics.released_at_s is not None
     return ("✅ not needed" if freed and not left else f"❌ {len(left)} process(es) left"), bool(left) or not freed
 
 
@@ -188,7 +182,7 @@ ROWS: tuple[Row, ...] = (
 
 
 def _cell(
-    entry: Entry | None, seed: str | None, seed_yes: bool | None, read: Callable[[Entry], tuple[str, bool]]
+    entry: RunRecord | None, seed: str | None, seed_yes: bool | None, read: Callable[[RunRecord], tuple[str, bool]]
 ) -> str:
     """Our measurement; the seed's value beside it where it disagrees (S5: the seed never tried it)."""
     if entry is None:
@@ -197,7 +191,7 @@ def _cell(
     return text if seed is None or yes == seed_yes else f"{text}<br>**seed expected: {seed}**"
 
 
-def main_entries(scenarios: Mapping[str, Entry]) -> dict[str, Entry | None]:
+def main_entries(scenarios: Mapping[str, RunRecord]) -> dict[str, RunRecord | None]:
     """The main table's columns: the seed's four (each run or not), and S5 where it ran."""
     found = {k: scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in (*BASE, SHARE_PID)}
     if found[SHARE_PID] is None:
@@ -205,18 +199,18 @@ def main_entries(scenarios: Mapping[str, Entry]) -> dict[str, Entry | None]:
     return found
 
 
-def comparison_md(data: Mapping[str, Any]) -> str:
-    scenarios: Mapping[str, Entry] = data.get("scenarios", {})
-    if scenarios and all(is_pod(e) for e in scenarios.values()):
+def comparison_md(data: LabResults) -> str:
+    scenarios = data.runs
+    if scenarios and not data.scenario_runs:
         return pods_comparison_md(scenarios)
     columns = main_entries(scenarios)
     base = list(columns.values())
     first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
     # Runs of the same kind merge into one results.json: describe the main table's own run.
-    prov = (first or {}).get("provenance") or data.get("provenance", {})
+    prov = (first.provenance if first else None) or data.provenance
     title = "the seed's four scenarios" + (" and S5 (shareProcessNamespace)" if SHARE_PID in columns else "")
     lines = [f"# Comparison: {title}, measured", ""]
-    if first is not None and first["cpu_standin"]:
+    if first is not None and first.cpu_standin:
         lines += [
             '> **CPU STAND-IN**: no GPU was used. "Memory" below is host memory (RSS) of the',
             "> workers, standing in for GPU memory; the process and signal behaviour is real.",
@@ -233,15 +227,15 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     ]
     commands: dict[str, list[str]] = {}
     for key, e in scenarios.items():
-        commands.setdefault(str(e.get("provenance", {}).get("command")), []).append(key)
+        commands.setdefault(str(e.provenance.get("command")), []).append(key)
     if len(commands) > 1:
         lines.append("- runs merged here, each with its own command:")
         lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
-    if first is not None and not is_pod(first):
-        c = first["config"]
+    if first is not None and not first.is_pod:
+        c = first.config
         lines.append(
-            f"- grace {c['grace']:g} s · {c['workers']} worker(s) alive at deletion "
-            f"(+1 killed with kill -9) · {c['size_mib']} MiB each · memory: {first['memory']}"
+            f"- grace {c.grace:g} s · {c.workers} worker(s) alive at deletion "
+            f"(+1 killed with kill -9) · {c.size_mib} MiB each · memory: {first.memory}"
         )
     lines += [
         "",
@@ -259,7 +253,7 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     for label, seed, seed_yes, read in ROWS:
         cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*seed, None), (*seed_yes, None))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    nccl = data.get("nccl")
+    nccl = data.nccl
     s5_cell = " — |" if SHARE_PID in columns else ""
     lines.append(
         "| NCCL hang: GPU memory held | not run here (the seed measured 5.7 GB held until the pod was "
@@ -269,57 +263,50 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |" + s5_cell
     )
     lines += ["", "## Measured only", "", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    extra: tuple[tuple[str, Callable[[Entry], str]], ...] = (
-        ("PID 1", lambda e: f"`{e['init']}`"),
-        ("memory held at deletion (MiB)", lambda e: f"{e['metrics']['held_at_delete_mib']:.0f}"),
-        ("deletion → memory free", lambda e: format_seconds(e["metrics"]["release_latency_s"])),
-        ("deletion → pod gone", lambda e: format_seconds(e["metrics"]["pod_exit_after_delete_s"])),
-        ("SIGKILL at grace end → free", lambda e: format_seconds(e["metrics"]["sigkill_to_free_s"])),
-        ("kill -9 of a worker → its memory free", lambda e: format_seconds(e["metrics"]["kill9_to_free_s"])),
+    extra: tuple[tuple[str, Callable[[RunRecord], str]], ...] = (
+        ("PID 1", lambda e: f"`{e.init}`"),
+        ("memory held at deletion (MiB)", lambda e: f"{e.metrics.held_at_delete_mib:.0f}"),
+        ("deletion → memory free", lambda e: format_seconds(e.metrics.release_latency_s)),
+        ("deletion → pod gone", lambda e: format_seconds(e.metrics.pod_exit_after_delete_s)),
+        ("SIGKILL at grace end → free", lambda e: format_seconds(e.metrics.sigkill_to_free_s)),
+        ("kill -9 of a worker → its memory free", lambda e: format_seconds(e.metrics.kill9_to_free_s)),
         (
             "deletion → free ≤ 2 × (kill -9 → free)",
-            lambda e: {True: "✅", False: "❌", None: "—"}[e["metrics"]["release_within_2x_kill9"]],
+            lambda e: {True: "✅", False: "❌", None: "—"}[e.metrics.release_within_2x_kill9],
         ),
         (
             "preStop exit code / outcomes",
             lambda e: (
                 "—"
-                if e["deletion"]["prestop_rc"] is None
-                else f"{e['deletion']['prestop_rc']}: {', '.join(_outcomes(e)) or 'no target'}"
+                if e.deletion.prestop_rc is None
+                else f"{e.deletion.prestop_rc}: {', '.join(e.deletion.outcomes) or 'no target'}"
             ),
         ),
-        (
-            "deletion → preStop hook running",
-            lambda e: format_seconds(e["deletion"].get("prestop_started_after_delete_s")),
-        ),
+        ("deletion → preStop hook running", lambda e: format_seconds(e.deletion.prestop_started_after_delete_s)),
         (
             "preStop SIGTERM → target gone",
-            lambda e: (
-                ", ".join(format_seconds(o.get("exited_after_s")) for o in e["deletion"].get("prestop_outcomes") or [])
-                or "—"
-            ),
+            lambda e: ", ".join(format_seconds(o.exited_after_s) for o in e.deletion.prestop_outcomes or ()) or "—",
         ),
-        ("pod exit code (unshare, or the container's)", lambda e: str(e["deletion"]["pod_exit_code"])),
+        ("pod exit code (unshare, or the container's)", lambda e: str(e.deletion.pod_exit_code)),
         (
             "zombies spawn / kill / delete",
             lambda e: " / ".join(
-                str(_obs(e, p).get("zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete")
+                str(_count(e.observed(p), "zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete")
             ),
         ),
-        ("observe summary after kill", lambda e: _observe_summary(_obs(e, "after-kill"))),
-        ("processes left after deletion", lambda e: str(len(e["deletion"]["leftovers"]))),
+        ("observe summary after kill", lambda e: _observe_summary(e.observed("after-kill"))),
+        ("processes left after deletion", lambda e: str(len(e.deletion.leftovers))),
         (
             "sampler: samples, mean interval, CPU",
             lambda e: (
-                f"{e['sampler']['count']}, "
-                f"{e['sampler']['mean_interval_ms']} ms, {e['sampler']['cpu_percent_of_one_core']}% of a core"
+                f"{e.sampler.count}, {e.sampler.mean_interval_ms} ms, {e.sampler.cpu_percent_of_one_core}% of a core"
             ),
         ),
     )
     for label, fn in extra:
         lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
     lines += spread_md(scenarios)
-    variants = [k for k, e in scenarios.items() if _is_variant(k, e)]
+    variants = [k for k, e in data.scenario_runs.items() if _is_variant(e)]
     if variants:
         lines += [
             "",
@@ -333,14 +320,14 @@ def comparison_md(data: Mapping[str, Any]) -> str:
         ]
         for k in variants:
             e = scenarios[k]
-            m, c = e["metrics"], e["config"]
+            m, c = e.metrics, e.config
             lines.append(
-                f"| {k} | `{e['init']}` | {c['workers']} | {c['backend']} | {c['uid'] or '—'} | "
-                f"{_obs(e, 'after-kill').get('zombies')} | {format_seconds(m['release_latency_s'])} | "
-                f"{'yes' if m['waited_whole_grace'] else 'no'} | {m['grace_waste_gib_s']:.2f} | "
-                f"{format_seconds(m['kill9_to_free_s'])} |"
+                f"| {k} | `{e.init}` | {c.workers} | {c.backend} | {c.uid or '—'} | "
+                f"{_count(e.observed('after-kill'), 'zombies', None)} | {format_seconds(m.release_latency_s)} | "
+                f"{'yes' if m.waited_whole_grace else 'no'} | {m.grace_waste_gib_s:.2f} | "
+                f"{format_seconds(m.kill9_to_free_s)} |"
             )
-    lines += pods_md(scenarios)
+    lines += pods_md(data.pod_runs)
     if nccl is not None:
         lines += [
             "",
@@ -367,16 +354,26 @@ def comparison_md(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _observe_summary(obs: Mapping[str, Any]) -> str:
-    s = obs.get("observe_summary")
+def _count(obs: Observation | None, what: str, missing: Any) -> Any:
+    """The host's count of zombies or orphans at an observation (``missing`` where there was none)."""
+    return missing if obs is None else getattr(obs, what)
+
+
+def _summary(obs: Observation | None) -> Mapping[str, Any]:
+    """observe's own JSON summary at an observation (what the pod's observe printed), or nothing."""
+    return (obs.observe_summary if obs else None) or {}
+
+
+def _observe_summary(obs: Observation | None) -> str:
+    s = _summary(obs)
     if not s:
-        return obs.get("observe_error") or "—"
+        return (obs.observe_error if obs else None) or "—"
     return f"zombies {s.get('zombies')}, orphans {s.get('orphans')}, orphaned ctx {s.get('orphaned_contexts')}"
 
 
-def _is_variant(key: str, e: Entry) -> bool:
-    """A run outside the main table and the runtimes table: another init, uid, backend..."""
-    return e.get("variant", key) not in SPREAD_SCENARIOS and e.get("attempt", 1) == 1 and not is_pod(e)
+def _is_variant(e: RunRecord) -> bool:
+    """A scenario's run outside the main table and the runtimes table: another init, uid, backend..."""
+    return e.variant not in SPREAD_SCENARIOS and e.attempt == 1
 
 
 SPREAD_SCENARIOS = (*BASE, SHARE_PID, "s4-fullfix-fasthook")
@@ -418,24 +415,23 @@ class Spread:
         return gap > max(0.01, 0.01 * max(self.high, other.high))
 
 
-def spread(entries: Sequence[Entry], metric: str) -> Spread | None:
-    values = [e["metrics"][metric] for e in entries if e["metrics"].get(metric) is not None]
+def spread(entries: Sequence[RunRecord], metric: str) -> Spread | None:
+    values = [v for e in entries if (v := getattr(e.metrics, metric)) is not None]
     if not values:
         return None
     return Spread(statistics.median(values), min(values), max(values), len(values))
 
 
-def runtime_groups(scenarios: Mapping[str, Entry]) -> dict[tuple[str, str], list[Entry]]:
+def runtime_groups(scenarios: Mapping[str, RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
     """(scenario, runtime) → its runs, for the five scenarios."""
-    groups: dict[tuple[str, str], list[Entry]] = {}
-    for key, e in scenarios.items():
-        variant = e.get("variant", key)
-        if variant in SPREAD_SCENARIOS:
-            groups.setdefault((variant, e.get("runtime", "namespaces")), []).append(e)
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for e in scenarios.values():
+        if e.variant in SPREAD_SCENARIOS:
+            groups.setdefault((e.variant, e.runtime), []).append(e)
     return groups
 
 
-def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
+def spread_md(scenarios: Mapping[str, RunRecord]) -> list[str]:
     """Each scenario on each runtime: median (min–max) over the repetitions, and every difference
     between the runtimes larger than the spread, with its cause."""
     groups = runtime_groups(scenarios)
@@ -456,8 +452,8 @@ def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
     ]
     for (name, runtime), entries in sorted(groups.items()):
         cells = [str(spread(entries, metric) or "—") for _label, metric, _unit in TIMINGS]
-        zombies = ", ".join(str(_obs(e, "after-kill").get("zombies", "—")) for e in entries)
-        waited = sum(1 for e in entries if e["metrics"]["waited_whole_grace"])
+        zombies = ", ".join(str(_count(e.observed("after-kill"), "zombies", "—")) for e in entries)
+        waited = sum(1 for e in entries if e.metrics.waited_whole_grace)
         lines.append(
             f"| {name} | {runtime} | {len(entries)} | "
             + " | ".join(cells)
@@ -467,7 +463,7 @@ def spread_md(scenarios: Mapping[str, Entry]) -> list[str]:
     return lines
 
 
-def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
+def _differences(groups: Mapping[tuple[str, str], list[RunRecord]]) -> list[str]:
     found = []
     for name in SPREAD_SCENARIOS:
         ns, ctd = groups.get((name, "namespaces")), groups.get((name, "containerd"))
@@ -490,25 +486,25 @@ def _differences(groups: Mapping[tuple[str, str], list[Entry]]) -> list[str]:
     ]
 
 
-def notes_for(key: str, e: Entry) -> str:
+def notes_for(key: str, e: RunRecord) -> str:
     """A scenario's notes.md."""
-    if is_pod(e):
+    if e.is_pod:
         return pod_notes(key, e)
-    m, c, d = e["metrics"], e["config"], e["deletion"]
-    number = e["scenario"]["number"]
-    lines = [f"# {key}: scenario {number}, {e['scenario']['title']}", ""]
-    if e["cpu_standin"]:
+    m, c, d = e.metrics, e.config, e.deletion
+    number = e.scenario.number
+    lines = [f"# {key}: scenario {number}, {e.scenario.title}", ""]
+    if e.cpu_standin:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the workers' host RSS.", ""]
     lines += [
-        f"- memory: {e['memory']} ({c['size_mib']} MiB per worker, sampled: {e['probe']})",
-        f"- pod: `{e['pod_command']}`",
-        f"- grace {c['grace']:g} s; preStop: "
+        f"- memory: {e.memory} ({c.size_mib} MiB per worker, sampled: {e.probe})",
+        f"- pod: `{e.pod_command}`",
+        f"- grace {c.grace:g} s; preStop: "
         + (
-            f"`gpuzombie prestop --timeout {c['prestop_timeout']:g} --kill-wait {c['prestop_kill_wait']:g}`"
-            if e["scenario"]["prestop"]
+            f"`gpuzombie prestop --timeout {c.prestop_timeout:g} --kill-wait {c.prestop_kill_wait:g}`"
+            if e.scenario.prestop
             else "none"
         ),
-        f"- command: `{e.get('provenance', {}).get('command')}` at {e.get('provenance', {}).get('date_utc')}",
+        f"- command: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}",
         "",
         "## What happened",
         "",
@@ -520,16 +516,16 @@ def notes_for(key: str, e: Entry) -> str:
         differs = "" if not seed_known or yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
-    lines += [f"| {ev['t']:.3f} | {ev['name']} | {ev['detail']} |" for ev in e["events"]]
-    lines += ["", "## Numbers", "", "```json", dumps(m, indent=1), "```", "", f"Sampler: {e['sampler']}", ""]
-    if d.get("prestop_log"):
-        lines += ["## preStop log", "", "```", d["prestop_log"], "```", ""]
-    if e["init"] != "sleep" and not e["scenario"]["prestop"] and not m["waited_whole_grace"]:
+    lines += [f"| {ev.t:.3f} | {ev.name} | {ev.detail} |" for ev in e.events]
+    lines += ["", "## Numbers", "", "```json", dumps(m, indent=1), "```", "", f"Sampler: {to_jsonable(e.sampler)}", ""]
+    if d.prestop_log:
+        lines += ["## preStop log", "", "```", d.prestop_log, "```", ""]
+    if e.init != "sleep" and not e.scenario.prestop and not m.waited_whole_grace:
         lines += [
             "## Why the grace was not used up",
             "",
             (
-                f"SIGTERM went to PID 1 ({e['init']}), which forwarded it to its child (`sleep`); the "
+                f"SIGTERM went to PID 1 ({e.init}), which forwarded it to its child (`sleep`); the "
                 "child died, the init exited with it, and the kernel SIGKILLs every process of a PID "
                 "namespace whose init exits, the SIGTERM-ignoring workers included. The seed "
                 "expected the whole grace here; an init whose main child survives SIGTERM (or a "
@@ -540,21 +536,21 @@ def notes_for(key: str, e: Entry) -> str:
     return "\n".join(lines)
 
 
-def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.0) -> None:
+def _mark_events(ax: Any, events: Sequence[Event], shift: float = 0.0) -> None:
     """A dotted line per event inside the axis; events closer than 1 % of it share one label,
     and labels in the right fifth are drawn leftwards so none runs off the figure."""
     lo, hi = ax.get_xlim()
     ymax = ax.get_ylim()[1]
     groups: list[tuple[float, list[str]]] = []
     for ev in events:
-        x = ev["t"] - shift
-        if ev["name"] not in MARKED_EVENTS or not lo <= x <= hi:
+        x = ev.t - shift
+        if ev.name not in MARKED_EVENTS or not lo <= x <= hi:
             continue
-        ax.axvline(x, color="tab:red" if ev["name"] in ("sigkill", "kill-9") else "grey", linestyle=":", linewidth=0.8)
+        ax.axvline(x, color="tab:red" if ev.name in ("sigkill", "kill-9") else "grey", linestyle=":", linewidth=0.8)
         if groups and x - groups[-1][0] < 0.01 * (hi - lo):
-            groups[-1][1].append(MARKED_EVENTS[ev["name"]])
+            groups[-1][1].append(MARKED_EVENTS[ev.name])
         else:
-            groups.append((x, [MARKED_EVENTS[ev["name"]]]))
+            groups.append((x, [MARKED_EVENTS[ev.name]]))
     for x, names in groups:
         right_edge = x > lo + 0.8 * (hi - lo)
         ax.text(
@@ -562,14 +558,12 @@ def _mark_events(ax: Any, events: Sequence[Mapping[str, Any]], shift: float = 0.
         )
 
 
-def _shade_waste(ax: Any, e: Entry, shift: float = 0.0) -> None:
+def _shade_waste(ax: Any, e: RunRecord, shift: float = 0.0) -> None:
     """Shade the memory held from the deletion until it was free: the grace waste (GiB·s)."""
-    delete = e["deletion"]["requested_at"]
-    m = e["metrics"]
-    end = m["released_at_s"] if m["released_at_s"] is not None else (e["samples"]["t"] or [delete])[-1]
-    pairs = [
-        (t, held) for t, held in zip(e["samples"]["t"], e["samples"]["held_mib"], strict=True) if delete <= t <= end
-    ]
+    delete = e.deletion.requested_at
+    released = e.metrics.released_at_s
+    end = released if released is not None else (e.samples.t or (delete,))[-1]
+    pairs = [(t, held) for t, held in zip(e.samples.t, e.samples.held_mib, strict=True) if delete <= t <= end]
     if pairs:
         ax.fill_between(
             [t - shift for t, _ in pairs],
@@ -580,35 +574,35 @@ def _shade_waste(ax: Any, e: Entry, shift: float = 0.0) -> None:
         )
 
 
-def _waste_title(e: Entry) -> str:
-    return f"grace waste {e['metrics']['grace_waste_gib_s']:.2f} GiB·s (shaded)"
+def _waste_title(e: RunRecord) -> str:
+    return f"grace waste {e.metrics.grace_waste_gib_s:.2f} GiB·s (shaded)"
 
 
-def _draw_memory(ax: Any, e: Entry, shift: float, xlim: tuple[float, float] | None = None) -> None:
+def _draw_memory(ax: Any, e: RunRecord, shift: float, xlim: tuple[float, float] | None = None) -> None:
     """The memory held, its waste shaded, the events marked (inside ``xlim`` when given)."""
-    ax.plot([t - shift for t in e["samples"]["t"]], e["samples"]["held_mib"], linewidth=1, drawstyle="steps-post")
-    ax.set_ylim(bottom=0, top=max(e["samples"]["held_mib"] or [1]) * 2.2 + 1)  # room for labels
+    ax.plot([t - shift for t in e.samples.t], e.samples.held_mib, linewidth=1, drawstyle="steps-post")
+    ax.set_ylim(bottom=0, top=max(e.samples.held_mib or (1,)) * 2.2 + 1)  # room for labels
     if xlim is not None:
         ax.set_xlim(*xlim)
     _shade_waste(ax, e, shift)
-    _mark_events(ax, e["events"], shift=shift)
+    _mark_events(ax, e.events, shift=shift)
 
 
-def timeline_range(scenarios: Mapping[str, Entry]) -> tuple[float, float]:
+def timeline_range(scenarios: Mapping[str, RunRecord]) -> tuple[float, float]:
     """One time axis for every scenario (seconds since its deletion): from just before the
     earliest kill -9 to the latest sample, so 30 s of S1 and 0.1 s of S2 read on one scale."""
     starts, ends = [], []
     for e in scenarios.values():
-        delete = e["deletion"]["requested_at"]
-        kill9 = next((ev["t"] for ev in e["events"] if ev["name"] == "kill-9"), delete)
+        delete = e.deletion.requested_at
+        kill9 = next((ev.t for ev in e.events if ev.name == "kill-9"), delete)
         starts.append(kill9 - delete)
-        ends.append((e["samples"]["t"] or [delete])[-1] - delete)
+        ends.append((e.samples.t or (delete,))[-1] - delete)
     lo, hi = min(starts, default=0.0), max(ends, default=1.0)
     pad = 0.02 * (hi - lo) + 0.05
     return lo - pad, hi + pad
 
 
-def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
+def plots(data: LabResults, out_dir: Path) -> list[Path]:
     """memory.png per scenario and memory-timeline.png (every run on one time scale, 0 = deletion)."""
     try:
         import matplotlib
@@ -618,30 +612,30 @@ def plots(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
     except ImportError:
         return []
     written: list[Path] = []
-    scenarios: Mapping[str, Entry] = data.get("scenarios", {})
+    scenarios = data.runs
     for key, e in scenarios.items():
         fig, ax = plt.subplots(figsize=(9, 3.2))
         _draw_memory(ax, e, shift=0.0)
         ax.set_xlabel("seconds since the pod started")
         ax.set_ylabel("memory held (MiB)")
-        ax.set_title(f"{key}: {e['memory']}; {_waste_title(e)}", fontsize=8)
+        ax.set_title(f"{key}: {e.memory}; {_waste_title(e)}", fontsize=8)
         fig.tight_layout()
         path = out_dir / key / "memory.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    firsts = {k: e for k, e in scenarios.items() if e.get("attempt", 1) == 1}  # one panel per group
+    firsts = {k: e for k, e in scenarios.items() if e.attempt == 1}  # one panel per group
     if firsts:
         xlim = timeline_range(firsts)
         fig, axes = plt.subplots(len(firsts), 1, figsize=(10, 2.2 * len(firsts) + 0.8), squeeze=False, sharex=True)
         for ax, (key, e) in zip(axes[:, 0], firsts.items(), strict=True):
-            _draw_memory(ax, e, shift=e["deletion"]["requested_at"], xlim=xlim)
+            _draw_memory(ax, e, shift=e.deletion.requested_at, xlim=xlim)
             ax.set_ylabel("MiB", fontsize=7)
             ax.set_title(f"{key}: {_waste_title(e)}", fontsize=8, loc="left")
         axes[-1, 0].set_xlabel("seconds since the deletion request (one scale for every scenario)")
         first = next(iter(firsts.values()))
-        fig.suptitle(f"memory held per scenario, grace waste shaded: {first['memory']}", fontsize=9)
+        fig.suptitle(f"memory held per scenario, grace waste shaded: {first.memory}", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.99))
         path = out_dir / "memory-timeline.png"
         fig.savefig(path, dpi=110)
@@ -655,7 +649,7 @@ def build(out_dir: Path) -> list[Path]:
     data = load(out_dir)
     written = [out_dir / "comparison.md"]
     written[0].write_text(comparison_md(data))
-    for key, e in data.get("scenarios", {}).items():
+    for key, e in data.runs.items():
         path = out_dir / key / "notes.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(notes_for(key, e))

@@ -23,6 +23,7 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
+from gpuzombie.lab.records import LabResults
 from gpuzombie.lab.scenarios import ScenarioRun
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.units import MIB
@@ -123,8 +124,8 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         "init": run.init,
         "pod_command": run.pod_command,
         "probe": run.probe_source,
-        "metrics": dict(run.metrics),
-        "sampler": dict(run.sampler),
+        "metrics": to_jsonable(run.metrics),
+        "sampler": to_jsonable(run.sampler),
         "victim_reaped": run.victim_reaped,
         "pod": dict(run.pod_ids),
         "observations": to_jsonable(run.observations),
@@ -188,12 +189,22 @@ def _write(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
-def load(out_dir: Path) -> dict[str, Any]:
-    """results.json, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
+def load_json(out_dir: Path) -> dict[str, Any]:
+    """results.json as JSON, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
     data = json.loads((out_dir / RESULTS_JSON).read_text())
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} file")
     return data
+
+
+def load(out_dir: Path) -> LabResults:
+    """results.json read back typed: every run's metrics, deletion, observations and samples
+    (ValueError when it is not the lab's or a run lacks what every lab run has)."""
+    data = load_json(out_dir)
+    try:
+        return LabResults.from_json(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a complete {SCHEMA} file ({type(exc).__name__}: {exc})") from exc
 
 
 def write_results(
@@ -241,9 +252,9 @@ def write_results(
 def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
     """Merge other lab runs' results.json (and their scenario folders) into ``dest``: runs of the
     same kind made in separate calls (one runtime each on a machine with a time limit per call)."""
-    data = load(dest) if (dest / RESULTS_JSON).exists() else None
+    data = load_json(dest) if (dest / RESULTS_JSON).exists() else None
     for source in sources:
-        other = load(source)
+        other = load_json(source)
         if data is None:
             data = {**other, "scenarios": {}}
         if other.get("kind") != data.get("kind"):

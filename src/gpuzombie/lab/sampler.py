@@ -16,7 +16,7 @@ from typing import Protocol, Self
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.observation import python_module
-from gpuzombie.lab.runtime.pidns import PROCFS, LabPod
+from gpuzombie.lab.runtime.pod import PROCFS, LabPod
 
 WORKER_MODULE = "gpuzombie.workloads.worker"
 

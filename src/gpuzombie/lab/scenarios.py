@@ -12,26 +12,24 @@ import atexit
 import functools
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.events import Event, EventLog
-from gpuzombie.lab.metrics import (
-    kill_drop,
-    release_tolerance,
-    sampling_stats,
-    scenario_metrics,
-)
+from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
+from gpuzombie.lab.metrics import RunMetrics, SamplerStats, kill_drop, release_tolerance, scenario_metrics
 from gpuzombie.lab.observation import Observation, host_view, observe, smi_snapshot
-from gpuzombie.lab.runtime.pidns import PAUSE, Deletion, LabPod, Pod, pids_in_pidns
+from gpuzombie.lab.runtime.pidns import PAUSE, Pod, init_argv
+from gpuzombie.lab.runtime.pod import Deletion, LabPod, pids_in_pidns
 from gpuzombie.lab.sampler import Probe, RssProbe, Sample, Sampler, nvml_or_standin
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidfd import read_start_and_state
@@ -136,8 +134,8 @@ class ScenarioRun:
     pod_ids: Mapping[str, int | str]
     """Host pids (unshare, PID 1, the main process), the PID namespace's inode, and on a CRI runtime
     the pod's name, UID, sandbox and container ids: to check nothing is left."""
-    metrics: Mapping[str, Any]
-    sampler: Mapping[str, float]
+    metrics: RunMetrics
+    sampler: SamplerStats
     origin_epoch: float
     """Wall-clock time of t = 0 of the events and samples."""
     logs: Mapping[str, str] = field(default_factory=dict)
@@ -202,11 +200,11 @@ def fast_hook() -> str:
     return str(build(os.path.join(directory, "prestop.pyz")))
 
 
-def prestop_command(config: LabConfig, hook: str = "module") -> list[str]:
+def prestop_command(config: LabConfig, hook: str = "module", zipapp: str | None = None) -> list[str]:
     """The hook as a pod would run it: the stdlib-only entry of ``gpuzombie prestop`` (same options
-    and JSON), which starts without click and rich, or the fast hook's zipapp under ``-S -I``; its
-    start-up is part of S4's latency."""
-    entry = ["-S", "-I", fast_hook()] if hook == "zipapp" else ["-m", "gpuzombie.prestop"]
+    and JSON), which starts without click and rich, or the fast hook's zipapp under ``-S -I`` (at
+    ``zipapp``, else built here); its start-up is part of S4's latency."""
+    entry = ["-S", "-I", zipapp or fast_hook()] if hook == "zipapp" else ["-m", "gpuzombie.prestop"]
     return [
         sys.executable,
         *entry,
@@ -216,6 +214,36 @@ def prestop_command(config: LabConfig, hook: str = "module") -> list[str]:
         "--kill-wait",
         f"{config.prestop_kill_wait:g}",
     ]
+
+
+def scenario_manifest(
+    scenario: Scenario, config: LabConfig, init: str, then: Sequence[str], *, image: str, namespace: str, zipapp: str
+) -> PodManifest:
+    """The scenario as the one-container Pod a CRI runtime runs: the init's command line, the
+    preStop hook (the fast one at ``zipapp``, where the pod mounts it), one GPU on a GPU, and
+    ``shareProcessNamespace`` for S5."""
+    share = scenario.init == PAUSE  # the pod's pause is PID 1; the container runs S1's command
+    argv = init_argv("sleep" if share else init, shlex.join(parent_command(scenario, config)), shlex.join(then))
+    hook = PreStop(command=tuple(prestop_command(config, scenario.hook, zipapp))) if scenario.prestop else None
+    container = Container(
+        name="workload",
+        image=image,
+        argv=tuple(argv),
+        command_given=True,
+        prestop=hook,
+        resources=Resources(gpus=1 if config.device == "cuda" else 0),
+    )
+    return PodManifest(
+        name=scenario.name,
+        namespace=namespace,
+        annotations={},
+        grace_s=int(config.grace),
+        share_process_namespace=share,
+        init_containers=(),
+        containers=(container,),
+        volumes=(),
+        no_effect=(),
+    )
 
 
 def _state(pid: int) -> str | None:
@@ -252,59 +280,45 @@ def trace_from_host(cri_socket: str | None = None, timeout: float = 60.0) -> str
     return f"# gpuzombie trace (on the host), exit {done.returncode}\n{out}\n"
 
 
-class _Run:
-    """One scenario while it runs: its pod, its sampler, and what it has recorded so far."""
+class Measurement:
+    """One pod while it is measured, on either runtime: its sampler, what it has recorded, and the
+    steps every run takes (start, settle, observe, delete as the kubelet does, wait for the memory,
+    observe again). ``lab run``'s scenarios and ``lab pod``'s manifests differ only in ``settle``,
+    ``between`` and what they report."""
+
+    grace: float
+    keep_prestop_log = False
+    """Write the hook's output to prestop.log (``lab pod``; a scenario's is in results.json)."""
 
     def __init__(
         self,
-        scenario: Scenario,
-        config: LabConfig,
+        pod: LabPod,
+        events: EventLog,
+        *,
         nvml: NvmlBackend,
+        gpu_index: int,
+        standin: Probe | None,
+        sample_interval: float,
         progress: Progress,
-        log: IO[str],
-        runtime: CriRuntime | None,
-        attempt: int,
+        cri_socket: str | None,
+        label: str = "",
     ) -> None:
-        self.scenario, self.config, self.nvml, self.progress, self.log = scenario, config, nvml, progress, log
-        self.attempt = attempt
-        self.events = EventLog()
-        self.init = config.init if (config.init and scenario.init not in ("sleep", PAUSE)) else scenario.init
+        self.pod, self.events, self.nvml, self.progress = pod, events, nvml, progress
+        self.standin = standin is not None
+        self.cri_socket = cri_socket
+        self.label = label
+        """What progress lines start with (a scenario's name)."""
         self.roles: dict[int, str] = {}
         self.observations: list[Observation] = []
         self.logs: dict[str, str] = {}
-        self.standin = config.backend == CPU_STANDIN
-        self.then = main_process(scenario, config)
-        self.cri_socket = runtime.socket if runtime else None
-        self.pod = self._make_pod(runtime)
-        self.sampler = Sampler(self._probe(), self.events, config.sample_interval)
-
-    def _make_pod(self, runtime: CriRuntime | None) -> LabPod:
-        command = parent_command(self.scenario, self.config)
-        if runtime is None:
-            return Pod(self.scenario.name, self.init, command, log=self.log, events=self.events, then=self.then)
-        from gpuzombie.k8s.cri import BindMount
-        from gpuzombie.lab.runtime.cri import CriPod
-
-        hook = [fast_hook()] if self.scenario.hook == "zipapp" else []
-        return CriPod(
-            runtime,
-            self.scenario.name,
-            self.init,
-            command,
-            log=self.log,
-            events=self.events,
-            then=self.then,
-            extra_mounts=tuple(BindMount(p, p, readonly=True) for p in hook),
-        )
-
-    def _probe(self) -> Probe:
-        """RSS on the stand-in; on a GPU, NVML above what the GPU used before the pod started."""
         try:
-            return nvml_or_standin(
-                self.pod, self.nvml, self.config.gpu_index, RssProbe(self.pod) if self.standin else None
-            )
+            probe = nvml_or_standin(pod, nvml, gpu_index, standin)
         except LookupError as exc:
             raise ScenarioError(str(exc)) from exc
+        self.sampler = Sampler(probe, events, sample_interval)
+
+    def say(self, line: str) -> None:
+        self.progress(self.label + line)
 
     def held_now(self) -> int:
         """Memory held at the latest sample (0 before the first)."""
@@ -319,7 +333,129 @@ class _Run:
         self.observations.append(obs)
         self.logs[f"observe-{point}.log"] = text
         self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
-        self.progress(f"{self.scenario.name}: observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
+        self.say(f"observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
+
+    def settle(self) -> None:
+        """Until the workload is set up (its memory held)."""
+        raise NotImplementedError
+
+    def between(self) -> None:
+        """What happens between the first observation and the deletion (nothing by default)."""
+
+    def deleting(self) -> str:
+        """The progress line that announces the deletion."""
+        return f"deleting the pod (grace {self.grace:g} s)"
+
+    def worker_bytes(self, deletion: Deletion) -> int:
+        """What one worker holds: the release tolerance and the kill -9 drop are taken from it."""
+        raise NotImplementedError
+
+    def measure(self) -> tuple[Deletion, RunMetrics]:
+        """The run's steps; the pod is gone when this returns, whatever happened."""
+        try:
+            with self.sampler:
+                self.pod.start()
+                self.settle()
+                self.observe("after-spawn")
+                self.between()
+                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
+                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
+                self.say(self.deleting())
+                deletion = self.pod.delete(grace=self.grace)
+                worker_bytes = self.worker_bytes(deletion)
+                threshold = release_tolerance(worker_bytes)
+                _wait(lambda: self.held_now() <= threshold, 5.0)
+                time.sleep(0.3)  # a tail of samples after the release, for the plot
+        finally:
+            self.pod.kill()
+        self.logs["pod.log"] = self.pod.log_text()
+        if self.keep_prestop_log and deletion.prestop_rc is not None:
+            self.logs["prestop.log"] = (
+                f"# exit {deletion.prestop_rc}\n{deletion.prestop_stdout}{deletion.prestop_stderr}"
+            )
+        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
+        self.observe("after-delete")
+        kill9 = self.events.first("kill-9")
+        marks = {
+            "delete": deletion.requested_at,
+            "sigkill": deletion.sigkill_at,
+            "pod_exit": deletion.exited_at,
+            "kill9": kill9.t if kill9 else None,
+        }
+        metrics = scenario_metrics(
+            samples=self.sampler.samples, marks=marks, grace=self.grace, worker_bytes=worker_bytes
+        )
+        if metrics.released_at_s is not None:
+            self.events.add(
+                "memory-released", f"{metrics.release_latency_s} s after the deletion", at=metrics.released_at_s
+            )
+        return deletion, metrics
+
+    def sampler_stats(self) -> SamplerStats:
+        return SamplerStats.of(self.sampler)
+
+
+class _Run(Measurement):
+    """One scenario while it runs: its pod and its steps (kill -9 a worker between the observations)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        config: LabConfig,
+        nvml: NvmlBackend,
+        progress: Progress,
+        log: IO[str],
+        runtime: CriRuntime | None,
+        attempt: int,
+    ) -> None:
+        self.scenario, self.config, self.attempt = scenario, config, attempt
+        self.grace = config.grace
+        self.victim_reaped = False
+        self.init = config.init if (config.init and scenario.init not in ("sleep", PAUSE)) else scenario.init
+        self.then = main_process(scenario, config)
+        events = EventLog()
+        pod = self._make_pod(runtime, log, events)
+        super().__init__(
+            pod,
+            events,
+            nvml=nvml,
+            gpu_index=config.gpu_index,
+            standin=RssProbe(pod) if config.backend == CPU_STANDIN else None,
+            sample_interval=config.sample_interval,
+            progress=progress,
+            cri_socket=runtime.socket if runtime else None,
+            label=f"{scenario.name}: ",
+        )
+
+    def _make_pod(self, runtime: CriRuntime | None, log: IO[str], events: EventLog) -> LabPod:
+        s, c = self.scenario, self.config
+        if runtime is None:
+            hook = prestop_command(c, s.hook) if s.prestop else None
+            return Pod(s.name, self.init, parent_command(s, c), log=log, events=events, then=self.then, prestop=hook)
+        from gpuzombie.k8s.cri import BindMount
+        from gpuzombie.lab.runtime.cri import LAB_NAMESPACE
+        from gpuzombie.lab.runtime.manifestpod import HOOK_PATH, ManifestPod, PodRunConfig
+
+        manifest = scenario_manifest(
+            s, c, self.init, self.then, image=runtime.image, namespace=LAB_NAMESPACE, zipapp=HOOK_PATH
+        )
+        init = manifest.containers[0].argv[0]  # the init's binary, where the lab's mounts may miss it
+        extra = (BindMount(init, init, readonly=True),) if os.path.isabs(init) else ()
+        config = PodRunConfig(device=c.device, gpu_index=c.gpu_index)
+        return ManifestPod(runtime, manifest, config, events, extra_mounts=extra)
+
+    def deleting(self) -> str:
+        return f"deleting the pod (grace {self.grace:g} s" + (", preStop first)" if self.scenario.prestop else ")")
+
+    def worker_bytes(self, deletion: Deletion) -> int:
+        return self.config.size_mib * MIB
+
+    def settle(self) -> None:
+        self.wait_for_workers()
+
+    def between(self) -> None:
+        self.victim_reaped = self.kill_victim()
+        self.observe("after-kill")
 
     def wait_for_workers(self) -> None:
         """Wait for every ``ready`` line and the parent's exit; name the pod's processes.
@@ -397,65 +533,22 @@ class _Run:
 
     def run(self) -> ScenarioRun:
         s, c = self.scenario, self.config
-        self.progress(f"{s.name}: starting the pod on {c.runtime} ({self.init} as PID 1)")
-        try:
-            with self.sampler:
-                self.pod.start()
-                self.wait_for_workers()
-                self.observe("after-spawn")
-                reaped = self.kill_victim()
-                self.observe("after-kill")
-                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
-                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
-                self.progress(
-                    f"{s.name}: deleting the pod (grace {c.grace:g} s" + (", preStop first)" if s.prestop else ")")
-                )
-                deletion = self.pod.delete(grace=c.grace, prestop=prestop_command(c, s.hook) if s.prestop else None)
-                threshold = release_tolerance(c.size_mib * MIB)
-                _wait(lambda: self.held_now() <= threshold, 5.0)
-                time.sleep(0.3)  # a tail of samples after the release, for the plot
-        finally:
-            self.pod.kill()
-        self.logs["pod.log"] = self.pod.log_text()
-        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
-        self.observe("after-delete")
-        return self.finish(deletion, reaped)
-
-    def finish(self, deletion: Deletion, reaped: bool) -> ScenarioRun:
-        samples = tuple(self.sampler.samples)
-        marks = {
-            "delete": deletion.requested_at,
-            "sigkill": deletion.sigkill_at,
-            "pod_exit": deletion.exited_at,
-            "kill9": (self.events.first("kill-9") or Event(0, "")).t,
-        }
-        metrics = scenario_metrics(
-            samples=samples, marks=marks, grace=self.config.grace, worker_bytes=self.config.size_mib * MIB
-        )
-        if metrics["released_at_s"] is not None:
-            self.events.add(
-                "memory-released",
-                f"{metrics['release_latency_s']} s after the deletion",
-                at=float(metrics["released_at_s"]),
-            )
+        self.say(f"starting the pod on {c.runtime} ({self.init} as PID 1)")
+        deletion, metrics = self.measure()
         return ScenarioRun(
-            scenario=self.scenario,
-            config=self.config,
+            scenario=s,
+            config=c,
             init=self.init,
             pod_command=self.pod.command_line,
             probe_source=self.sampler.probe.source,
             events=tuple(self.events.events),
-            samples=samples,
+            samples=tuple(self.sampler.samples),
             observations=tuple(self.observations),
             deletion=deletion,
-            victim_reaped=reaped,
+            victim_reaped=self.victim_reaped,
             pod_ids=self.pod.ids,
             metrics=metrics,
-            sampler={
-                "cpu_seconds": round(self.sampler.cpu_seconds, 4),
-                "cpu_percent_of_one_core": round(self.sampler.cpu_percent, 2),
-                **sampling_stats(samples),
-            },
+            sampler=self.sampler_stats(),
             origin_epoch=self.events.origin_epoch,
             logs=self.logs,
             attempt=self.attempt,

@@ -1,14 +1,10 @@
-"""A lab pod on a real container runtime, through the CRI calls the kubelet makes.
+"""The lab's CRI runtime: a private containerd (or one on ``--cri-socket``) and what every lab
+container gets there (``manifestpod.ManifestPod`` makes the pods, through the kubelet's CRI calls).
 
-``RunPodSandbox`` (a pause container, ``catatonit -P``), then ``CreateContainer`` + ``StartContainer``
-with the scenario's PID 1 as the container's command. The image is a busybox rootfs; the host's
+The image is a busybox rootfs; the host's
 ``/usr``, ``/lib``, ``/lib64`` (and ``/opt``), the lab's Python and the project are mounted read-only,
 so nothing is pulled from a registry. On a GPU the ``/dev/nvidia*`` devices are CRI devices and the
 driver's libraries and ``nvidia-smi`` are mounted, as the NVIDIA container toolkit does.
-
-Deletion follows the kubelet's ``killContainer``: the preStop hook by ``ExecSync`` while the kubelet
-waits at most the grace period (whole seconds) for it, then ``StopContainer`` with the grace that is
-left (at least the kubelet's 2 s minimum), then ``StopPodSandbox`` and ``RemovePodSandbox``.
 """
 
 from __future__ import annotations
@@ -16,20 +12,16 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import shlex
 import shutil
 import stat
 import subprocess
 import tempfile
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, ExecResult, PodSpec, RunningPod, RuntimeClient
-from gpuzombie.lab.events import EventLog
+from gpuzombie.k8s.cri import BindMount, CriError, PodSpec, RunningPod, RuntimeClient
 from gpuzombie.lab.runtime.containerd import (
     BUSYBOX_IMAGE,
     Containerd,
@@ -39,10 +31,8 @@ from gpuzombie.lab.runtime.containerd import (
     write_image_archive,
 )
 from gpuzombie.lab.runtime.interpreter import PythonLayout, interpreter_paths
-from gpuzombie.lab.runtime.pidns import Deletion, init_argv, pidns_of, pids_in_pidns, pod_pid1
 from gpuzombie.lab.runtime.rundirs import remove_cgroup
 
-CONTAINER = "workload"
 LAB_NAMESPACE = "gpuzombie-lab"
 KUBELET_MIN_GRACE_S = 2
 """The kubelet's ``minimumGracePeriodInSeconds``: StopContainer never gets less after a preStop."""
@@ -252,194 +242,3 @@ def parse_cri_log(text: str) -> str:
         if parts[2] == "F":
             out.append("\n")
     return "".join(out)
-
-
-class CriPod:
-    """One lab pod as a CRI pod sandbox with one container; the interface of ``lab.runtime.pidns.Pod``."""
-
-    def __init__(
-        self,
-        runtime: CriRuntime,
-        name: str,
-        init: str,
-        main_command: Sequence[str],
-        *,
-        log: IO[str],
-        events: EventLog,
-        then: Sequence[str] = ("sleep", "infinity"),
-        extra_mounts: tuple[BindMount, ...] = (),
-    ) -> None:
-        self.runtime, self.name, self.init, self.events, self.log = runtime, name, init, events, log
-        share = init == "pause"
-        # shareProcessNamespace: the pause container is PID 1 and the container runs S1's command.
-        self.argv = init_argv("sleep" if share else init, shlex.join(main_command), shlex.join(then))
-        self.spec = PodSpec(
-            name=f"{name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
-            namespace=LAB_NAMESPACE,
-            share_process_namespace=share,
-        )
-        mounts = (*runtime.mounts, *extra_mounts)  # e.g. the fast hook's zipapp
-        if os.path.isabs(self.argv[0]) and not any(_under(self.argv[0], [m.host_path]) for m in mounts):
-            mounts = (*mounts, BindMount(self.argv[0], self.argv[0], readonly=True))  # the init's binary
-        self.container = ContainerSpec(
-            name=CONTAINER,
-            image=runtime.image,
-            command=tuple(self.argv),
-            env=runtime.env,
-            mounts=mounts,
-            devices=runtime.devices,
-        )
-        self.sandbox: RunningPod | None = None
-        self.container_id: str | None = None
-        self.main_pid = 0
-        self.pid1 = 0
-        self.pidns = 0
-        self.log_path: str | None = None
-        self._log_text = ""
-        self._removed = False
-
-    @property
-    def command_line(self) -> str:
-        """How the pod was made, for the report."""
-        share = ", shareProcessNamespace: true (pause as PID 1)" if self.init == "pause" else ""
-        return f"CRI pod {self.spec.namespace}/{self.spec.name}{share}; container command: {shlex.join(self.argv)}"
-
-    @property
-    def ids(self) -> dict[str, int | str]:
-        return {
-            "pid1": self.pid1,
-            "main_pid": self.main_pid,
-            "pidns": self.pidns,
-            "pod": f"{self.spec.namespace}/{self.spec.name}",
-            "pod_uid": self.spec.uid,
-            "sandbox_id": self.sandbox.sandbox_id if self.sandbox else "",
-            "container_id": self.container_id or "",
-        }
-
-    def start(self, timeout: float = 30.0) -> None:
-        client = self.runtime.client
-        self.sandbox = self.runtime.pods.start_pod(self.spec)
-        self.container_id = self.sandbox.start(self.container)
-        self.log_path = client.container_status(self.container_id).status.log_path
-        self.main_pid = client.container_pid(self.container_id)
-        ns = pidns_of(self.main_pid)
-        deadline = time.monotonic() + timeout
-        while ns is not None and time.monotonic() < deadline:
-            pid1 = pod_pid1(ns)
-            if pid1 is not None:
-                self.pid1, self.pidns = pid1, ns
-                kind = "pause (shareProcessNamespace)" if self.init == "pause" else self.init
-                self.events.add("pod-start", f"{kind} as PID 1 (host pid {pid1}), pod {self.spec.name}")
-                return
-            time.sleep(0.01)
-        if ns is None or pidns_of(self.main_pid) is None:  # gone already: say what it wrote
-            last = "\n".join(self.log_text().strip().splitlines()[-10:])
-            raise CriError(f"StartContainer: the container of {self.spec.name} exited at once; its last lines:\n{last}")
-        raise CriError(f"StartContainer: container of {self.spec.name} has no PID 1 to find")
-
-    @property
-    def running(self) -> bool:
-        return not self._removed and bool(self.pidns) and pidns_of(self.pid1) == self.pidns
-
-    def processes(self) -> list[int]:
-        pids = pids_in_pidns(self.pidns) if self.pidns else []
-        return sorted(pids, key=lambda p: (p != self.pid1, p))
-
-    def tree(self) -> list[int]:
-        return self.processes() if self.running else []
-
-    def container_exited(self) -> bool:
-        """The container's main process is gone (its shim reaps it): with a pause, the pod lives on."""
-        return bool(self.pidns) and pidns_of(self.main_pid) != self.pidns
-
-    def log_text(self) -> str:
-        """The container's output so far (kept after the sandbox is removed)."""
-        if self.log_path and not self._removed:
-            with contextlib.suppress(OSError):
-                self._log_text = parse_cri_log(Path(self.log_path).read_text(errors="replace"))
-        return self._log_text
-
-    def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        """``kubectl exec``: ExecSync in the container; a runtime timeout is exit 124."""
-        assert self.container_id is not None
-        try:
-            done = self.runtime.client.exec_sync(self.container_id, list(argv), timeout=timeout)
-        except CriError as exc:
-            if exc.code != "DEADLINE_EXCEEDED":
-                raise
-            return subprocess.CompletedProcess(list(argv), 124, "", str(exc))
-        return _completed(argv, done)
-
-    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
-        """The kubelet's killContainer, then the pod sandbox's stop and removal."""
-        assert self.container_id is not None
-        client, whole = self.runtime.client, int(grace)
-        requested = self.events.add("delete", f"grace {whole} s").t
-        hook: list[subprocess.CompletedProcess[str]] = []
-        waiter = None
-        left = whole
-        if prestop:
-            self.events.add("prestop-start", "ExecSync " + shlex.join(prestop))
-            waiter = threading.Thread(
-                target=lambda: hook.append(self.exec(prestop, timeout=KUBELET_RUNTIME_TIMEOUT_S)), daemon=True
-            )
-            waiter.start()
-            waiter.join(whole)
-            if hook:
-                self.events.add("prestop-end", f"exit {hook[0].returncode}")
-            else:
-                self.events.add("prestop-cut-off", f"the kubelet stops waiting after {whole} s")
-            left = whole - int(self.events.now() - requested)
-        left = max(left, KUBELET_MIN_GRACE_S) if prestop else left
-        sigterm_at = self.events.add("sigterm", f"StopContainer(timeout={left})").t
-        client.stop_container(self.container_id, grace=left, timeout=KUBELET_RUNTIME_TIMEOUT_S)
-        status = client.container_status(self.container_id).status
-        exited = status.finished_at / 1e9 - self.events.origin_epoch if status.finished_at else self.events.now()
-        sigkill_at = None
-        if status.exit_code == 137 and exited >= sigterm_at + left - 0.05:
-            sigkill_at = sigterm_at + left
-            self.events.add("sigkill", "grace over: the runtime SIGKILLs the container", at=sigkill_at)
-        self.events.add("pod-exit", f"container exit {status.exit_code}", at=exited)
-        if waiter is not None:
-            waiter.join(5.0)
-        self.log_text()
-        self._remove_sandbox()
-        self.events.add("sandbox-removed", "StopPodSandbox + RemovePodSandbox")
-        prestop_done = hook[0] if hook else None
-        return Deletion(
-            requested_at=requested,
-            grace_s=whole,
-            prestop_rc=None if not prestop else (prestop_done.returncode if prestop_done else 124),
-            prestop_stdout=prestop_done.stdout if prestop_done else "",
-            prestop_stderr=prestop_done.stderr if prestop_done else ("cut off at the grace's end" if prestop else ""),
-            sigterm_at=sigterm_at,
-            sigkill_at=sigkill_at,
-            exited_at=exited,
-            pod_exit_code=status.exit_code,
-            leftovers=self.leftovers(),
-        )
-
-    def leftovers(self) -> tuple[int, ...]:
-        deadline = time.monotonic() + 2.0
-        left = pids_in_pidns(self.pidns) if self.pidns else []
-        while left and time.monotonic() < deadline:
-            time.sleep(0.01)
-            left = pids_in_pidns(self.pidns)
-        return tuple(left)
-
-    def _remove_sandbox(self) -> None:
-        if self.sandbox is None or self._removed:
-            return
-        self.runtime.pods.stop_pod(self.sandbox)
-        self._removed = True
-
-    def kill(self) -> None:
-        """Backstop: stop and remove the sandbox (and so its container) if deletion did not."""
-        with contextlib.suppress(CriError):
-            self._remove_sandbox()
-
-
-def _completed(argv: Sequence[str], done: ExecResult) -> subprocess.CompletedProcess[str]:
-    return subprocess.CompletedProcess(
-        list(argv), done.exit_code, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-    )

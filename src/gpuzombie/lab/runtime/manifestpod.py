@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -37,12 +39,11 @@ from gpuzombie.lab.runtime.cri import (
     KUBELET_MIN_GRACE_S,
     KUBELET_RUNTIME_TIMEOUT_S,
     CriRuntime,
-    _completed,
     find_gpu_parts,
     lab_environment,
     parse_cri_log,
 )
-from gpuzombie.lab.runtime.pidns import Deletion, pidns_of, pids_in_pidns, pod_pid1
+from gpuzombie.lab.runtime.pod import Deletion, leftovers, pidns_of, pids_in_pidns, pod_pid1
 from gpuzombie.prestop.zipapp import build as build_hook
 
 HOOK_PATH = "/opt/gpuzombie/prestop.pyz"
@@ -155,15 +156,29 @@ class ManifestPod:
     """The manifest's pod on a CRI runtime; the interface of ``lab.runtime.pidns.LabPod``."""
 
     def __init__(
-        self, runtime: CriRuntime, manifest: PodManifest, config: PodRunConfig, events: EventLog, workdir: Path
+        self,
+        runtime: CriRuntime,
+        manifest: PodManifest,
+        config: PodRunConfig,
+        events: EventLog,
+        *,
+        extra_mounts: tuple[BindMount, ...] = (),
     ) -> None:
         self.runtime, self.manifest, self.config, self.events = runtime, manifest, config, events
-        self.workdir = workdir
+        self.extra_mounts = extra_mounts
+        """Read-only binds of the lab's own (a scenario's init binary), never a manifest's."""
         self.grace = config.grace if config.grace is not None else manifest.grace_s
-        self.hook = str(build_hook(workdir / "hook" / "prestop.pyz"))
-        os.chmod(workdir, 0o755)
-        os.chmod(workdir / "hook", 0o755)
-        self.volumes = PodVolumes(workdir, manifest.volumes, config.host_paths)
+        # Its emptyDirs and the hook's build, in the runtime's run directory (``lab clean`` finds
+        # them there after a crash); removed by ``kill``.
+        self.workdir = Path(tempfile.mkdtemp(prefix="pod-", dir=runtime.state_dir))
+        try:
+            self.hook = str(build_hook(self.workdir / "hook" / "prestop.pyz"))
+            os.chmod(self.workdir, 0o755)
+            os.chmod(self.workdir / "hook", 0o755)
+            self.volumes = PodVolumes(self.workdir, manifest.volumes, config.host_paths)
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         self.spec = PodSpec(
             name=f"{manifest.name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
             namespace=manifest.namespace,
@@ -189,6 +204,7 @@ class ManifestPod:
         taken = {m.container_path for m in base}
         base += [BindMount(p, p, readonly=True) for p in _opt_children() if p not in taken]
         base.append(BindMount(self.hook, HOOK_PATH, readonly=True))
+        base += self.extra_mounts
         base += [BindMount(self.volumes.paths[m.volume], m.path, readonly=self.read_only(m)) for m in c.mounts]
         return tuple(base)
 
@@ -220,7 +236,7 @@ class ManifestPod:
             command=c.argv,
             env=self._env(c),
             mounts=self._mounts(c),
-            devices=self.gpu.devices if (self.gpu and c.resources.gpus) else (),
+            devices=self.runtime.devices if c.resources.gpus else (),
             run_as_user=sec.run_as_user,
             run_as_group=sec.run_as_group if sec.run_as_user is not None else None,
             readonly_rootfs=sec.read_only_root,
@@ -259,7 +275,10 @@ class ManifestPod:
                 self.events.add("pod-start", f"PID 1 of {self.main.name}: host pid {pid1}")
                 return
             time.sleep(0.01)
-        raise PodRunError(f"container {self.main.name} has no PID 1 to find")
+        if ns is None or pidns_of(self.main_pid) is None:  # gone already: say what it wrote
+            last = "\n".join(self.log_text().strip().splitlines()[-10:])
+            raise CriError(f"StartContainer: container {self.main.name} exited at once; its last lines:\n{last}")
+        raise CriError(f"StartContainer: container {self.main.name} has no PID 1 to find")
 
     def _run_to_completion(self, c: Container) -> None:
         """An init container: started, and waited for until it exits; anything but 0 fails the pod."""
@@ -326,12 +345,14 @@ class ManifestPod:
         return self.processes() if self._namespaces and not self._removed else []
 
     def log_text(self) -> str:
-        """Every container's output, init containers first, each under its name."""
+        """Every container's output, init containers first, each under its name (when there are more than one)."""
         if not self._removed:
             client = self.runtime.client
             for name, cid in self.ids_by_name.items():
                 with contextlib.suppress(CriError):
                     self._logs[name] = self._read_log(client.container_status(cid).status.log_path)
+        if len(self._logs) == 1:  # one container (a scenario's): its output as it wrote it
+            return next(iter(self._logs.values()))
         return "".join(f"==> {name} <==\n{text}" for name, text in self._logs.items())
 
     def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -345,11 +366,13 @@ class ManifestPod:
             if exc.code != "DEADLINE_EXCEEDED":
                 raise
             return subprocess.CompletedProcess(list(argv), 124, "", str(exc))
-        return _completed(argv, done)
+        return subprocess.CompletedProcess(
+            list(argv), done.exit_code, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        )
 
     # --- deletion --------------------------------------------------------------------------------
 
-    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
+    def delete(self, *, grace: float) -> Deletion:
         """The kubelet's killPodWithSyncResult: every container's killContainer at once, then the sandbox."""
         whole = int(grace)
         requested = self.events.add("delete", f"grace {whole} s").t
@@ -378,7 +401,7 @@ class ManifestPod:
             sigkill_at=min(kills) if kills else None,
             exited_at=max((r["exited_at"] for r in results.values() if "exited_at" in r), default=self.events.now()),
             pod_exit_code=main.get("exit_code"),
-            leftovers=self.leftovers(),
+            leftovers=leftovers(self.processes),
         )
 
     def _kill_container(self, c: Container, grace: int, requested: float, out: dict[str, dict[str, Any]]) -> None:
@@ -388,23 +411,20 @@ class ManifestPod:
         result: dict[str, Any] = {}
         out[c.name] = result
         left = grace
+        hook: list[subprocess.CompletedProcess[str]] = []
+        waiter = None
         if c.prestop is not None and grace > 0:
             started = time.monotonic()
-            if c.prestop.command:
-                self.events.add("prestop-start", f"{c.name}: ExecSync {shlex.join(c.prestop.command)}")
-                hook: list[subprocess.CompletedProcess[str]] = []
+            if command := c.prestop.command:
+                self.events.add("prestop-start", f"{c.name}: ExecSync {shlex.join(command)}")
                 waiter = threading.Thread(
-                    target=lambda: hook.append(self._exec(cid, c.prestop.command, KUBELET_RUNTIME_TIMEOUT_S)),  # type: ignore[union-attr]
-                    daemon=True,
+                    target=lambda: hook.append(self._exec(cid, command, KUBELET_RUNTIME_TIMEOUT_S)), daemon=True
                 )
                 waiter.start()
                 waiter.join(grace)
                 if hook:
-                    done = hook[0]
-                    result.update(prestop_rc=done.returncode, prestop_stdout=done.stdout, prestop_stderr=done.stderr)
-                    self.events.add("prestop-end", f"{c.name}: exit {done.returncode}")
+                    self.events.add("prestop-end", f"{c.name}: exit {hook[0].returncode}")
                 else:
-                    result.update(prestop_rc=124, prestop_stderr="cut off at the grace's end")
                     self.events.add("prestop-cut-off", f"{c.name}: the kubelet stops waiting after {grace} s")
             else:
                 seconds = min(c.prestop.sleep_s or 0, grace)
@@ -422,6 +442,15 @@ class ManifestPod:
         except CriError as exc:
             self.events.add("stop-failed", f"{c.name}: {exc}")
             return
+        finally:
+            if waiter is not None:  # a hook cut off goes with its container, as under the kubelet
+                waiter.join(5.0)
+                done = hook[0] if hook else None
+                result.update(
+                    prestop_rc=done.returncode if done else 124,
+                    prestop_stdout=done.stdout if done else "",
+                    prestop_stderr=done.stderr if done else "cut off at the grace's end",
+                )
         exited = status.finished_at / 1e9 - self.events.origin_epoch if status.finished_at else self.events.now()
         if status.exit_code == 137 and exited >= sigterm_at + left - 0.05:
             result["sigkill_at"] = sigterm_at + left
@@ -430,14 +459,6 @@ class ManifestPod:
         self.events.add(
             "pod-exit" if c is self.main else "container-exit", f"{c.name}: exit {status.exit_code}", at=exited
         )
-
-    def leftovers(self) -> tuple[int, ...]:
-        deadline = time.monotonic() + 2.0
-        left = self.processes()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.01)
-            left = self.processes()
-        return tuple(left)
 
     def _remove_sandbox(self) -> None:
         if self.sandbox is None or self._removed:
@@ -450,3 +471,4 @@ class ManifestPod:
         with contextlib.suppress(CriError):
             self._remove_sandbox()
         self.volumes.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -20,11 +20,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO
 
 from gpuzombie.lab.events import EventLog
-from gpuzombie.proc.procfs import Procfs
+from gpuzombie.lab.runtime.pod import PROCFS, Deletion, children_of, leftovers, pidns_of, pids_in_pidns
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 
@@ -93,71 +92,6 @@ def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-PROCFS = Procfs()
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children from /proc/<pid>/task/*/children (empty when the process is gone)."""
-    return PROCFS.children_pids(pid)
-
-
-def pidns_of(pid: int) -> int | None:
-    return PROCFS.pidns(pid)
-
-
-def pod_pid1(pidns: int) -> int | None:
-    """The host pid of the PID namespace's init (its pid 1 there), or None when it has none."""
-    table = PROCFS.snapshot(pids=pids_in_pidns(pidns), now=time.time(), with_cgroup=False)
-    return next((p.pid for p in table if p.innermost_pid == 1), None)
-
-
-def pids_in_pidns(pidns: int) -> list[int]:
-    """Every host pid whose PID namespace is ``pidns`` (zombies included)."""
-    return PROCFS.pids_in_pidns(pidns)
-
-
-@dataclass(frozen=True)
-class Deletion:
-    """What deleting the pod took, on the events' clock."""
-
-    requested_at: float
-    grace_s: float
-    prestop_rc: int | None
-    prestop_stdout: str
-    prestop_stderr: str
-    sigterm_at: float
-    sigkill_at: float | None
-    exited_at: float
-    pod_exit_code: int | None
-    leftovers: tuple[int, ...]
-
-
-class LabPod(Protocol):
-    """What a scenario needs of a pod, on either runtime (``Pod`` here, ``runtime.cri.CriPod``)."""
-
-    init: str
-    pid1: int
-    """Host pid of the pod's PID 1 (the init, or the pause with shareProcessNamespace)."""
-    main_pid: int
-    """Host pid of the container's main process (PID 1 unless the pod shares its namespace)."""
-    pidns: int
-
-    @property
-    def running(self) -> bool: ...
-    @property
-    def command_line(self) -> str: ...
-    @property
-    def ids(self) -> dict[str, int | str]: ...
-    def start(self) -> None: ...
-    def processes(self) -> list[int]: ...
-    def tree(self) -> list[int]: ...
-    def log_text(self) -> str: ...
-    def container_exited(self) -> bool: ...
-    def exec(self, argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]: ...
-    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion: ...
-    def kill(self) -> None: ...
-
-
 class Pod:
     """One pod: start it, run commands inside it (nsenter), delete it like the kubelet."""
 
@@ -171,8 +105,11 @@ class Pod:
         events: EventLog,
         env: dict[str, str] | None = None,
         then: Sequence[str] = ("sleep", "infinity"),
+        prestop: Sequence[str] | None = None,
     ) -> None:
         self.name = name
+        self.prestop = prestop
+        """The preStop hook's command, run inside the pod when it is deleted."""
         self.init = init
         command = init_argv("sleep" if init == PAUSE else init, shlex.join(main_command), shlex.join(then))
         self.container_argv = command if init == PAUSE else None
@@ -321,14 +258,14 @@ class Pod:
             time.sleep(0.002)
         return self.container_exited()
 
-    def delete(self, *, grace: float, prestop: Sequence[str] | None = None) -> Deletion:
+    def delete(self, *, grace: float) -> Deletion:
         """The kubelet's order: preStop, SIGTERM to the container's main process, SIGKILL at the end
         of the grace; with a pause as PID 1, then the pod sandbox (the pause) goes too."""
         assert self.proc is not None
         requested = self.events.add("delete", f"grace {grace:g} s").t
         deadline = requested + grace
         prestop_rc, prestop_out, prestop_err = None, "", ""
-        if prestop:
+        if prestop := self.prestop:
             self.events.add("prestop-start", shlex.join(prestop))
             budget = max(0.1, deadline - self.events.now())
             done = self.exec(prestop, timeout=budget)
@@ -356,7 +293,7 @@ class Pod:
             sigkill_at=sigkill_at,
             exited_at=exited,
             pod_exit_code=exit_code,
-            leftovers=self.leftovers(),
+            leftovers=leftovers(self.processes),
         )
 
     def _end_container(self) -> int | None:
@@ -380,15 +317,6 @@ class Pod:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
         self.events.add("sandbox-removed", "the pause is gone")
-
-    def leftovers(self) -> tuple[int, ...]:
-        """Processes of the pod still there after it exited (must be none)."""
-        deadline = time.monotonic() + 2.0
-        left = self.processes()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.01)
-            left = self.processes()
-        return tuple(left)
 
     def _signal(self, pid: int, sig: int) -> None:
         # Only while unshare still runs and the pid is still in the pod: else it may be another's.
