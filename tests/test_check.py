@@ -120,6 +120,10 @@ def test_every_kind_with_a_pod_template(tmp_path):
         "gpu_pods": 4,
         "findings": 4,
         "by_severity": {"error": 4, "warning": 0, "note": 0},
+        "suppressed": 0,
+        "disabled": [],
+        "fail_on": "warning",
+        "unreadable": 0,
         "failed": True,
     }
     deployment = report["pods"][0]
