@@ -205,3 +205,17 @@ def test_serving_without_an_image_is_refused(tmp_path):
         str(pki / "server.key"),
     )
     assert "serving needs --image" in one_line_error(done)
+
+
+def test_a_json_manifest_stays_json_indented_as_it_was(tmp_path):
+    import json
+
+    source = tmp_path / "vllm.json"
+    source.write_text(json.dumps(yaml.safe_load(VLLM.read_text()), indent=2) + "\n")
+    after = patch(source, "--image", IMAGE)
+    doc = json.loads(after)  # still JSON, not YAML's flow style
+    validate_pod(doc)
+    assert containers(doc)[0]["command"][:4] == ["/.gpuzombie/tini-static", "-s", "-g", "--"]
+    removed, _ = changes(source.read_text(), after)
+    assert all(line.strip() in ("}", "]") for line in removed), removed  # only a closing bracket gains a comma
+    assert patch("-", "--image", IMAGE, stdin=after) == after

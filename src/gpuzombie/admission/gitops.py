@@ -92,9 +92,24 @@ def _patch_piece(text: str, policy: mutate.Policy) -> Patched:
     if not any(ops.values()):
         return result
     expected = [mutate.patched({"": d.data}, _under_root(ops.get(d.index, [])))[""] for d in documents]
-    result.text = _round_trip(text, ops, expected)
+    result.text = _as_json(text, expected) or _round_trip(text, ops, expected)
     result.changed = True
     return result
+
+
+def _as_json(text: str, expected: list[Any]) -> str | None:
+    """A JSON file's fix as JSON, indented as the file was (None: the text is not one JSON value).
+    JSON has no comments or anchors to keep, and YAML's flow style would not be JSON any more."""
+    if len(expected) != 1 or not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        json.loads(text)
+    except ValueError:
+        return None
+    lines = text.splitlines()
+    indent = next((len(line) - len(line.lstrip(" ")) for line in lines[1:] if line.strip()), 0) if len(lines) > 1 else 0
+    written = json.dumps(expected[0], indent=indent or None, ensure_ascii=False)
+    return written + ("\n" if text.endswith("\n") else "")
 
 
 def _under_root(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
