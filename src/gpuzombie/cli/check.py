@@ -54,11 +54,6 @@ def read_input(path: str) -> str:
         raise GpuzombieError(f"cannot read {f}: {reason}") from exc
 
 
-def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(path, text) of each input (``input_files``). Raises GpuzombieError at the first unreadable one."""
-    return [(path, read_input(path)) for path in input_files(paths)]
-
-
 def build_report(paths: tuple[str, ...], disabled: frozenset[str] = frozenset(), fail_on: str = "warning") -> Any:
     """Every input checked; one that cannot be read or understood is recorded, the others still are."""
     require_admission_extra("yaml")
