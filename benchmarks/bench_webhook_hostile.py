@@ -100,7 +100,16 @@ class Webhook:
     def __init__(self, src: Path, pki: Path) -> None:
         self.proc = subprocess.Popen(
             [
-                *[sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0"],
+                *[
+                    sys.executable,
+                    "-m",
+                    "gpuzombie",
+                    "webhook",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--image",
+                    "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
+                ],
                 *["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
             ],
             stderr=subprocess.PIPE,

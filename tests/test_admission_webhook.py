@@ -224,6 +224,8 @@ def test_the_cli_serves_https_and_stops_on_sigterm(pki):
             "-m",
             "gpuzombie",
             "webhook",
+            "--image",
+            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
             "--listen",
             "127.0.0.1:0",
             "--namespace",
@@ -265,6 +267,8 @@ def test_the_cli_refuses_to_serve_without_tls_in_one_line(tmp_path):
             "-m",
             "gpuzombie",
             "webhook",
+            "--image",
+            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
             "--listen",
             "127.0.0.1:0",
             "--tls-cert",
@@ -306,6 +310,8 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
             "-m",
             "gpuzombie",
             "webhook",
+            "--image",
+            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
             "--listen",
             "127.0.0.1:0",
             "--tls-reload-seconds",
@@ -372,7 +378,16 @@ def test_one_escaped_log_line_per_pod_changed():
 # Issue 29, items 7, 8 and 10: the real CLI, served over TLS on 127.0.0.1.
 
 
-WEBHOOK = [sys.executable, "-m", "gpuzombie", "webhook", "--listen", "127.0.0.1:0"]
+WEBHOOK = [
+    sys.executable,
+    "-m",
+    "gpuzombie",
+    "webhook",
+    "--listen",
+    "127.0.0.1:0",
+    "--image",
+    "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
+]
 
 
 class Served:

@@ -120,6 +120,10 @@ def test_every_kind_with_a_pod_template(tmp_path):
         "gpu_pods": 4,
         "findings": 4,
         "by_severity": {"error": 4, "warning": 0, "note": 0},
+        "suppressed": 0,
+        "disabled": [],
+        "fail_on": "warning",
+        "unreadable": 0,
         "failed": True,
     }
     deployment = report["pods"][0]
@@ -218,10 +222,12 @@ def test_sarif_is_valid_sarif_2_1_0(tmp_path):
 def test_patch_fixes_templates_in_place_keeps_other_documents_and_checks_clean(tmp_path):
     path = tmp_path / "all.yaml"
     path.write_text(EVERY_KIND)
-    done = gpuzombie("webhook", "--patch", str(path))
+    done = gpuzombie("webhook", "--patch", str(path), "--image", "registry.example.com/gpuzombie-node:0.1.0")
     assert done.returncode == 0, done.stderr
-    docs = list(yaml.safe_load_all(done.stdout))
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d is not None]  # the input's empty last document stays
     assert [d["kind"] for d in docs] == ["Deployment", "Service", "CronJob", "List", "Pod"]
+    sources = [line for line in EVERY_KIND.splitlines() if line.startswith("# Source:")]
+    assert [line for line in done.stdout.splitlines() if line.startswith("# Source:")] == sources
     template = docs[0]["spec"]["template"]
     assert template["metadata"]["annotations"]["gpuzombie.dev/injected"] == "tini:train"
     assert template["spec"]["containers"][0]["command"][:4] == ["/.gpuzombie/tini-static", "-s", "-g", "--"]
@@ -233,7 +239,7 @@ def test_patch_fixes_templates_in_place_keeps_other_documents_and_checks_clean(t
     again = gpuzombie("check", "-", stdin=done.stdout)
     assert again.returncode == 0, again.stdout
     twice = gpuzombie("webhook", "--patch", "-", stdin=done.stdout)
-    assert list(yaml.safe_load_all(twice.stdout)) == docs  # idempotent
+    assert twice.stdout == done.stdout  # idempotent, byte for byte
 
 
 def test_patch_of_the_seed_pod_shares_the_process_namespace():

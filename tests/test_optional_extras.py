@@ -32,7 +32,8 @@ OPTIONAL = (
     "dockerfile_parse",
     "jsonschema",  # chart
     "jsonpatch",
-    "jsonpointer",  # admission (webhook --patch)
+    "jsonpointer",
+    "ruamel",  # admission (webhook --patch)
     "celpy",  # cel-python: the tests' CEL evaluation of the webhook's matchConditions
     "hypothesis",
     "build",

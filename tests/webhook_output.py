@@ -15,12 +15,14 @@ UNPATCHED = {
     "pod-nofix-command-prestop": LABPOD_FIXTURES / "pod-nofix-command-prestop.yaml",  # + the injected preStop
 }
 """The unpatched pods whose patched forms the lab-pod tests run, by name."""
+LAB_IMAGE = "localhost/gpu-zombie/gpuzombie-node:0.1.0"
+"""The install container's image (the lab runs its own busybox with the host's tini, whatever is named)."""
 
 
 def webhook_patch(text: str) -> str:
     """``text`` as ``gpuzombie webhook --patch -`` prints it (exit 0 asserted)."""
     done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "webhook", "--patch", "-"],
+        [sys.executable, "-m", "gpuzombie", "webhook", "--patch", "-", "--image", LAB_IMAGE],
         input=text,
         capture_output=True,
         text=True,

@@ -40,14 +40,15 @@ DEBS=(containerd runc catatonit tini containernetworking-plugins)
 PYYAML_WHEEL=PyYAML==6.0.2
 FIXTURES=tests/fixtures/labpod
 LOG=$OUT/admission-gpu.log
+PATCH_IMAGE=localhost/gpu-zombie/gpuzombie-node:0.1.0  # lab pod runs the host's tini whatever is named
 
 prepare() {
   bash scripts/device/lab_runtimes.sh prepare || return 2
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$PYYAML_WHEEL" || return 2
-  # gpuzombie webhook --patch applies its JSONPatch with jsonpatch (pure Python)
-  "$python" -m pip download -q --no-deps --only-binary=:all: -d .whl jsonpatch jsonpointer || return 2
+  # gpuzombie webhook --patch writes its fix with ruamel.yaml's round trip (pure Python)
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d .whl ruamel.yaml || return 2
   du -shc .debs .whl .lab-images
 }
 
@@ -94,7 +95,7 @@ lab_pod() {  # lab_pod LABEL REPEAT FILE|-  (stdin when -)
 }
 
 patched() {  # patched SOURCE: `gpuzombie webhook --patch SOURCE` (its warnings go to the log)
-  python3 -m gpuzombie webhook --patch "$1" 2>>"$LOG" || log "gpuzombie webhook --patch $1: exit $?" >&2
+  python3 -m gpuzombie webhook --patch "$1" --image "$PATCH_IMAGE" 2>>"$LOG" || log "gpuzombie webhook --patch $1: exit $?" >&2
 }
 
 run() {

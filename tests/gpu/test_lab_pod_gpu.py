@@ -16,7 +16,7 @@ from webhook_output import ROOT, UNPATCHED, webhook_patch
 
 pytest.importorskip("yaml", reason="lab pod reads manifests with PyYAML (carry it in .whl/)")
 pytest.importorskip(
-    "jsonpatch", reason="gpuzombie webhook --patch applies its patch with jsonpatch (carry it in .whl/)"
+    "ruamel.yaml", reason="gpuzombie webhook --patch writes its fix with ruamel.yaml (carry it in .whl/)"
 )
 ARCHIVES = ROOT / ".lab-images"
 GRACE = 5

@@ -4,6 +4,7 @@ of it as data: the versioned JSON (``gpuzombie.check/v1``) and SARIF 2.1.0 for c
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,46 @@ from gpuzombie.k8s import podspec
 
 SCHEMA = "gpuzombie.check/v1"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+SUPPRESS = "gpuzombie.dev/suppress"
+"""The annotation that suppresses named rules for one object, each with its reason:
+``gpuzombie.dev/suppress: "GZ002: the trainer reaps its own children; GZ006: ENTRYPOINT is tini"``."""
+SEVERITY_RANK = {rules.Severity.NOTE: 0, rules.Severity.WARNING: 1, rules.Severity.ERROR: 2}
+
+
+def parse_suppressions(value: object, where: str) -> dict[str, str]:
+    """``RULE[,RULE]: reason`` entries separated by ``;`` or new lines -> {rule: reason}. A reason is
+    required (a reviewer reads it); an unknown rule or a missing reason is a ManifestError naming ``where``."""
+    if not isinstance(value, str):
+        raise podspec.ManifestError(f"{where}: expected a string like 'GZ002: why', got {value!r}")
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in value.replace("\n", ";").split(";")):
+        if not entry:
+            continue
+        ids, colon, reason = entry.partition(":")
+        named = [i.strip().upper() for i in ids.split(",")]
+        unknown = [i for i in named if i not in rules.RULES]
+        if not colon or not reason.strip() or unknown:
+            problem = f"unknown rule {unknown[0]!r}" if unknown and colon else "each entry is 'GZ00x: reason'"
+            raise podspec.ManifestError(f"{where}: {problem} in {entry[:80]!r}")
+        out.update(dict.fromkeys(named, reason.strip()))
+    return out
+
+
+def _suppressions(document: Any, pointer: str) -> dict[str, str]:
+    """The annotation on every object from the document's root down to the pod template at ``pointer``
+    (a Deployment's or a custom resource's, and the template's own; the nearer one wins per rule)."""
+    out: dict[str, str] = {}
+    node, path = document, ""
+    for token in ["", *podspec.tokens(pointer)]:
+        if token:
+            node = node[int(token)] if isinstance(node, list) else node[token]
+            path += f"/{podspec.escape(token)}"
+        meta = node.get("metadata") if isinstance(node, Mapping) else None
+        notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+        if isinstance(notes, Mapping) and SUPPRESS in notes:
+            where = f"{path or '/'} metadata.annotations[{SUPPRESS}]"
+            out.update(parse_suppressions(notes[SUPPRESS], where))
+    return out
 
 
 @dataclass(frozen=True)
@@ -24,6 +65,13 @@ class PodResult:
     findings: tuple[rules.Finding, ...]
     finding_lines: tuple[int | None, ...] = ()
     """The line of each finding's container (SARIF's region), as many as findings."""
+    suppressed: tuple[str | None, ...] = ()
+    """Each finding's suppression reason (the annotation's), None where it is not suppressed."""
+
+    def results(self) -> list[tuple[rules.Finding, int | None, str | None]]:
+        """(finding, line, suppression reason) of each finding."""
+        reasons = self.suppressed or (None,) * len(self.findings)
+        return list(zip(self.findings, self.finding_lines, reasons))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,7 +83,10 @@ class PodResult:
             "pointer": self.ref.pointer,
             "line": self.line,
             "gpu_containers": list(self.gpu_containers),
-            "findings": [{**f.to_dict(), "line": line} for f, line in zip(self.findings, self.finding_lines)],
+            "findings": [
+                {**f.to_dict(), "line": line, "suppressed": why is not None, "justification": why}
+                for f, line, why in self.results()
+            ],
         }
 
 
@@ -43,22 +94,41 @@ class PodResult:
 class CheckReport:
     files: list[str] = field(default_factory=list)
     pods: list[PodResult] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    """(input, one line) of each input that could not be read or understood: the others are still
+    reported, and the run exits 2."""
+    disabled: frozenset[str] = frozenset()
+    """Rules not run (``--disable``)."""
+    fail_on: rules.Severity = rules.Severity.WARNING
+    """The least severity that fails the check (``--fail-on``)."""
 
     def add(self, path: str, text: str) -> None:
-        """Check every pod of one input. Raises ManifestError naming the input (and the pod)."""
+        """Check every pod of one input; one it cannot understand is recorded in ``errors`` as a whole
+        (none of its pods reported), the others are unaffected."""
         shown = "stdin" if path == "-" else path
         self.files.append(path)
         try:
-            documents = podspec.load_documents(text)
+            self.pods += self._check(path, text)
         except podspec.ManifestError as exc:
-            raise podspec.ManifestError(f"{shown}: {exc}") from exc
+            self.errors.append((path, f"{shown}: {exc}"))
+
+    def add_error(self, path: str, message: str) -> None:
+        """An input that could not be read."""
+        self.files.append(path)
+        self.errors.append((path, message))
+
+    def _check(self, path: str, text: str) -> list[PodResult]:
+        documents = podspec.load_documents(text)
+        data = {d.index: d.data for d in documents}
         nodes = {d.index: d.node for d in documents}
+        out = []
         for ref in podspec.pod_templates(documents):
             try:
                 pod = rules.read(ref.spec)
-                findings = rules.check(pod)
+                findings = [f for f in rules.check(pod) if f.rule not in self.disabled]
+                reasons = _suppressions(data[ref.document], ref.pointer)
             except podspec.ManifestError as exc:
-                raise podspec.ManifestError(f"{shown}: {ref.label}: {exc}") from exc
+                raise podspec.ManifestError(f"{ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
             pointers = {c.name: c.pointer for c in pod.containers}
             lines = tuple(
@@ -67,19 +137,27 @@ class CheckReport:
             )
             line = podspec.line_of(node, ref.pointer + "/spec")
             gpu = tuple(c.name for c in pod.gpu_containers)
-            self.pods.append(PodResult(path, ref, line, gpu, tuple(findings), lines))
+            why = tuple(reasons.get(f.rule) for f in findings)
+            out.append(PodResult(path, ref, line, gpu, tuple(findings), lines, why))
+        return out
 
     @property
     def findings(self) -> list[tuple[PodResult, rules.Finding]]:
-        return [(p, f) for p in self.pods for f in p.findings]
+        """The findings that count: neither disabled nor suppressed."""
+        return [(p, f) for p in self.pods for f, _, why in p.results() if why is None]
+
+    @property
+    def suppressed(self) -> list[tuple[PodResult, rules.Finding, str]]:
+        return [(p, f, why) for p in self.pods for f, _, why in p.results() if why is not None]
 
     def counts(self) -> Counter[str]:
         return Counter(f.severity.value for _, f in self.findings)
 
     @property
     def failed(self) -> bool:
-        """Errors or warnings fail a check; notes are advice."""
-        return any(f.severity is not rules.Severity.NOTE for _, f in self.findings)
+        """A finding at ``fail_on`` or above fails a check (by default errors and warnings: notes are advice)."""
+        least = SEVERITY_RANK[self.fail_on]
+        return any(SEVERITY_RANK[f.severity] >= least for _, f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
         counts = self.counts()
@@ -87,12 +165,17 @@ class CheckReport:
         return {
             "schema": SCHEMA,
             "files": self.files,
+            "errors": [{"file": path, "message": message} for path, message in self.errors],
             "pods": [p.to_dict() for p in self.pods],
             "summary": {
                 "pods": len(self.pods),
                 "gpu_pods": sum(1 for p in self.pods if p.gpu_containers),
                 "findings": len(self.findings),
                 "by_severity": {s.value: counts.get(s.value, 0) for s in rules.Severity},
+                "suppressed": len(self.suppressed),
+                "disabled": sorted(self.disabled),
+                "fail_on": self.fail_on.value,
+                "unreadable": len(self.errors),
                 "failed": self.failed,
             },
             "rules": {r: _rule_dict(rules.RULES[r]) for r in used},
@@ -102,14 +185,33 @@ class CheckReport:
         ids = list(rules.RULES)
         results = []
         for pod in self.pods:
-            for finding, line in zip(pod.findings, pod.finding_lines):
-                results.append(_sarif_result(pod, finding, line or pod.line, ids.index(finding.rule)))
+            for finding, line, why in pod.results():
+                result = _sarif_result(pod, finding, line or pod.line, ids.index(finding.rule))
+                if why is not None:  # SARIF 2.1.0 §3.27.23, §3.35: shown as suppressed, with its reason
+                    result["suppressions"] = [{"kind": "inSource", "status": "accepted", "justification": why}]
+                results.append(result)
         driver = {
             "name": "gpuzombie check",
             "version": __version__,
             "rules": [_sarif_rule(rules.RULES[r]) for r in ids],
         }
-        return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [{"tool": {"driver": driver}, "results": results}]}
+        invocation: dict[str, Any] = {"executionSuccessful": not self.errors}
+        if self.disabled:  # §3.20.5: the rules --disable turned off
+            invocation["ruleConfigurationOverrides"] = [
+                {"descriptor": {"id": r, "index": ids.index(r)}, "configuration": {"enabled": False}}
+                for r in sorted(self.disabled)
+            ]
+        if self.errors:  # §3.20.21: the inputs not read, so a code-scanning UI shows the run incomplete
+            invocation["toolExecutionNotifications"] = [
+                {
+                    "level": "error",
+                    "message": {"text": message},
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(path)}}}],
+                }
+                for path, message in self.errors
+            ]
+        run = {"tool": {"driver": driver}, "invocations": [invocation], "results": results}
+        return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
 def _sarif_result(pod: PodResult, finding: rules.Finding, line: int | None, rule_index: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -27,38 +28,46 @@ def require_admission_extra(*modules: str) -> None:
             raise GpuzombieError(f"this needs {module}: pip install 'gpuzombie[admission]' ({exc})") from exc
 
 
-def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(path, text) of each input: a file, ``-`` (stdin), or a directory's YAML and JSON files.
-    Raises GpuzombieError (exit 2) with one line for what cannot be read."""
-    out: list[tuple[str, str]] = []
+def input_files(paths: tuple[str, ...]) -> list[str]:
+    """Each input: ``-`` (stdin), a file, or a directory's YAML and JSON files (sorted, recursively)."""
+    out: list[str] = []
     for path in paths or ("-",):
-        if path == "-":
-            out.append(("-", sys.stdin.read(MAX_INPUT_BYTES)))
-            continue
         p = pathlib.Path(path)
-        files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file()) if p.is_dir() else [p]
-        for f in files:
-            try:
-                if f.stat().st_size > MAX_INPUT_BYTES:
-                    raise GpuzombieError(f"{f}: over {MAX_INPUT_BYTES // 2**20} MiB, not a manifest")
-                out.append((str(f), f.read_text(encoding="utf-8")))
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise GpuzombieError(f"cannot read {f}: {reason}") from exc
+        if path != "-" and p.is_dir():
+            out += [str(f) for f in sorted(p.rglob("*")) if f.suffix in SUFFIXES and f.is_file()]
+        else:
+            out.append(path)
     return out
 
 
-def build_report(paths: tuple[str, ...]) -> Any:
+def read_input(path: str) -> str:
+    """The text of one input. Raises GpuzombieError (exit 2) with one line for what cannot be read."""
+    if path == "-":
+        return sys.stdin.read(MAX_INPUT_BYTES)
+    f = pathlib.Path(path)
+    try:
+        if f.stat().st_size > MAX_INPUT_BYTES:
+            raise GpuzombieError(f"{f}: over {MAX_INPUT_BYTES // 2**20} MiB, not a manifest")
+        return f.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise GpuzombieError(f"cannot read {f}: {reason}") from exc
+
+
+def build_report(paths: tuple[str, ...], disabled: frozenset[str] = frozenset(), fail_on: str = "warning") -> Any:
+    """Every input checked; one that cannot be read or understood is recorded, the others still are."""
     require_admission_extra("yaml")
     from gpuzombie.admission.report import CheckReport
-    from gpuzombie.k8s.podspec import ManifestError
+    from gpuzombie.admission.rules import Severity
 
-    report = CheckReport()
-    for path, text in read_inputs(paths):
+    report = CheckReport(disabled=disabled, fail_on=Severity(fail_on))
+    for path in input_files(paths):
         try:
-            report.add(path, text)
-        except ManifestError as exc:
-            raise GpuzombieError(str(exc)) from exc
+            text = read_input(path)
+        except GpuzombieError as exc:
+            report.add_error(path, str(exc))
+            continue
+        report.add(path, text)
     return report
 
 
@@ -78,7 +87,9 @@ def render_table(report: Any) -> None:
         table.add_column("finding", overflow="fold", ratio=1)
         style = {"error": "bold red", "warning": "yellow", "note": "cyan"}
         for pod in report.pods:
-            for finding, line in zip(pod.findings, pod.finding_lines):
+            for finding, line, why in pod.results():
+                if why is not None:
+                    continue
                 where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
                 table.add_row(
                     Text.assemble(pod.ref.label, "\n", (where, "dim")),
@@ -93,19 +104,47 @@ def render_table(report: Any) -> None:
             console.print(Text(f"  measured: {rule.evidence}\n  fix: {rule.fix}"))
     counts = report.counts()
     gpu_pods = sum(1 for p in report.pods if p.gpu_containers)
+    suppressed = f", {len(report.suppressed)} suppressed by annotation" if report.suppressed else ""
+    disabled = f", disabled: {', '.join(sorted(report.disabled))}" if report.disabled else ""
+    unread = f"; {len(report.errors)} input(s) not read (exit 2)" if report.errors else ""
     console.print(
         f"{len(report.findings)} finding(s): {counts.get('error', 0)} error(s), {counts.get('warning', 0)} "
-        f"warning(s), {counts.get('note', 0)} note(s) in {len(report.pods)} pod spec(s) "
-        f"({gpu_pods} with GPUs) of {len(report.files)} input(s)",
+        f"warning(s), {counts.get('note', 0)} note(s){suppressed}{disabled} in {len(report.pods)} pod spec(s) "
+        f"({gpu_pods} with GPUs) of {len(report.files)} input(s){unread}",
         highlight=False,
     )
+
+
+def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> frozenset[str]:
+    from gpuzombie.admission.rules import RULES
+
+    named = {v.strip().upper() for value in values for v in value.split(",") if v.strip()}
+    unknown = sorted(named - set(RULES))
+    if unknown:
+        raise click.BadParameter(f"unknown rule {unknown[0]} (the rules: {', '.join(RULES)})")
+    return frozenset(named)
 
 
 @click.command()
 @click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/v1).")
 @click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
-def command(paths: tuple[str, ...], as_json: bool, sarif: bool) -> int:
+@click.option(
+    "--disable",
+    multiple=True,
+    callback=_rule_ids,
+    metavar="GZ00x",
+    help="Do not run this rule (repeatable, or comma-separated). Per object: the annotation "
+    "gpuzombie.dev/suppress: 'GZ00x: reason'.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "note"]),
+    default="warning",
+    show_default=True,
+    help="The least severity that makes the check exit 1.",
+)
+def command(paths: tuple[str, ...], as_json: bool, sarif: bool, disable: frozenset[str], fail_on: str) -> int:
     """Check Kubernetes manifests for GPU pods that hold their memory after deletion: PID 1 a shell
     or sleep with background work, no init, a preStop that only waits, a grace the preStop does not
     fit in, torchrun's shutdown timeout past the grace. The same rules as `gpuzombie webhook`.
@@ -115,13 +154,22 @@ def command(paths: tuple[str, ...], as_json: bool, sarif: bool) -> int:
     *.yaml, *.yml and *.json files; stdin when no FILE or `-` is given. A container without
     `command` runs its image's ENTRYPOINT, which a manifest does not show: reported as cannot tell.
 
-    Exit 0 when clean (notes are advice), 1 with errors or warnings, 2 for input that cannot be read.
+    A finding is suppressed for one object (and kept, marked, in --json and --sarif) by the
+    annotation `gpuzombie.dev/suppress: "GZ002: why; GZ006: why"` on the object or its pod template.
+
+    Exit 0 when clean (by default notes are advice: --fail-on), 1 with findings at --fail-on or
+    above, 2 when an input cannot be read or understood (each named on stderr; every other input is
+    still checked and reported).
     """
     if as_json and sarif:
         raise click.UsageError("--json and --sarif are exclusive")
-    report = build_report(paths)
+    report = build_report(paths, disable, fail_on)
     if as_json or sarif:
         click.echo(json.dumps(report.to_sarif() if sarif else report.to_dict(), indent=2, ensure_ascii=False))
     else:
         render_table(report)
+    for _, message in report.errors:
+        click.echo(f"gpuzombie: error: {escape(message)}", err=True)
+    if report.errors:
+        return int(ExitStatus.ERROR)
     return int(ExitStatus.FINDINGS if report.failed else ExitStatus.OK)

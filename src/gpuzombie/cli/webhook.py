@@ -12,11 +12,13 @@ from typing import Any
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
-from gpuzombie.admission.mutate import DEFAULT_IMAGE
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
 DEFAULT_LISTEN = "127.0.0.1:8443"
+CONFIG_KEYS = frozenset({"image"})
+"""What --config FILE may set (a YAML map)."""
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> Any:
@@ -48,48 +50,91 @@ def _policy(mode: str, image: str, namespace: str | None, skip: tuple[str, ...],
     return Policy(image=image, mode=Mode(mode), skip_namespaces=frozenset(skipped), namespace_opt_ins=opt_ins)
 
 
-def patch_manifests(text: str, policy: Any) -> tuple[list[Any], list[str]]:
-    """The documents of ``text`` with every pod fixed in place, and the warnings (one line each)."""
-    import jsonpatch
+def _configured_image(image: str | None, config: str | None) -> str | None:
+    """--image (or its variable), else the configuration file's ``image:``; None when neither says."""
+    if image or not config:
+        return image
+    import json
 
-    from gpuzombie.admission.mutate import mutate
-    from gpuzombie.k8s import podspec
+    from gpuzombie.cli.check import read_input, require_admission_extra
 
-    documents = podspec.load_documents(text)
-    by_index = {d.index: d.data for d in documents}
-    warnings: list[str] = []
-    for ref in list(podspec.pod_templates(documents)):
+    text = read_input(config)
+    try:  # JSON needs no extra (the webhook's image has no PyYAML); YAML does
+        settings = json.loads(text)
+    except ValueError:
+        require_admission_extra("yaml")
+        import yaml
+
         try:
-            mutation = mutate(ref.pod, ref.namespace, policy)
-        except ValueError as exc:
-            warnings.append(f"{ref.label}: could not understand the pod ({exc}); left unchanged")
-            continue
-        warnings += [f"{ref.label}: {w}" for w in mutation.warnings]
-        if mutation.skipped and mutation.skipped != "no GPU container":
-            warnings.append(f"{ref.label}: left alone: {mutation.skipped}")
-        ops = [{**op, "path": ref.pointer + op["path"]} for op in mutation.ops]
-        if ops:
-            by_index[ref.document] = jsonpatch.apply_patch(by_index[ref.document], ops)
-    return [by_index[d.index] for d in documents], warnings
+            settings = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise GpuzombieError(f"{config}: not YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(settings, dict) or set(settings) - CONFIG_KEYS:
+        raise GpuzombieError(f"{config}: expected a map with the keys {', '.join(sorted(CONFIG_KEYS))}")
+    chosen = settings.get("image")
+    if chosen is not None and (not isinstance(chosen, str) or not chosen.strip()):
+        raise GpuzombieError(f"{config}: image: expected an image reference, got {chosen!r}")
+    return chosen
 
 
-def _patch(source: str, policy: Any) -> int:
-    from gpuzombie.cli.check import read_inputs, require_admission_extra
+def _patch(sources: tuple[str, ...], policy: Any, in_place: bool) -> int:
+    """Each input's fix: printed (one input), or written back to the files it changes (--in-place)."""
+    from gpuzombie.cli.check import input_files, read_input, require_admission_extra
 
-    require_admission_extra("yaml", "jsonpatch")
-    import yaml
-
+    require_admission_extra("yaml", "ruamel.yaml")
+    from gpuzombie.admission.gitops import PatchError, patch_text
     from gpuzombie.k8s.podspec import ManifestError
 
-    ((path, text),) = read_inputs((source,))
-    try:
-        documents, warnings = patch_manifests(text, policy)
-    except ManifestError as exc:
-        raise GpuzombieError(f"{'stdin' if path == '-' else path}: {exc}") from exc
-    for line in warnings:
-        click.echo(f"gpuzombie webhook: {line}", err=True)
-    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=len(documents) > 1, width=4096))
+    files = input_files(sources)
+    if not in_place and len(files) != 1:
+        raise click.UsageError(f"--patch prints one input ({len(files)} given): write them back with --in-place")
+    if in_place and "-" in files:
+        raise click.UsageError("--in-place writes files back: stdin (-) has nowhere to go")
+    results = []
+    for path in files:  # every input is read and fixed before any is written: all or nothing
+        shown = "stdin" if path == "-" else path
+        text = read_input(path)
+        try:
+            result = patch_text(text, policy)
+        except (ManifestError, PatchError) as exc:
+            raise GpuzombieError(f"{shown}: {exc}") from exc
+        if result.needs_image and not policy.image:
+            raise GpuzombieError(
+                f"{shown}: {result.needs_image[0]}: the fix adds the init container that copies tini: "
+                "give its image with --image, GPUZOMBIE_WEBHOOK_IMAGE or --config FILE (image: ...)"
+            )
+        results.append((path, text, result))
+    for _, _, result in results:
+        for line in result.warnings:
+            click.echo(f"gpuzombie webhook: {escape(line, 4096)}", err=True)
+    if not in_place:
+        sys.stdout.write(results[0][2].text)
+        return int(ExitStatus.OK)
+    for path, text, result in results:
+        if result.text != text:  # a file with nothing to fix is not written at all
+            _write_back(path, result.text)
+            click.echo(f"gpuzombie webhook: patched {escape(path)}", err=True)
     return int(ExitStatus.OK)
+
+
+def _write_back(path: str, text: str) -> None:
+    """Replace ``path`` atomically (a reader never sees half a file), keeping its mode."""
+    import tempfile
+
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+        fd, temporary = tempfile.mkstemp(prefix=".gpuzombie-", dir=os.path.dirname(target))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+                out.write(text)
+            os.chmod(temporary, mode)
+            os.replace(temporary, target)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise GpuzombieError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _stamp(*paths: str) -> tuple[float, ...]:
@@ -152,7 +197,26 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
 
 
 @click.command()
-@click.option("--patch", "patch_source", metavar="FILE|-", help="Print FILE's manifests mutated (YAML) and exit.")
+@click.option(
+    "--patch",
+    "patch_sources",
+    multiple=True,
+    metavar="FILE|DIR|-",
+    help="Print FILE's manifests with the fix (only the fixed lines change) and exit; repeatable with --in-place.",
+)
+@click.option(
+    "--in-place",
+    is_flag=True,
+    help="With --patch: write the fix back into each file (a directory's *.yaml, *.yml, *.json); "
+    "files with nothing to fix are not written.",
+)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    envvar="GPUZOMBIE_WEBHOOK_CONFIG",
+    metavar="FILE",
+    help="A YAML map of settings, today `image: IMAGE` (--image wins). Env: GPUZOMBIE_WEBHOOK_CONFIG.",
+)
 @click.option(
     "--listen",
     default=DEFAULT_LISTEN,
@@ -175,11 +239,10 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
 )
 @click.option(
     "--image",
-    default=DEFAULT_IMAGE,
-    show_default=True,
     envvar="GPUZOMBIE_WEBHOOK_IMAGE",
     metavar="IMAGE",
-    help="Image of the injected init container (ships /usr/bin/tini-static and /opt/gpuzombie/prestop.pyz).",
+    help="Image of the injected init container (ships /usr/bin/tini-static and /opt/gpuzombie/prestop.pyz): "
+    "required to serve, and for a --patch that adds it; no default. Env: GPUZOMBIE_WEBHOOK_IMAGE.",
 )
 @click.option(
     "--namespace",
@@ -238,9 +301,11 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     help="Reviews analysed at once; more wait for a slot within --review-seconds (429 past it).",
 )
 def command(
-    patch_source: str | None,
+    patch_sources: tuple[str, ...],
+    in_place: bool,
+    config: str | None,
     mode: str,
-    image: str,
+    image: str | None,
     namespace: str | None,
     skip_namespace: tuple[str, ...],
     opt_in: dict[str, dict[str, str]],
@@ -255,16 +320,22 @@ def command(
 
     Leaves alone non-GPU pods, containers that run an init, Windows and hostPID pods, kube-system
     and --namespace, pods annotated gpuzombie.dev/inject: "false" or already mutated. Never denies
-    a pod. With --patch FILE|- it prints the mutated manifests instead (GitOps).
+    a pod. With --patch FILE|- it prints the manifests with the fix instead (GitOps): comments, key
+    order, quoting, block scalars and anchors are kept, and only the fixed lines change.
 
-    Exit 0 when stopped by SIGTERM (or --patch printed), 2 on a bad flag, unreadable, encrypted or
-    expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
+    Exit 0 when stopped by SIGTERM (or --patch done), 2 on a bad flag, no image where one is needed,
+    unreadable, encrypted or expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
     """
-    policy = _policy(mode, image, namespace, skip_namespace, opt_in)
-    if patch_source is not None:
-        return _patch(patch_source, policy)
+    chosen = _configured_image(image, config)
+    policy = _policy(mode, chosen or "", namespace, skip_namespace, opt_in)
+    if in_place and not patch_sources:
+        raise click.UsageError("--in-place goes with --patch")
+    if patch_sources:
+        return _patch(patch_sources, policy, in_place)
     if not serving["tls_cert"] or not serving["tls_key"]:
         raise click.UsageError("serving needs --tls-cert and --tls-key (the API server calls webhooks over HTTPS)")
+    if not chosen:
+        raise click.UsageError("serving needs --image (or GPUZOMBIE_WEBHOOK_IMAGE, or image: in --config)")
     from gpuzombie.admission.app import make_app
 
     def log(line: str) -> None:
