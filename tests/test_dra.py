@@ -164,3 +164,11 @@ def test_a_dra_device_without_its_cdi_spec_is_not_judged(node, tmp_path, capsys)
     assert rows[200]["dirty"] is None and rows[300]["dirty"] is None and doc["checks"]["foreign"] is True
     (warning,) = [w for w in doc["warnings"] if w.startswith("DRA devices with no CDI spec")]
     assert "gpu-zombie-test/gpu-zombie-nofix gpu.nvidia.com/node-a/gpu-1" in warning
+
+
+def test_cdi_dirs_from_the_environment(node, monkeypatch, capsys):
+    """GPUZOMBIE_CDI_DIRS, colon-separated as click splits a path list: the DaemonSet's way."""
+    monkeypatch.setenv("GPUZOMBIE_CDI_DIRS", f"/nonexistent:{node['cdi']}")
+    assert main(["trace", "--json", *argv(node)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["dirty"] for r in doc["rows"] if r["nsmi"] and r["pid"] == 200] == [None]

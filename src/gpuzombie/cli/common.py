@@ -63,7 +63,7 @@ cdi_dir_option = click.option(
     type=click.Path(file_okay=False),
     help="CDI spec directory, repeatable (later ones win): where a DRA driver's specs name the GPU "
     "node of each DRA device PodResources reports (NVIDIA's: /var/run/cdi). "
-    "Env: GPUZOMBIE_CDI_DIRS, space-separated.",
+    "Env: GPUZOMBIE_CDI_DIRS, colon-separated.",
 )
 trust_runtime_option = click.option(
     "--trust-runtime-without-kubelet",
