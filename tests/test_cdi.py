@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,13 @@ def test_a_later_directory_replaces_a_device(tmp_path):
         spec = {"kind": "v.com/c", "devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"path": node}]}}]}
         (d / "v.json").write_text(json.dumps(spec))
     assert read_cdi_devices([str(first), str(second)]).gpu_minors == {"v.com/c=a": (1,)}
+
+
+def test_without_pyyaml_the_yaml_specs_are_one_warning(monkeypatch):
+    """The node extra has no PyYAML: the JSON specs are read, the YAML ones counted in one line."""
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
+    got = read_cdi_devices([str(FIXTURES)])
+    assert set(got.gpu_minors) == {
+        f"nvidia.com/gpu={n}" for n in ("0", "1", "all", "GPU-955ef018-3bd9-5f27-80b3-fa20ee8d19c5")
+    }
+    assert got.warnings == ("CDI specs: 2 YAML spec(s) not read: PyYAML is not installed",)

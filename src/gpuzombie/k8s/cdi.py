@@ -103,21 +103,31 @@ def _load(path: str) -> object:
         raise ValueError(f"larger than {MAX_SPEC_BYTES} bytes")
     if path.endswith(".json"):
         return json.loads(data)
-    try:
-        import yaml
-    except ImportError as exc:
-        raise ValueError("a YAML spec needs PyYAML") from exc
+    import yaml  # read_cdi_devices skips YAML specs without it
+
     try:
         return yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise ValueError(f"not YAML: {exc}") from exc
 
 
+def _have_yaml() -> bool:
+    try:
+        import yaml  # noqa: F401 -- only whether it is there
+    except ImportError:
+        return False
+    return True
+
+
 def read_cdi_devices(dirs: Iterable[str] = DEFAULT_CDI_DIRS) -> CdiDevices:
     """The devices of every ``.json``/``.yaml`` spec in ``dirs`` (a later directory's device
-    replaces an earlier one's, as in the CDI registry); each unreadable spec is one warning."""
+    replaces an earlier one's, as in the CDI registry); each unreadable spec is one warning, and
+    without PyYAML one warning says how many YAML specs were not read."""
     found: dict[str, tuple[int, ...]] = {}
     warnings: list[str] = []
+    have_yaml = _have_yaml()
+    suffixes = (".json", ".yaml") if have_yaml else (".json",)
+    skipped = 0
     for directory in dirs:
         try:
             names = sorted(os.listdir(directory))
@@ -126,14 +136,17 @@ def read_cdi_devices(dirs: Iterable[str] = DEFAULT_CDI_DIRS) -> CdiDevices:
         except OSError as exc:
             warnings.append(f"CDI specs: {directory}: {exc.strerror or exc}")
             continue
+        skipped += 0 if have_yaml else sum(n.endswith(".yaml") for n in names)
         for name in names:
-            if not name.endswith((".json", ".yaml")):
+            if not name.endswith(suffixes):
                 continue
             path = os.path.join(directory, name)
             try:
                 found.update(parse_spec(_load(path)))
             except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
                 warnings.append(f"CDI spec {path}: {_one_line(exc)}")
+    if skipped:
+        warnings.append(f"CDI specs: {skipped} YAML spec(s) not read: PyYAML is not installed")
     return CdiDevices(found, tuple(warnings))
 
 
