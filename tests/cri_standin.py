@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from cri_api.v1 import api_pb2 as pb
@@ -130,10 +131,16 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def standin_kubelet(socket_path: str, pods: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]]) -> Iterator[None]:
+def standin_kubelet(
+    socket_path: str,
+    pods: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]],
+    dynamic: Mapping[tuple[str, str], Mapping[str, Sequence[Any]]] | None = None,
+) -> Iterator[None]:
     """A stand-in kubelet PodResources server (real grpcio, the generated servicer): ``pods`` maps
     (namespace, pod) → container → its nvidia.com/gpu device ids, read at each ``List`` (a test
-    deletes a pod from the kubelet by deleting it from a dict it passed)."""
+    deletes a pod from the kubelet by deleting it from a dict it passed); ``dynamic`` gives a
+    pod's containers their DRA devices (``api_pb2.DynamicResource`` messages, as the kubelet's
+    DRA manager fills them)."""
     from gpuzombie.k8s.podresources_v1 import api_pb2 as pr
     from gpuzombie.k8s.podresources_v1.api_pb2_grpc import (
         PodResourcesListerServicer,
@@ -150,6 +157,7 @@ def standin_kubelet(socket_path: str, pods: Mapping[tuple[str, str], Mapping[str
                         pr.ContainerResources(
                             name=container,
                             devices=[pr.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=ids)],
+                            dynamic_resources=(dynamic or {}).get((namespace, name), {}).get(container, ()),
                         )
                         for container, ids in containers.items()
                     ],

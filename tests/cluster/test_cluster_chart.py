@@ -153,8 +153,9 @@ def test_agent_pod_is_least_privilege_and_reads_the_host_read_only(helm_binary):
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH", "SYS_PTRACE"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    for name in ("host-proc", "pod-resources", "cri-socket"):
+    for name in ("host-proc", "pod-resources", "cri-socket", "cdi"):
         assert mounts[name]["readOnly"] is True, name
+    assert volumes["cdi"]["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}  # DRA's CDI specs
     assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
     assert volumes["cri-socket"]["hostPath"] == {"path": "/run/containerd/containerd.sock", "type": "Socket"}
     args = c["args"]

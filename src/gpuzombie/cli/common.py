@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS
 from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
@@ -50,6 +51,19 @@ pod_resources_socket_option = click.option(
     envvar="GPUZOMBIE_POD_RESOURCES_SOCKET",
     help="kubelet PodResources socket: which pods the kubelet runs (no pod is called stale without "
     "it) and which GPU it gave each. Env: GPUZOMBIE_POD_RESOURCES_SOCKET.",
+)
+cdi_dir_option = click.option(
+    "--cdi-dir",
+    "cdi_dirs",
+    multiple=True,
+    default=DEFAULT_CDI_DIRS,
+    show_default=True,
+    metavar="DIR",
+    envvar="GPUZOMBIE_CDI_DIRS",
+    type=click.Path(file_okay=False),
+    help="CDI spec directory, repeatable (later ones win): where a DRA driver's specs name the GPU "
+    "node of each DRA device PodResources reports (NVIDIA's: /var/run/cdi). "
+    "Env: GPUZOMBIE_CDI_DIRS, colon-separated.",
 )
 trust_runtime_option = click.option(
     "--trust-runtime-without-kubelet",

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from gpuzombie.cli.common import (
+    cdi_dir_option,
     check_node_inputs,
     cri_socket_option,
     cri_timeout_option,
@@ -224,6 +225,7 @@ def serving_options(fn: Any) -> Any:
     help="The Hostname label of the GPU series (dcgm-exporter's label for the node). Env: NODE_NAME.",
 )
 @pod_resources_socket_option
+@cdi_dir_option
 @trust_runtime_option
 @ghost_options
 def command(
@@ -234,6 +236,7 @@ def command(
     cri_timeout: float,
     node_name: str,
     pod_resources_socket: str,
+    cdi_dirs: tuple[str, ...],
     trust_runtime: bool,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
@@ -269,7 +272,7 @@ def command(
             nvml=nvml,
             view=current_view(),
             names=names,
-            resources=lambda: list_pod_resources(pod_resources_socket),
+            resources=lambda: list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
             baseline=None if baseline_mib is None else baseline_mib * MIB,
             threshold=ghost_threshold_mib * MIB,
             node_name=node_name,

@@ -7,6 +7,7 @@ import time
 import click
 
 from gpuzombie.cli.common import (
+    cdi_dir_option,
     check_node_inputs,
     cri_socket_option,
     cri_timeout_option,
@@ -37,6 +38,7 @@ from gpuzombie.units import MIB
 @cri_socket_option
 @cri_timeout_option
 @pod_resources_socket_option
+@cdi_dir_option
 @trust_runtime_option
 @ghost_options
 def command(
@@ -45,6 +47,7 @@ def command(
     cri_socket: str | None,
     cri_timeout: float,
     pod_resources_socket: str,
+    cdi_dirs: tuple[str, ...],
     trust_runtime: bool,
     ghost_threshold_mib: int,
     baseline_mib: int | None,
@@ -70,7 +73,7 @@ def command(
                 nvml=nvml_backend(nvml_replay),
                 view=current_view(),
                 names=cri_names.RuntimeNames(cri_socket, timeout=cri_timeout),
-                resources=list_pod_resources(pod_resources_socket),
+                resources=list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
                 now=time.time(),
                 baseline=None if baseline_mib is None else baseline_mib * MIB,
                 threshold=ghost_threshold_mib * MIB,

@@ -21,6 +21,8 @@ GPU = ("gpu", "UUID", "Hostname")
 MIG = ("GPU_I_ID", "GPU_I_PROFILE")
 """dcgm-exporter's names of a MIG GPU instance (join ``on(UUID, GPU_I_ID)``); absent without MIG, as
 there: a sample whose MIG labels are empty leaves them out."""
+DRA = ("dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name")
+"""dcgm-exporter's names of a DRA-allocated GPU (``--kubernetes-enable-dra``; join ``on(UUID, dra_claim_name)``)."""
 VERDICTS = ("ok", "ghost", "cannot_tell")
 Values = dict[tuple[str, ...], float]
 
@@ -133,6 +135,12 @@ GAUGES = {
             ("kind",),
             "1 when the last scan could judge that kind: stale needs the runtime's pod list (read each scan), "
             "foreign the kubelet's PodResources; 0 when not (then none of that kind is reported).",
+        ),
+        Gauge(
+            "gpuzombie_dra_gpu_allocation",
+            ("namespace", "pod", "container", *GPU, *MIG, *DRA),
+            "1 for each GPU (or MIG instance) the kubelet gave a container through a DRA claim, with "
+            "dcgm-exporter's dra_* labels: joins the per-pod series to the claim (group_left).",
         ),
         Gauge(
             "gpuzombie_unreadable_processes",
@@ -271,7 +279,8 @@ def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
 
 
 def dirty_metrics(scan: NodeScan) -> dict[str, Values]:
-    """Stale and foreign GPU holders by pod and GPU, and which of the two checks the scan could make."""
+    """Stale and foreign GPU holders by pod and GPU, which of the two checks the scan could make, and
+    the DRA allocations the foreign check judged by."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     for row in scan.trace.rows:
         if row.dirty not in ("stale", "foreign"):
@@ -280,6 +289,13 @@ def dirty_metrics(scan: NodeScan) -> dict[str, Values]:
         key = (*_pod(PodLabels.of_row(row)), gpu, row.gpu_uuid or "", scan.node_name, row.dirty)
         out["gpuzombie_dirty_gpu_holders"][key] += 1
         out["gpuzombie_dirty_gpu_memory_bytes"][key] += row.gpu_memory or 0
+    for g in scan.trace.gpus:
+        for a in g.allocated_to:
+            if a.claim is not None:
+                c = a.claim
+                dra = (c.claim_name, c.claim_namespace, c.driver, c.pool, c.device)
+                where = (a.namespace, a.pod, a.container, str(g.index), g.uuid, scan.node_name, *_mig(g.mig))
+                out["gpuzombie_dra_gpu_allocation"][(*where, *dra)] = 1.0
     checks = scan.trace.checks
     out["gpuzombie_dirty_gpu_check"].update({("stale",): float(checks.stale), ("foreign",): float(checks.foreign)})
     return out

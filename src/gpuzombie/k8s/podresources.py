@@ -1,5 +1,11 @@
 """Which pods the kubelet runs, and which GPUs it gave to their containers: PodResources v1
-``List`` over its unix socket.
+``List`` over its unix socket, device plugins' devices and DRA's.
+
+A DRA device (``dynamic_resources``: claim, driver, pool, device) names no GPU NVML knows; its CDI
+devices do: the CDI spec the driver wrote names the device nodes (``k8s.cdi``), and a
+``/dev/nvidiaN`` is NVML's GPU of minor number N. Such a device becomes an assignment of id
+``/dev/nvidiaN`` (``gpu.deviceids``) carrying its claim. A DRA device whose CDI devices are in no
+spec leaves its pod unresolved (one warning): its holders are not judged foreign.
 
 gRPC through grpcio, on stubs generated from the kubelet's ``podresources/v1`` definition
 (``podresources_v1/``, ``make proto``). Anything unexpected (no socket, a refused call, a slow
@@ -11,22 +17,38 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
+from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS, CdiDevices, read_cdi_devices
 from gpuzombie.k8s.podspec import gpu_resource
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 @dataclass(frozen=True)
+class DraClaim:
+    """The DRA device behind an assignment, named as dcgm-exporter's ``dra_*`` labels name it."""
+
+    claim_name: str
+    claim_namespace: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
 class DeviceAssignment:
     """One device the kubelet allocated to one container: for NVIDIA resources, an id in one of the
-    device plugin's forms (``gpu.deviceids``)."""
+    device plugin's forms (``gpu.deviceids``); for a DRA device, its GPU node ``/dev/nvidiaN`` and
+    ``claim``."""
 
     namespace: str
     pod: str
     container: str
     resource: str
+    """The device plugin's resource name; a DRA device's driver name."""
     device_id: str
+    claim: DraClaim | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +60,10 @@ class PodResources:
     """(namespace, name) of every pod ``List`` named, with devices or without: the pods the kubelet
     runs (kubelets before 1.34, or with KubeletPodResourcesListUseActivePods off: also its
     terminated pods still in the API)."""
+    unresolved_dra: frozenset[tuple[str, str]] = frozenset()
+    """(namespace, name) of pods with a DRA device no CDI spec resolved: which GPU it is is unknown."""
+    dra_warnings: tuple[str, ...] = ()
+    """Unreadable CDI specs and unresolved DRA devices: the kubelet did answer (``read`` holds)."""
 
     @property
     def read(self) -> bool:
@@ -48,8 +74,9 @@ class PodResources:
     def gpu_assignments(self) -> tuple[DeviceAssignment, ...]:
         """The assignments of NVIDIA GPU resources (``nvidia.com/gpu``, ``nvidia.com/mig-…``,
         ``nvidia.com/gpu.shared``: ``podspec.gpu_resource``): only their ids name GPUs NVML reads
-        (another plugin's device ``0`` is no GPU index, an NVIDIA NIC's is a PCI address)."""
-        return tuple(a for a in self.assignments if _nvidia_gpu(a.resource))
+        (another plugin's device ``0`` is no GPU index, an NVIDIA NIC's is a PCI address), and the
+        DRA devices whose CDI spec names a GPU node."""
+        return tuple(a for a in self.assignments if a.claim is not None or _nvidia_gpu(a.resource))
 
 
 def _nvidia_gpu(resource: str) -> bool:
@@ -57,8 +84,11 @@ def _nvidia_gpu(resource: str) -> bool:
     return gpu is not None and gpu.vendor == "nvidia"
 
 
-def list_pod_resources(socket_path: str | None = DEFAULT_SOCKET, *, timeout: float = 2.0) -> PodResources:
-    """Device assignments from the kubelet, or none with a warning (none and no warning: no socket)."""
+def list_pod_resources(
+    socket_path: str | None = DEFAULT_SOCKET, *, timeout: float = 2.0, cdi_dirs: tuple[str, ...] = DEFAULT_CDI_DIRS
+) -> PodResources:
+    """Device assignments from the kubelet, or none with a warning (none and no warning: no socket).
+    DRA devices are resolved through the CDI specs in ``cdi_dirs``, read only when there is one."""
     if not socket_path or not os.path.exists(socket_path):
         return PodResources(source=None)
     try:
@@ -76,14 +106,53 @@ def list_pod_resources(socket_path: str | None = DEFAULT_SOCKET, *, timeout: flo
         except grpc.RpcError as exc:
             code, details = describe(exc)
             return PodResources(source=socket_path, warning=f"kubelet PodResources: {code}: {details}")
+    plugin = [
+        DeviceAssignment(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
+        for pod in response.pod_resources
+        for container in pod.containers
+        for devices in container.devices
+        for device_id in devices.device_ids
+    ]
+    has_dra = any(c.dynamic_resources for pod in response.pod_resources for c in pod.containers)
+    dra, unresolved, warnings = _dra_assignments(response, read_cdi_devices(cdi_dirs) if has_dra else CdiDevices())
     return PodResources(
         source=socket_path,
-        assignments=tuple(
-            DeviceAssignment(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
-            for pod in response.pod_resources
-            for container in pod.containers
-            for devices in container.devices
-            for device_id in devices.device_ids
-        ),
+        assignments=(*plugin, *dra),
         pods=frozenset((pod.namespace, pod.name) for pod in response.pod_resources),
+        unresolved_dra=unresolved,
+        dra_warnings=warnings,
     )
+
+
+def _dra_assignments(
+    response: Any, cdi: CdiDevices
+) -> tuple[list[DeviceAssignment], frozenset[tuple[str, str]], tuple[str, ...]]:
+    """Each DRA device of each container as one assignment per GPU node its CDI devices inject;
+    the pods with a device no spec defines; the warnings (the specs', then the unresolved devices)."""
+    found: list[DeviceAssignment] = []
+    unresolved: set[tuple[str, str]] = set()
+    missing: list[str] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for dr in container.dynamic_resources:
+                for res in dr.claim_resources:
+                    names = [d.name for d in res.cdi_devices]
+                    if not names or any(n not in cdi.gpu_minors for n in names):
+                        unresolved.add((pod.namespace, pod.name))
+                        missing.append(
+                            f"{pod.namespace}/{pod.name} {res.driver_name}/{res.pool_name}/{res.device_name}"
+                        )
+                        continue
+                    claim = DraClaim(dr.claim_name, dr.claim_namespace, res.driver_name, res.pool_name, res.device_name)
+                    minors = sorted({m for n in names for m in cdi.gpu_minors[n]})
+                    found.extend(
+                        DeviceAssignment(
+                            pod.namespace, pod.name, container.name, res.driver_name, f"/dev/nvidia{m}", claim
+                        )
+                        for m in minors
+                    )
+    warnings = list(cdi.warnings)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        warnings.append(f"DRA devices with no CDI spec (their pods' holders not judged foreign): {shown}")
+    return found, frozenset(unresolved), tuple(warnings)

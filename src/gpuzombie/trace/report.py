@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
-from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.k8s.podresources import DraClaim, PodResources
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.trace.stale import Dirty, DirtyChecks, Holder, judge
@@ -91,6 +91,8 @@ class Allocation:
     namespace: str
     pod: str
     container: str
+    claim: DraClaim | None = None
+    """The DRA claim and device it was given through; None for a device plugin's."""
 
 
 @dataclass(frozen=True)
@@ -313,15 +315,15 @@ def account_memory(
     causes = list(ghost.likely_causes)
     if ghost.unexplained > 0 and ghost.verdict != "ok":
         causes = _peer_evidence(device, rows) + causes
-    ids = kubelet_ids(device.uuid, device.index, device.mig)
+    ids = kubelet_ids(device.uuid, device.index, device.mig, device.minor_number)
     allocated = tuple(
         sorted(
             {
-                Allocation(a.namespace, a.pod, a.container)
+                Allocation(a.namespace, a.pod, a.container, a.claim)
                 for a in resources.gpu_assignments
                 if without_replica(a.device_id) in ids
             },
-            key=lambda a: (a.namespace, a.pod, a.container),
+            key=lambda a: (a.namespace, a.pod, a.container, a.claim.device if a.claim else ""),
         )
     )
     if allocated and ghost.verdict != "ok":
@@ -362,9 +364,15 @@ def baseline_note(gpus: GpuSnapshot) -> str:
 
 
 def mark_dirty(
-    rows: list[TraceRow], table: ProcessTable, pods: RuntimePods | None, resources: PodResources
+    rows: list[TraceRow],
+    table: ProcessTable,
+    pods: RuntimePods | None,
+    resources: PodResources,
+    minors: Mapping[str, int] | None = None,
 ) -> tuple[list[TraceRow], DirtyChecks]:
-    """Stale and foreign GPU holders among ``rows`` (``trace.stale``); ``pods`` read after ``table``."""
+    """Stale and foreign GPU holders among ``rows`` (``trace.stale``); ``pods`` read after ``table``;
+    ``minors``: each GPU's minor number by UUID (names the GPU a DRA device is)."""
+    minors = minors or {}
 
     def holder(row: TraceRow) -> Holder:
         proc = table.get(row.pid) if row.pid is not None else None
@@ -377,7 +385,7 @@ def mark_dirty(
             runtime=row.runtime,
             gpu_uuid=row.gpu_uuid,
             gpu_instance=row.mig.gpu_instance_id if row.mig else None,
-            device_ids=kubelet_ids(row.gpu_uuid, row.gpu_index, row.mig)
+            device_ids=kubelet_ids(row.gpu_uuid, row.gpu_index, row.mig, minors.get(row.gpu_uuid))
             if row.gpu_uuid is not None and row.gpu_index is not None
             else frozenset(),
             live=row.nsmi and row.verdict == Verdict.LIVE.value,
@@ -429,11 +437,13 @@ def build_trace(
     containers = {pid: parse_cgroup_lines(table.processes[pid].cgroup) for pid in shown_pids}
     cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
     rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
-    rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources)
+    minors = {d.uuid: d.minor_number for d in gpus.devices if d.minor_number is not None}
+    rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources, minors)
     memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
     warnings = list(cri.warnings)
     if resources.warning:
         warnings.append(resources.warning)
+    warnings.extend(resources.dra_warnings)
     if not gpus.available:
         warnings.append(f"GPU: {gpus.reason}; showing /dev/nvidia* holders and zombies only")
     unreadable = describe_unreadable(table, shown_pids)

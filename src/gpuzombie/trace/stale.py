@@ -10,7 +10,9 @@
 * **foreign**: a process NVML lists on a GPU holds memory in a pod other than the one(s) the
   kubelet's PodResources assigned that GPU (or MIG instance) to, in any of the device plugin's id
   forms (``gpu.deviceids``: UUID, index, MIG UUID, with a replica's suffix or not): a pod that went
-  around the device plugin, e.g. ``NVIDIA_VISIBLE_DEVICES=all``. Only NVML's entries count: a bare
+  around the device plugin, e.g. ``NVIDIA_VISIBLE_DEVICES=all``. A DRA claim's device counts as
+  the kubelet's assignment of the GPU node its CDI spec injects (``k8s.podresources``); a pod with a
+  DRA device no CDI spec resolved is not judged. Only NVML's entries count: a bare
   ``/dev/nvidia*`` fd is what every monitoring agent (dcgm-exporter, the device plugin) holds on
   every GPU.
 
@@ -90,6 +92,8 @@ def _stale(holder: Holder, pods: RuntimePods, still_there: Callable[[int, int], 
 def _foreign(holder: Holder, resources: PodResources) -> tuple[Dirty, str] | None:
     if not holder.live or holder.gpu_uuid is None or holder.pod_uid is None or not holder.pod:
         return None
+    if (holder.namespace, holder.pod) in resources.unresolved_dra:
+        return None  # its DRA GPU is unknown: k8s.podresources warned
     owners = sorted(
         {(a.namespace, a.pod) for a in resources.gpu_assignments if without_replica(a.device_id) in holder.device_ids}
     )
