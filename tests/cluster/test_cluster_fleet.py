@@ -28,11 +28,15 @@ SERIES_PER_CLEAN_NODE = 100
 SERIES_PER_FINDINGS_NODE = SERIES_PER_CLEAN_NODE + 10
 """The findings node adds a series for each thing found (measured: 88)."""
 RULE_GROUP_SECONDS = 0.5
-"""On the median of each group's evaluations. Measured at 50 nodes on this 2-core VM at load average ~13: every group's p50 under 0.01 s, worst
-0.03 s (26af6ff's main group: 0.03 s p50 / 0.13 s, rising linearly with nodes); 0.5 s leaves the
-margin for `stress-ng --cpu 2` and still fails where a rule aggregates every pod of the fleet again."""
+"""On the median of each group's evaluations. Measured at 50 nodes (benchmarks/bench_fleet.py,
+results/benchmarks/bench-fleet.log, this 2-core VM at load 3-13): the slowest group's p50 0.017 s,
+its worst 0.059 s (26af6ff: 0.077 s, rising linearly with nodes); 0.5 s leaves the margin for
+`stress-ng --cpu 2` beside it. A guard against a rule gone pathological (a cross product, a
+subquery over every series), not the speed goal: the series bounds above catch per-pod series
+coming back, the benchmark the speed."""
 QUERY_SECONDS = 10.0
-"""Measured: the slowest dashboard query over 1 h at 50 nodes 0.05 s; a bound only against a hang."""
+"""Measured: the slowest dashboard query over 1 h at 50 nodes 0.01 s (26af6ff: 0.19 s); a bound only
+against a hang or a query that grows with the fleet's pods."""
 
 
 def free_port() -> int:
@@ -77,7 +81,7 @@ def test_fifty_nodes_rules_and_dashboard(texts, tmp_path):
                 for group, seconds in prom.rule_durations().items():
                     samples.setdefault(group, []).append(seconds)
                 iterations = prom.rule_groups("prometheus_rule_group_iterations_total")
-                if len(iterations) == 4 and min(iterations.values()) >= 6:
+                if len(iterations) == 6 and min(iterations.values()) >= 6:
                     break
             durations = {group: statistics.median(values) for group, values in samples.items()}
             series = prom.scalar('count({__name__=~"gpuzombie_.*"})')
@@ -89,7 +93,7 @@ def test_fifty_nodes_rules_and_dashboard(texts, tmp_path):
             }
         finally:
             prom.stop()
-    assert set(durations) >= {"gpuzombie", "gpuzombie-terminating", "gpuzombie-dirty-gpus", "gpuzombie-admission"}
+    assert len(durations) == 6, durations  # every group of both rule files evaluated
     slow = {g: d for g, d in durations.items() if d > RULE_GROUP_SECONDS}
     assert not slow, slow
     assert series / NODES <= SERIES_PER_FINDINGS_NODE, series / NODES
