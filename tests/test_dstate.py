@@ -104,8 +104,8 @@ def series(node_scan) -> dict[str, dict[tuple, float]]:
 
 
 def seconds(node_scan) -> dict[str, float]:
-    """pid -> seconds seen in D."""
-    return {dict(k)["pid"]: v for k, v in series(node_scan).get("gpuzombie_dstate_seconds", {}).items()}
+    """pod -> seconds its longest-stuck holder has been seen in D (one series a pod: no pid label)."""
+    return {dict(k)["pod"]: v for k, v in series(node_scan).get("gpuzombie_dstate_seconds", {}).items()}
 
 
 POD = {"namespace": "ml", "pod": "train-0", "pod_uid": UID, "container": "worker"}
@@ -115,34 +115,34 @@ def test_first_seen_is_kept_across_scans_and_named_by_pod(node):
     process(node, 500, state="D")
     exporter = Exporter(node)
     first = exporter.scan(0)
-    assert seconds(first) == {"500": 0.0}
+    assert seconds(first) == {"train-0": 0.0}
     later = series(exporter.scan(90))
-    assert later["gpuzombie_dstate_seconds"] == {tuple(sorted({**POD, "pid": "500", "comm": "python3"}.items())): 90.0}
+    assert later["gpuzombie_dstate_seconds"] == {tuple(sorted(POD.items())): 90.0}
     assert later["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 1.0}
-    assert seconds(exporter.scan(400)) == {"500": 400.0}
+    assert seconds(exporter.scan(400)) == {"train-0": 400.0}
 
 
 def test_leaving_d_starts_anew(node):
     process(node, 500, state="D")
     exporter = Exporter(node)
     exporter.scan(0)
-    assert seconds(exporter.scan(60)) == {"500": 60.0}
+    assert seconds(exporter.scan(60)) == {"train-0": 60.0}
     process(node, 500, state="S")
     gone = exporter.scan(120)
     assert seconds(gone) == {}
     assert series(gone) == {}  # no sample (the families keep HELP and TYPE)
     process(node, 500, state="D")
-    assert seconds(exporter.scan(180)) == {"500": 0.0}
-    assert seconds(exporter.scan(200)) == {"500": 20.0}
+    assert seconds(exporter.scan(180)) == {"train-0": 0.0}
+    assert seconds(exporter.scan(200)) == {"train-0": 20.0}
 
 
 def test_a_reused_pid_is_another_process(node):
     process(node, 500, state="D", starttime=5000)
     exporter = Exporter(node)
     exporter.scan(0)
-    assert seconds(exporter.scan(60)) == {"500": 60.0}
+    assert seconds(exporter.scan(60)) == {"train-0": 60.0}
     process(node, 500, state="D", starttime=9000)  # the same pid, a later process: also in D
-    assert seconds(exporter.scan(120)) == {"500": 0.0}
+    assert seconds(exporter.scan(120)) == {"train-0": 0.0}
 
 
 @pytest.mark.parametrize("step", [3600.0, -3600.0])
@@ -153,7 +153,7 @@ def test_a_wall_clock_step_does_not_change_the_time_in_d(node, step):
     process(node, 500, state="D")
     exporter = Exporter(node)
     exporter.scan(0, wall=T0)
-    assert seconds(exporter.scan(15, wall=T0 + 15 + step)) == {"500": 15.0}
+    assert seconds(exporter.scan(15, wall=T0 + 15 + step)) == {"train-0": 15.0}
 
 
 def test_only_gpu_holders_in_d_count(node):
@@ -167,7 +167,19 @@ def test_only_gpu_holders_in_d_count(node):
     host = {"namespace": "", "pod": "", "pod_uid": "", "container": ""}
     assert got["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 2.0, tuple(sorted(host.items())): 1.0}
     assert got["gpuzombie_dstate_gpu_memory_bytes"][tuple(sorted(POD.items()))] == 3000 * MIB
-    assert sorted(dict(k)["pid"] for k in got["gpuzombie_dstate_seconds"]) == ["500", "501", "504"]
+    assert sorted(dict(k)["pod"] for k in got["gpuzombie_dstate_seconds"]) == ["", "train-0"]
+
+
+def test_one_series_a_pod_the_longest_stuck(node):
+    """Issue 28: a series a stuck process (pid and comm labels) never ends, and a pod whose
+    processes keep entering D adds one each time. Now one series a pod: its longest-stuck holder."""
+    process(node, 500, state="D")
+    exporter = Exporter(node)
+    exporter.scan(0)
+    process(node, 501, state="D", fds=("/dev/nvidia0",))
+    later = series(exporter.scan(90))
+    assert later["gpuzombie_dstate_seconds"] == {tuple(sorted(POD.items())): 90.0}
+    assert later["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 2.0}
 
 
 def test_trace_and_observe_name_them(node):
@@ -226,5 +238,5 @@ def test_a_real_process_in_d_holding_a_stand_in_device(tmp_path):
         assert [h.pid for h in first.trace.d_state] == [stuck.pid]
         (held,) = first.trace.d_state
         assert held.devices == (str(device),) and held.gpu_memory == 0
-        assert seconds(live_scan(30)) == {str(stuck.pid): 30.0}
+        assert seconds(live_scan(30)) == {"": 30.0}  # no pod: the test's own process
     assert seconds(live_scan(60)) == {}

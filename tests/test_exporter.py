@@ -261,12 +261,14 @@ def test_fake_node_metrics_over_http(served):
     assert m["gpuzombie_zombies_by_parent"] == {pod(**nofix, parent="sleep", parent_is_pid1="true"): 1.0}
     shared = {"namespace": "training", "name": "shared-pidns", "uid": UID_D}  # the pod, no one container
     assert m["gpuzombie_orphans"] == {pod(**nofix, verdict="orphan"): 1.0, pod(**shared, verdict="orphan"): 1.0}
-    assert m["gpuzombie_pid1_info"] == {
-        pod(**shared, program="pause", kind="pause", reaping="true"): 1.0,
-        pod(**nofix, program="sleep", kind="non_forking", reaping="false"): 1.0,
-        pod(**tini, program="tini", kind="init", reaping="true"): 1.0,
-        pod(**fullfix, program="tini", kind="init", reaping="true"): 1.0,
+    # PID 1 named only where it does not reap and holds a GPU (or has a zombie or orphan); every kind counted.
+    assert m["gpuzombie_pid1_info"] == {pod(**nofix, program="sleep", kind="non_forking", reaping="false"): 1.0}
+    assert m["gpuzombie_pid1_kinds"] == {
+        labels(kind="pause", reaping="true"): 1.0,
+        labels(kind="non_forking", reaping="false"): 1.0,
+        labels(kind="init", reaping="true"): 2.0,
     }
+    assert m["gpuzombie_orphans_cannot_tell"] == {(): 0.0}
     assert m["gpuzombie_gpu_process_memory_bytes"] == {
         pod(**nofix, gpu="0", UUID="GPU-0000", Hostname="gpu-node-1", verdict="live"): 2658 * MIB,
         pod(**tini, gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", verdict="live"): 2000 * MIB,
@@ -284,7 +286,7 @@ def test_fake_node_metrics_over_http(served):
     gpu0 = {"gpu": "0", "UUID": "GPU-0000", "Hostname": "gpu-node-1"}  # dcgm-exporter's label names
     assert m["gpuzombie_gpu_unexplained_memory_bytes"][labels(**gpu0)] == 1000 * MIB
     assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ghost")] == 1
-    assert m["gpuzombie_gpu_memory_verdict"][labels(**gpu0, verdict="ok")] == 0
+    assert labels(**gpu0, verdict="ok") not in m["gpuzombie_gpu_memory_verdict"]  # one series a GPU
     assert m["gpuzombie_gpu_baseline_bytes"] == {
         labels(**gpu0, source="driver_reserved"): 615 * MIB,
         labels(gpu="1", UUID="GPU-1111", Hostname="gpu-node-1", source="driver_reserved"): 615 * MIB,

@@ -72,5 +72,5 @@ def test_a_forged_proc_inside_a_namespace_changes_nothing():
         families = {f.name: f for f in text_string_to_metric_families(run.stdout)}
         zombies_by_parent = sum(s.value for s in families["gpuzombie_zombies_by_parent"].samples)
         assert zombies_by_parent < 500
-        sleeping_pid1 = [s.value for s in families["gpuzombie_pid1_info"].samples if s.labels["program"] == "sleep"]
+        sleeping_pid1 = [s.value for s in families["gpuzombie_pid1_kinds"].samples if s.labels["kind"] == "non_forking"]
         assert sum(sleeping_pid1) >= 2  # the control and the forger, both as they really are

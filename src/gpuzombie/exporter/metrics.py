@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
 from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.trace.report import GpuMemory
 from gpuzombie.trace.scan import NodeScan, PodLabels
 
@@ -23,7 +24,6 @@ MIG = ("GPU_I_ID", "GPU_I_PROFILE")
 there: a sample whose MIG labels are empty leaves them out."""
 DRA = ("dra_claim_name", "dra_claim_namespace", "dra_driver_name", "dra_pool_name", "dra_device_name")
 """dcgm-exporter's names of a DRA-allocated GPU (``--kubernetes-enable-dra``; join ``on(UUID, dra_claim_name)``)."""
-VERDICTS = ("ok", "ghost", "cannot_tell")
 Values = dict[tuple[str, ...], float]
 
 
@@ -57,9 +57,15 @@ GAUGES = {
         Gauge(
             "gpuzombie_pid1_info",
             (*POD, "program", "kind", "reaping"),
-            "PID 1 of each PID namespace below "
-            "the node's: its program, kind (init, pause, shell, non_forking, program, ...) and whether it reaps "
-            "zombies; 1 a namespace (more where the labels coincide, as for namespaces outside Kubernetes).",
+            "PID 1 of each PID namespace below the node's that does not reap (reaping is always false) and "
+            "holds a GPU or has a zombie or an orphan: its program and kind (shell, non_forking, program, "
+            "...); 1 a namespace (more where the labels coincide, as for namespaces outside Kubernetes).",
+        ),
+        Gauge(
+            "gpuzombie_pid1_kinds",
+            ("kind", "reaping"),
+            "PID namespaces below the node's by the kind of their PID 1 (init, supervisor, pause, shell, "
+            "non_forking, program, unknown) and whether it reaps zombies.",
         ),
         Gauge(
             "gpuzombie_zombies_by_parent",
@@ -70,8 +76,13 @@ GAUGES = {
         Gauge(
             "gpuzombie_orphans",
             (*POD, "verdict"),
-            "Live children of a namespace's PID 1 that it did not "
-            "start (verdict orphan), or that no evidence decides (cannot_tell).",
+            "Live children of a namespace's PID 1 that it did not start, by pod (verdict is always orphan).",
+        ),
+        Gauge(
+            "gpuzombie_orphans_cannot_tell",
+            (),
+            "Live children of a namespace's PID 1 that no evidence decides for or against an orphan, summed "
+            "over the node: the ordinary workers of multi-process pods, a count rather than a series a pod.",
         ),
         Gauge(
             "gpuzombie_grace_risk_gpu_memory_bytes",
@@ -108,7 +119,8 @@ GAUGES = {
         Gauge(
             "gpuzombie_gpu_memory_verdict",
             (*GPU, *MIG, "verdict"),
-            "1 for the GPU's current verdict: ok, ghost (unexplained above the threshold) or cannot_tell.",
+            "1 on the GPU's current verdict: ok, ghost (unexplained above the threshold) or cannot_tell; the "
+            "other two are absent (one series a GPU, not three).",
         ),
         Gauge(
             "gpuzombie_scan_warnings",
@@ -162,9 +174,10 @@ GAUGES = {
         ),
         Gauge(
             "gpuzombie_dstate_seconds",
-            (*POD, "pid", "comm"),
-            "How long each D-state GPU holder has been seen in D across the exporter's scans (a process is its "
-            "pid and start time; 0 at the first scan that sees it, anew when it leaves D or its pid is reused).",
+            POD,
+            "How long the pod's longest-stuck D-state GPU holder has been seen in D across the exporter's scans "
+            "(a process is its pid and start time; 0 at the first scan that sees it, anew when it leaves D or its "
+            "pid is reused); `gpuzombie trace` on the node names the processes.",
         ),
     )
 }
@@ -209,21 +222,30 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
 
 
 def namespace_metrics(scan: NodeScan) -> dict[str, Values]:
-    """PID 1, zombies by parent, orphans and grace risk of each PID namespace below the node's."""
+    """Zombies by parent, orphans and grace risk of each PID namespace below the node's; PID 1 kinds
+    counted, and named (``gpuzombie_pid1_info``) only for a non-reaping PID 1 with a GPU or a finding."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     memory_by_ns: defaultdict[int, int] = defaultdict(int)
+    gpu_holding: set[int] = set()
     for row in scan.trace.rows:
         inode = scan.namespaces.pidns_of.get(row.pid) if row.pid is not None else None
-        if row.nsmi and inode is not None:
+        if inode is not None and (row.nsmi or row.verdict == "fd-only"):
+            gpu_holding.add(inode)
             memory_by_ns[inode] += row.gpu_memory or 0
+    out["gpuzombie_orphans_cannot_tell"][()] = 0.0
     for ns in scan.namespaces.namespaces:
         pod = _pod(scan.labels(ns))
-        pid1 = (ns.pid1.program or "", ns.pid1.kind.value, str(ns.pid1.is_reaping_init).lower())
-        out["gpuzombie_pid1_info"][(*pod, *pid1)] += 1
+        reaping = str(ns.pid1.is_reaping_init).lower()
+        out["gpuzombie_pid1_kinds"][(ns.pid1.kind.value, reaping)] += 1
         for z in ns.zombies:
             out["gpuzombie_zombies_by_parent"][(*pod, z.parent_comm or "", str(z.ppid == 1).lower())] += 1
-        for o in ns.orphans:
-            out["gpuzombie_orphans"][(*pod, o.verdict)] += 1
+        orphans = sum(o.verdict == ORPHAN for o in ns.orphans)
+        if orphans:
+            out["gpuzombie_orphans"][(*pod, ORPHAN)] += orphans
+        out["gpuzombie_orphans_cannot_tell"][()] += len(ns.orphans) - orphans
+        if not ns.pid1.is_reaping_init and (ns.inode in gpu_holding or ns.zombies or orphans):
+            # Only where it matters (the alerts' joins, the dashboard's table): a series a pod otherwise.
+            out["gpuzombie_pid1_info"][(*pod, ns.pid1.program or "", ns.pid1.kind.value, reaping)] += 1
         reason = ns.grace_risk
         if reason is not None and memory_by_ns[ns.inode]:
             out["gpuzombie_grace_risk_gpu_memory_bytes"][(*pod, reason)] += memory_by_ns[ns.inode]
@@ -247,8 +269,7 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
         out["gpuzombie_gpu_baseline_bytes"][(*key, _baseline_source(g))] = g.baseline
         out["gpuzombie_gpu_listed_process_memory_bytes"][key] = g.process_memory
         out["gpuzombie_gpu_unexplained_memory_bytes"][key] = g.unexplained
-        for v in VERDICTS:
-            out["gpuzombie_gpu_memory_verdict"][(*key, v)] = float(g.verdict == v)
+        out["gpuzombie_gpu_memory_verdict"][(*key, g.verdict)] = 1.0
     return out
 
 
@@ -265,16 +286,16 @@ def unreadable_metrics(scan: NodeScan) -> Values:
 
 
 def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
-    """The D-state GPU holders by pod, their memory, and how long each has been seen in D."""
+    """The D-state GPU holders by pod, their memory, and how long the longest-stuck has been seen in D
+    (no pid or comm label: a series per stuck process would never end)."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     rows = {row.pid: row for row in scan.trace.rows if row.pid is not None}
     for h in scan.trace.d_state:
         pod = _pod(PodLabels.of_row(rows[h.pid])) if h.pid in rows else ("", "", "", "")
         out["gpuzombie_dstate_gpu_holders"][pod] += 1
         out["gpuzombie_dstate_gpu_memory_bytes"][pod] += h.gpu_memory
-        out["gpuzombie_dstate_seconds"][(*pod, str(h.pid), h.comm)] = max(
-            0.0, scan.d_state_seconds.get(h.identity, 0.0)
-        )
+        seconds = max(0.0, scan.d_state_seconds.get(h.identity, 0.0))
+        out["gpuzombie_dstate_seconds"][pod] = max(out["gpuzombie_dstate_seconds"].get(pod, 0.0), seconds)
     return out
 
 
