@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch.distributed")
-
 from gpuzombie.lab.nccl.launch import free_port
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -30,6 +28,7 @@ with stop:
 
 
 def start_job(world: int) -> list[subprocess.Popen]:
+    pytest.importorskip("torch.distributed")  # here, not at collection: importing torch takes seconds
     port = free_port()
     procs = []
     for rank in range(world):
