@@ -7,6 +7,7 @@ import pytest
 
 from containerd_fixture import containerd, kube_pods  # noqa: F401  (a private containerd for any test)
 from markers import needs_root, needs_tini  # noqa: F401  (defined once; kept importable from here)
+from pki import make_pki
 
 
 @pytest.fixture(autouse=True)
@@ -21,3 +22,9 @@ def reap_children():
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(leftovers, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA with a server and a client certificate (tests/pki.py), made once per test module."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

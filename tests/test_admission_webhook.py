@@ -23,23 +23,18 @@ import tracemalloc
 import pytest
 
 from admission_requests import many_containers_review
-from admission_support import admission_review, api_server_pod, apply, container, make_pki, patch_of, validate_pod
+from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 from gpuzombie.admission.app import make_app
 from gpuzombie.admission.mutate import MAX_CONTAINERS, Policy
 from gpuzombie.admission.review import review
 from gpuzombie.serving import ListenAddress, Server, TlsFiles
-from pki import make_dated_certificate
+from pki import make_dated_certificate, make_pki
 
 S1 = ["sh", "-c", "python3 train.py & exec sleep infinity"]
 MAX_BODY = 256 * 1024
 # Measured on this 2-core machine (shared): a 500-container review (250 since the container bound) is answered in 70–160 ms (0.3 s
 # under tracemalloc), any hostile one here in < 0.1 s; the bound leaves 15x and more for a loaded one.
 ANSWER_BOUND_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
