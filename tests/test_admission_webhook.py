@@ -456,6 +456,7 @@ def test_the_largest_reviews_at_once_fit_the_charts_memory_limit(pki):
         assert f"cannot tell: {count} containers" in answer["response"]["warnings"][0]
 
 
+@pytest.mark.slow
 def test_a_certificate_reloaded_under_load_cuts_no_request(tmp_path):
     """241ae16 stopped the listener and started a new one per reload: 41 reloads, 4 clients, 109
     requests reset or truncated. Now each new connection is wrapped with the current context."""

@@ -13,6 +13,7 @@ import pytest
 
 from gpuzombie.lab.nccl.launch import free_port
 
+pytestmark = pytest.mark.slow  # torch ranks in fresh processes
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RANK = """
 import os, sys, time
