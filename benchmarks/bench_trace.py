@@ -43,14 +43,14 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.render import render_text
 from gpuzombie.trace.report import trace_node
-from gpuzombie.units import MIB
 
 SEED_SH = r"""
 P="$1"; CRICTL="$2"
@@ -117,7 +117,7 @@ def build(root: Path, processes: int, gpu_holders: int, containers: int) -> tupl
             f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
             f"cri-containerd-{container_id(c)}.scope\n"
         )
-        gpu_procs.append(GpuProcess(pid, 100 * MIB, "compute", "python3"))
+        gpu_procs.append(gpu_process(pid, mib=100))
     data = root / "crictl-data"
     (data / "inspect").mkdir(parents=True)
     items = []
@@ -148,13 +148,7 @@ def build(root: Path, processes: int, gpu_holders: int, containers: int) -> tupl
     crictl = root / "crictl"
     crictl.write_text(CRICTL_SH)
     crictl.chmod(0o755)
-    total = 140 * 1024 * MIB
-    used = 615 * MIB + gpu_holders * 100 * MIB
-    gpus = GpuSnapshot(
-        available=True,
-        driver_version="bench",
-        devices=(GpuDevice(0, "GPU-bench", "fake", total, used, total - used, 615 * MIB, tuple(gpu_procs)),),
-    )
+    gpus = gpu_snapshot(gpu_device(0, uuid="GPU-bench", name="fake", processes=gpu_procs), driver_version="bench")
     return proc, crictl, gpus
 
 

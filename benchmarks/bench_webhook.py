@@ -41,7 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
-from admission_requests import admission_review, api_server_pod, container, make_pki  # the API server's shape
+from admission_requests import admission_review, api_server_pod, container  # the API server's shape
+from pki import make_pki  # tests/pki.py: the CA and server certificate, made by openssl
 
 S1 = ["sh", "-c", "python3 train.py & exec sleep infinity"]
 WORKERS = 8

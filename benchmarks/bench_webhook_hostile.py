@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests")]
 
-from admission_requests import admission_review, api_server_pod, container, make_pki, many_containers_review
+from admission_requests import admission_review, api_server_pod, container, many_containers_review
+from pki import make_pki
 
 MAX_BODY = 4 * 1024 * 1024
 

@@ -34,11 +34,12 @@ if [ "$base" = "$LOCAL_BASE" ] && ! "${PODMAN[@]}" image exists "$LOCAL_BASE"; t
   cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
   tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$LOCAL_BASE" >/dev/null
 fi
-"${PODMAN[@]}" build --network host --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+LIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)  # what this sandbox lets a container keep
+"${PODMAN[@]}" build --network host "${LIMITS[@]}" \
   -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
   --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
   -t "$IMAGE" .
 # The two files the webhook's init container copies (ADMISSION-CONTRACT.md) must be in the image.
-"${PODMAN[@]}" run --rm --entrypoint /bin/sh "$IMAGE" -c 'test -x /usr/bin/tini-static && python3 -S -I /opt/gpuzombie/prestop.pyz --help >/dev/null' \
+"${PODMAN[@]}" run --rm "${LIMITS[@]}" --entrypoint /bin/sh "$IMAGE" -c 'test -x /usr/bin/tini-static && python3 -S -I /opt/gpuzombie/prestop.pyz --help >/dev/null' \
   || { echo "build-image: $IMAGE lacks /usr/bin/tini-static or a working /opt/gpuzombie/prestop.pyz" >&2; exit 1; }
 echo "built $IMAGE (base $base); push: podman tag $IMAGE REGISTRY/gpu-zombie/gpuzombie-node:$version && podman push ..." >&2

@@ -162,22 +162,3 @@ def many_containers_review(target_bytes: int = int(3.94 * 1024 * 1024)) -> tuple
     count = (target_bytes - len(json.dumps(admission_review(pod), separators=(",", ":")))) // per
     pod["spec"]["containers"] = [{**one, "name": f"c{i}"} for i in range(count)]
     return json.dumps(admission_review(pod), separators=(",", ":")).encode(), count
-
-
-def make_pki(directory: Any, *, ecdsa: bool = False) -> Any:
-    """A CA and a server certificate for 127.0.0.1 signed by it, made by the real openssl; RSA 2048,
-    or ECDSA P-256 as the chart's cert-manager Certificate asks for."""
-    import subprocess
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
-
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if ecdsa else ["-newkey", "rsa:2048"]
-    run("req", "-x509", *key, "-nodes", "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")
-    run("req", *key, "-nodes", "-subj", "/CN=gpuzombie-webhook", "-keyout", "server.key", "-out", "server.csr")
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc\n")
-    run(
-        *["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"],
-        *["-days", "2", "-out", "server.pem", "-extfile", "server.ext"],
-    )
-    return directory

@@ -7,26 +7,17 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import shutil
 from typing import Any
 
 import pytest
 
 from admission_requests import admission_review, api_server_pod, container
-from admission_requests import make_pki as _make_pki
 
 jsonpatch = pytest.importorskip("jsonpatch", reason="jsonpatch is in the 'admission' extra")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the 'chart' extra")
 
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
-__all__ = ["admission_review", "api_server_pod", "apply", "container", "make_pki", "patch_of", "validate_pod"]
-
-
-def make_pki(directory: Any, *, ecdsa: bool = False) -> Any:
-    """admission_requests.make_pki, or a skip where openssl is not installed."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    return _make_pki(directory, ecdsa=ecdsa)
+__all__ = ["admission_review", "api_server_pod", "apply", "container", "patch_of", "validate_pod"]
 
 
 def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:

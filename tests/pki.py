@@ -8,10 +8,11 @@ import subprocess
 from pathlib import Path
 
 
-def make_pki(directory: Path) -> Path:
-    """ca.pem/ca.key, server.pem/server.key (SAN IP:127.0.0.1) and client.pem/client.key in
-    ``directory``; a skip where openssl is not installed (pytest is imported only then: the soak
-    benchmark uses this too)."""
+def make_pki(directory: Path, *, ecdsa: bool = False) -> Path:
+    """ca.pem/ca.key, server.pem/server.key (SAN IP:127.0.0.1 and the webhook's service name) and
+    client.pem/client.key in ``directory``: RSA 2048, or ECDSA P-256 as the chart's cert-manager
+    Certificate asks for. A skip where openssl is not installed (pytest is imported only then: the
+    benchmarks use this too)."""
     if shutil.which("openssl") is None:
         import pytest
 
@@ -20,29 +21,17 @@ def make_pki(directory: Path) -> Path:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
 
-    run(
-        *[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ]
-    )
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        run(*f"req -newkey rsa:2048 -nodes -subj /CN={name} -keyout {name}.key -out {name}.csr".split())
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"] if ecdsa else ["-newkey", "rsa:2048"]
+    run("req", "-x509", *key, "-nodes", "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    for name, subject, ext in (
+        ("server", "gpuzombie-webhook", "subjectAltName=IP:127.0.0.1,DNS:gpuzombie-webhook.gpuzombie.svc"),
+        ("client", "client", "extendedKeyUsage=clientAuth"),
+    ):
+        run("req", *key, "-nodes", "-subj", f"/CN={subject}", "-keyout", f"{name}.key", "-out", f"{name}.csr")
         (directory / f"{name}.ext").write_text(ext + "\n")
         run(
-            *f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out {name}.pem "
-            f"-extfile {name}.ext".split()
+            *["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"],
+            *["-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext"],
         )
     return directory
 

@@ -23,23 +23,18 @@ import tracemalloc
 import pytest
 
 from admission_requests import many_containers_review
-from admission_support import admission_review, api_server_pod, apply, container, make_pki, patch_of, validate_pod
+from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 from gpuzombie.admission.app import make_app
 from gpuzombie.admission.mutate import MAX_CONTAINERS, Policy
 from gpuzombie.admission.review import review
 from gpuzombie.serving import ListenAddress, Server, TlsFiles
-from pki import make_dated_certificate
+from pki import make_dated_certificate, make_pki
 
 S1 = ["sh", "-c", "python3 train.py & exec sleep infinity"]
 MAX_BODY = 256 * 1024
 # Measured on this 2-core machine (shared): a 500-container review (250 since the container bound) is answered in 70–160 ms (0.3 s
 # under tracemalloc), any hostile one here in < 0.1 s; the bound leaves 15x and more for a loaded one.
 ANSWER_BOUND_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
@@ -476,6 +471,7 @@ def test_the_largest_reviews_at_once_fit_the_charts_memory_limit(pki):
         assert f"cannot tell: {count} containers" in answer["response"]["warnings"][0]
 
 
+@pytest.mark.slow
 def test_a_certificate_reloaded_under_load_cuts_no_request(tmp_path):
     """241ae16 stopped the listener and started a new one per reload: 41 reloads, 4 clients, 109
     requests reset or truncated. Now each new connection is wrapped with the current context."""

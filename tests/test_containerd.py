@@ -186,6 +186,7 @@ def test_fails_with_a_running_pod(containerd, kube_pods):
 
 
 @needs_containerd
+@pytest.mark.slow
 def test_a_failing_test_leaves_nothing(tmp_path):
     """The fixtures as a test uses them: the test fails with a pod running; nothing is left after."""
     (tmp_path / "test_fails.py").write_text(FAILING_TEST)

@@ -26,10 +26,9 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 
 from cri_standin import Recorded, standin_runtime
 from fakeproc import make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_snapshot
 from gpuzombie.cli.main import main
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot
 from gpuzombie.k8s.names import DEFAULT_SOCKETS, RuntimeNames, find_socket
-from gpuzombie.units import MIB
 from markers import needs_root
 from pidns import wait_until
 
@@ -228,9 +227,7 @@ def node(tmp_path):
         d = make_fake_proc(root, pid, ppid=ppid, state=state, comm="sleep")
         (d / "cgroup").write_text(cgroup if pid > 1 else "0::/init.scope\n")
     replay = tmp_path / "nvml.json"
-    idle = GpuSnapshot(
-        available=True, devices=(GpuDevice(0, "GPU-0", "NVIDIA H200", 1 << 37, 615 * MIB, 0, 615 * MIB),)
-    )
+    idle = gpu_snapshot(gpu_device(0, total=1 << 37))
     replay.write_text(json.dumps(dataclasses.asdict(idle)))
     return root, replay
 

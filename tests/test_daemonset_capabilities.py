@@ -187,6 +187,7 @@ def _table(results: dict[tuple[str, ...] | None, Measurement]) -> str:
 
 
 @needs_containerd
+@pytest.mark.slow
 def test_the_chart_keeps_exactly_the_capabilities_the_agent_needs(containerd, tenants):
     socket = os.stat(containerd.socket)
     kept = chart_capabilities()

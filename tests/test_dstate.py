@@ -20,10 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dstate import d_state_process
 from fakeproc import make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.exporter import NodeCollector, scan_node
 from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.dstate import DStateTracker
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.render import render_text as render_observe
@@ -45,11 +46,7 @@ def names(ids) -> CriNames:
 
 
 def gpus(*processes: GpuProcess) -> GpuSnapshot:
-    used = 615 * MIB + sum(p.used_memory or 0 for p in processes)
-    return GpuSnapshot(
-        available=True,
-        devices=(GpuDevice(0, "GPU-0000", "NVIDIA H200", 140 * 1024 * MIB, used, 0, 615 * MIB, processes),),
-    )
+    return gpu_snapshot(gpu_device(0, uuid="GPU-0000", processes=processes))
 
 
 def process(root: Path, pid: int, *, state: str, starttime: int = 5000, fds=("/dev/nvidia0",), pod=True) -> None:
@@ -162,7 +159,7 @@ def test_only_gpu_holders_in_d_count(node):
     process(node, 502, state="D", fds=())  # in D, but no GPU: an NFS read, not ours
     process(node, 503, state="S")  # holds the GPU, not in D
     process(node, 504, state="D", fds=("/dev/nvidiactl",), pod=False)  # a host process
-    nvml = gpus(GpuProcess(501, 3000 * MIB, "compute", "python3"), GpuProcess(503, 1000 * MIB, "compute", "python3"))
+    nvml = gpus(gpu_process(501, mib=3000), gpu_process(503, mib=1000))
     got = series(Exporter(node).scan(0, nvml))
     host = {"namespace": "", "pod": "", "pod_uid": "", "container": ""}
     assert got["gpuzombie_dstate_gpu_holders"] == {tuple(sorted(POD.items())): 2.0, tuple(sorted(host.items())): 1.0}
@@ -185,7 +182,7 @@ def test_one_series_a_pod_the_longest_stuck(node):
 def test_trace_and_observe_name_them(node):
     process(node, 500, state="D")
     process(node, 501, state="S")
-    nvml = gpus(GpuProcess(500, 2658 * MIB, "compute", "python3"))
+    nvml = gpus(gpu_process(500))
     report = trace_node(
         procfs=Procfs(str(node)),
         nvml=FakeNvml(nvml),

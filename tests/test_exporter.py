@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from docs import doc
 from fakeproc import TREE_PIDNS, make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.cli.main import main
 from gpuzombie.exporter import (
     NodeCollector,
@@ -33,7 +34,7 @@ from gpuzombie.exporter import (
 )
 from gpuzombie.exporter.metrics import GAUGES
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import survey
@@ -43,7 +44,6 @@ from gpuzombie.units import MIB
 from markers import needs_root, needs_tini
 from pidns import PidNamespace, wait_until
 
-GIB = 1024 * MIB
 CID_A, CID_B, CID_C = "a" * 64, "b" * 64, "c" * 64
 UID_A, UID_B, UID_C = (
     "11111111-2222-3333-4444-555555555555",
@@ -162,31 +162,10 @@ def build_node(root: Path) -> None:
 
 def gpus() -> GpuSnapshot:
     # GPU0: the orphaned worker and 1000 MiB nobody accounts for (a ghost); GPU1: two workers.
-    return GpuSnapshot(
-        available=True,
+    return gpu_snapshot(
+        gpu_device(0, uuid="GPU-0000", used=(615 + 2658 + 1000) * MIB, processes=[gpu_process(201)]),
+        gpu_device(1, uuid="GPU-1111", processes=[gpu_process(301, mib=2000), gpu_process(401, mib=1000)]),
         driver_version="580.159.04",
-        devices=(
-            GpuDevice(
-                0,
-                "GPU-0000",
-                "NVIDIA H200",
-                140 * GIB,
-                (615 + 2658 + 1000) * MIB,
-                0,
-                615 * MIB,
-                (GpuProcess(201, 2658 * MIB, "compute", "python3"),),
-            ),
-            GpuDevice(
-                1,
-                "GPU-1111",
-                "NVIDIA H200",
-                140 * GIB,
-                (615 + 3000) * MIB,
-                0,
-                615 * MIB,
-                (GpuProcess(301, 2000 * MIB, "compute", "python3"), GpuProcess(401, 1000 * MIB, "compute", "python3")),
-            ),
-        ),
     )
 
 

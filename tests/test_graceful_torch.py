@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch.distributed")
-
 from gpuzombie.lab.nccl.launch import free_port
 
+pytestmark = pytest.mark.slow  # torch ranks in fresh processes
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RANK = """
 import os, sys, time
@@ -30,6 +29,7 @@ with stop:
 
 
 def start_job(world: int) -> list[subprocess.Popen]:
+    pytest.importorskip("torch.distributed")  # here, not at collection: importing torch takes seconds
     port = free_port()
     procs = []
     for rank in range(world):

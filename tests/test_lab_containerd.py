@@ -185,6 +185,7 @@ def _pod_cgroups(procs: list[tuple[int, str]]) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("step", ["starting the pod", "observe after-spawn", "deleting the pod"])
+@pytest.mark.slow
 def test_an_interrupted_run_leaves_nothing(tmp_path, sig, step):
     argv = [sys.executable, "-m", "gpuzombie", "lab", "run", "--runtime", "containerd", "--scenario", "s1-nofix"]
     argv += ["--grace", "3", "--size-mib", SIZE, "--device", "cpu", "--out", str(tmp_path)]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
 from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, SCENARIOS
@@ -17,6 +19,7 @@ from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 pytestmark = [needs_containerd]
 
 
+@pytest.mark.slow
 def test_both_hooks_in_one_run_on_both_runtimes(tmp_path):
     argv = ["lab", "run", "--scenario", "s4-fullfix", "--scenario", "s4-fullfix-fasthook", "--runtime", "both"]
     assert main([*argv, "--grace", "5", "--size-mib", "32", "--device", "cpu", "--out", str(tmp_path)]) == 0

@@ -80,6 +80,7 @@ def test_a_host_path_is_refused_unless_allowed(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("grant", "writes"), [("", False), (":rw", True)])
+@pytest.mark.slow
 def test_an_allowed_host_path_is_read_only_unless_rw(tmp_path, grant, writes):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -95,6 +96,7 @@ def test_an_allowed_host_path_is_read_only_unless_rw(tmp_path, grant, writes):
     assert ("WROTE" if writes else "REFUSED") in log, log
 
 
+@pytest.mark.slow
 def test_the_pod_has_its_own_network_lo_only_seccomp_and_no_net_raw(tmp_path):
     """241ae16: the host's network and UTS namespaces (every host interface, the host's name), no
     seccomp filter, NET_RAW in the effective set."""
@@ -194,6 +196,7 @@ def sigkilled_run(tmp_path: Path) -> Iterator[tuple[Path, list[str], dict[str, l
 NOTHING = {"processes": [], "mounts": [], "cgroups": [], "shim_sockets": [], "dirs": []}
 
 
+@pytest.mark.slow
 def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
     """241ae16: the SIGKILLed run's containerd, shim, pause and container, mounts, pod cgroup, shim
     socket and directories stay, and no command removes them. `gpuzombie lab clean` removes each."""
@@ -209,6 +212,7 @@ def test_a_sigkilled_lab_pod_leaves_nothing_after_lab_clean(tmp_path):
     assert after == NOTHING, after
 
 
+@pytest.mark.slow
 def test_the_next_lab_pod_removes_what_a_sigkilled_one_left(tmp_path):
     with sigkilled_run(tmp_path) as (run, pods, _before):
         (tmp_path / "next").mkdir()

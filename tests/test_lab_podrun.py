@@ -31,6 +31,7 @@ from webhook_output import ROOT, UNPATCHED, webhook_patch
 
 GRACE = 5
 pytestmark = [
+    pytest.mark.slow,
     needs_containerd,
     pytest.mark.skipif(not os.path.isfile("/usr/bin/tini-static"), reason="needs Debian's tini (tini-static)"),
 ]

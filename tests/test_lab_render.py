@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.lab.events import Event
 from gpuzombie.lab.sampler import NvmlProbe
 from gpuzombie.lab.smi import render_smi
@@ -17,18 +18,8 @@ from gpuzombie.units import MIB
 
 
 def snapshot(used_mib: int, pids: tuple[int, ...]) -> GpuSnapshot:
-    procs = tuple(GpuProcess(pid=p, used_memory=2658 * MIB, kind="compute", name="python3") for p in pids)
-    device = GpuDevice(
-        index=0,
-        uuid="GPU-0",
-        name="NVIDIA H200",
-        memory_total=143771 * MIB,
-        memory_used=used_mib * MIB,
-        memory_free=(143771 - used_mib) * MIB,
-        memory_reserved=615 * MIB,
-        processes=procs,
-    )
-    return GpuSnapshot(available=True, driver_version="580.159.04", cuda_driver_version=13000, devices=(device,))
+    device = gpu_device(0, total=143771 * MIB, used=used_mib * MIB, processes=[gpu_process(p) for p in pids])
+    return gpu_snapshot(device, driver_version="580.159.04", cuda_driver_version=13000)
 
 
 def test_render_like_nvidia_smi():

@@ -35,6 +35,7 @@ def _png_software(data: bytes) -> str | None:
 
 
 @pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: str(p.relative_to(RESULTS.parent)))
+@pytest.mark.slow
 def test_committed_results_are_what_lab_report_renders(folder, tmp_path):
     shutil.copy(folder / "results.json", tmp_path / "results.json")
     rendered = build(tmp_path)

@@ -49,6 +49,7 @@ def check_summary(summary: dict, tmp_path: Path, ranks: int, cases: tuple[str, .
     assert (out / "logs").is_dir()
 
 
+@pytest.mark.slow
 def test_two_ranks_all_cases(tmp_path):
     summary = run_standin(tmp_path, 2)
     check_summary(summary, tmp_path, 2, CASE_KEYS)
@@ -87,6 +88,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_lab_run_nccl_prints_the_table(tmp_path):
     """``python3 -m gpuzombie lab run --scenario nccl`` as docs/nccl.md and the device script run it
     (one case, the window the docs' --observe-seconds gives)."""
@@ -128,6 +130,7 @@ def test_lab_run_nccl_prints_the_table(tmp_path):
     assert (tmp_path / "nccl" / "comparison.md").exists()
 
 
+@pytest.mark.slow
 def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
     """The NCCL hang, on gloo: a rank that waits forever after its collective failed. The window
     ends, the row says "still running", and the orchestrator kills what is left."""
@@ -159,6 +162,7 @@ def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
     assert not psutil.pid_exists(survivor["pid"]) or psutil.Process(survivor["pid"]).status() == "zombie"
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_start_up_leaves_no_rank_and_no_temp_dir(tmp_path):
     """Ctrl-C before the sampler started used to fail in the cleanup itself (joining a thread
     never started), which left every rank running and the ready-file directory behind."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpuzombie.lab.nccl import CASE_KEYS
 from test_nccl import check_summary, run_standin
+
+pytestmark = pytest.mark.slow
 
 
 def test_three_ranks_all_cases(tmp_path):

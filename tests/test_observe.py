@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from fakeproc import make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_process
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.units import MIB
@@ -27,21 +28,17 @@ WORKER_FDS = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")
 
 def h200(index=0, *, used_mib=615, reserved_mib=615, processes=()):
     """An H200 as NVML reports it (driver 580.159): idle = 615 MiB used, all of it reserved."""
-    total = 143771 * MIB
-    return GpuDevice(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA H200",
-        memory_total=total,
-        memory_used=used_mib * MIB,
-        memory_free=total - used_mib * MIB,
-        memory_reserved=None if reserved_mib is None else reserved_mib * MIB,
-        processes=tuple(processes),
+    return gpu_device(
+        index,
+        total=143771 * MIB,
+        used=used_mib * MIB,
+        reserved=None if reserved_mib is None else reserved_mib * MIB,
+        processes=processes,
     )
 
 
 def worker(pid, mib=2658, name="python3"):
-    return GpuProcess(pid=pid, used_memory=mib * MIB, kind="compute", name=name)
+    return gpu_process(pid, mib=mib, name=name)
 
 
 def run(tmp_path, devices, view, **kwargs):

@@ -63,6 +63,7 @@ sys.meta_path[:] = [Without(finder) for finder in sys.meta_path]
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_collection_without_any_extra_skips_cleanly(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCKER.format(blocked=set(OPTIONAL)))
     path = os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")])

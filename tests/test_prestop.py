@@ -118,6 +118,7 @@ def test_children_orphaned_by_the_first_round_are_stopped_too(tmp_path):
 
 @needs_root
 @pytest.mark.parametrize("kind", ["holders", "orphans"])
+@pytest.mark.slow
 def test_a_target_that_forks_after_sigterm_leaves_nothing_alive_behind_an_ok(tmp_path, kind):
     """A target ignores SIGTERM and then forks a child every 20 ms (GPU holders, or plain children
     that become orphans when it dies). Before: exit 0 with 1-2 holders alive (7 of 11 runs) or ~95
@@ -289,6 +290,7 @@ def test_host_pid_namespace_real_cgroups(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_low_hard_open_files_limit_on_a_busy_node(tmp_path):
     """``ulimit -n 256`` (soft and hard, prlimit) with more processes on the node than that: prestop
     --cgroup pins only what is in scope. Before: a pidfd for every process of the node, then

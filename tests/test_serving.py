@@ -20,11 +20,6 @@ from pki import make_pki
 LOOPBACK = parse_listen("127.0.0.1:0")
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
 def echo(environ, start_response):
     """Answers with the request body it was given (what the webhook's /mutate reads)."""
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))

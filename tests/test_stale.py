@@ -28,8 +28,8 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 
 from containerd_fixture import needs_containerd
 from cri_standin import standin_kubelet
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.cli.main import main
-from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
@@ -214,11 +214,8 @@ def test_podresources_over_grpc_tells_a_foreign_holder(containerd, kube_pods, tm
         cid = pod.start(ContainerSpec(name="cuda", image=BUSYBOX_IMAGE, command=HOLDER, mounts=mount))
         pids[name] = containerd.client.container_pid(cid)
         wait_until(lambda pid=pids[name]: holds_nvidia0(pid))
-    processes = tuple(GpuProcess(pid, 1024 * MIB, "compute", "sleep") for pid in pids.values())
-    gpus = GpuSnapshot(
-        available=True,
-        devices=(GpuDevice(0, "GPU-0000", "NVIDIA H200", 140 << 30, (615 + 2048) * MIB, 0, 615 * MIB, processes),),
-    )
+    processes = [gpu_process(pid, mib=1024, name="sleep") for pid in pids.values()]
+    gpus = gpu_snapshot(gpu_device(0, uuid="GPU-0000", processes=processes))
     replay = tmp_path / "nvml.json"
     replay.write_text(json.dumps(dataclasses.asdict(gpus)))
     kubelet = tmp_path / "kubelet.sock"

@@ -20,9 +20,10 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 from cri_standin import Recorded, standin_kubelet, standin_runtime
 from docs import doc
 from fakeproc import make_fake_proc, make_fake_root
+from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuProcess, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
 from gpuzombie.proc.procfs import Procfs
@@ -37,7 +38,6 @@ SANDBOX_A = "5" * 64
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "66666666-7777-8888-9999-000000000000"
 UID_C = "12345678-1234-1234-1234-123456789abc"
-GIB = 1024 * MIB
 
 
 def cgroup_a(cid=CID_A):
@@ -93,31 +93,10 @@ def build_node(root: Path) -> None:
 def gpus() -> GpuSnapshot:
     # GPU0: the worker (2658 MiB) + 291 MiB left by the NCCL rank's peer context, over the 615 MiB
     # driver reservation. GPU1: the rank, and a pid that no longer exists.
-    return GpuSnapshot(
-        available=True,
+    return gpu_snapshot(
+        gpu_device(0, uuid="GPU-0000", used=(615 + 2658 + 291) * MIB, processes=[gpu_process(200)]),
+        gpu_device(1, uuid="GPU-1111", processes=[gpu_process(300, mib=3000), gpu_process(999, mib=500)]),
         driver_version="580.159.04",
-        devices=(
-            GpuDevice(
-                0,
-                "GPU-0000",
-                "NVIDIA H200",
-                140 * GIB,
-                (615 + 2658 + 291) * MIB,
-                0,
-                615 * MIB,
-                (GpuProcess(200, 2658 * MIB, "compute", "python3"),),
-            ),
-            GpuDevice(
-                1,
-                "GPU-1111",
-                "NVIDIA H200",
-                140 * GIB,
-                (615 + 3000 + 500) * MIB,
-                0,
-                615 * MIB,
-                (GpuProcess(300, 3000 * MIB, "compute", "python3"), GpuProcess(999, 500 * MIB, "compute", "python3")),
-            ),
-        ),
     )
 
 
@@ -343,9 +322,7 @@ def test_cli_healthy_node_exits_0(tmp_path, capsys):
     make_fake_root(root)
     make_fake_proc(root, 1, ppid=0, comm="systemd")
     replay = tmp_path / "nvml.json"
-    idle = GpuSnapshot(
-        available=True, devices=(GpuDevice(0, "GPU-0", "NVIDIA H200", 140 * GIB, 615 * MIB, 0, 615 * MIB),)
-    )
+    idle = gpu_snapshot(gpu_device(0))
     replay.write_text(json.dumps(dataclasses.asdict(idle)))
     assert main(["trace", "--procfs", str(root), "--nvml-replay", str(replay)]) == 0
     out = capsys.readouterr().out

@@ -19,6 +19,7 @@ from cluster_support import REPO
 from fakeproc import make_fake_proc, make_fake_root
 
 pytest.importorskip("build", reason="build is in the 'test' extra")
+pytestmark = pytest.mark.slow  # the sdist and wheel built, the wheel installed in a fresh venv
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
 

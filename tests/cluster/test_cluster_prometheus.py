@@ -33,6 +33,8 @@ from cluster_support import ALERTS, DASHBOARD
 
 from pidns import wait_until
 
+pytestmark = pytest.mark.slow  # a real Prometheus server scrapes the exporter
+
 NODE = "fake-gpu-node"
 # The dashboard's template variables, set to "All" as Grafana sends them (allValue .*).
 VARIABLES = {"$node": ".*", "$namespace": ".*"}

@@ -26,7 +26,6 @@ from gpuzombie.cli.main import main
 from gpuzombie.exporter import DEFAULT_LISTEN, NodeCollector, PrometheusExporter, TlsFiles, parse_listen
 from gpuzombie.exporter.scan import NodeScan
 from pidns import wait_until
-from pki import make_pki
 
 
 class Switch:
@@ -165,11 +164,6 @@ def test_slowloris_is_cut_at_the_read_deadline_whatever_its_pace(fake_node_scan)
     finally:
         slow.close()
         exporter.stop()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_tls_serves_https_and_a_stalled_handshake_blocks_no_one(fake_node_scan, pki):

@@ -222,3 +222,80 @@ def test_node_image_ships_what_the_webhooks_init_container_copies():
     hook = next(i for i, r in enumerate(runs) if "gpuzombie.prestop.zipapp /opt/gpuzombie/prestop.pyz" in r)
     assert install < hook and re.search(r"apt-get install .*\btini\b", runs[hook])
     assert importlib.util.find_spec("gpuzombie.prestop.zipapp") is not None
+
+
+NODE_EXCLUDES = REPO / "docker" / "node-excludes.txt"
+
+
+def node_excludes() -> list[str]:
+    """The paths under src/gpuzombie/ the node image leaves out, as the wheel stage reads them."""
+    lines = (re.sub(r"#.*", "", line).strip() for line in NODE_EXCLUDES.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def test_node_image_installs_the_wheel_without_the_lab():
+    """The wheel stage builds /node-wheels from the sources less docker/node-excludes.txt, and the
+    node stage installs that one; the workload images keep the whole wheel (they run the workloads)."""
+    wheel_runs = " ".join(value for name, value in STAGES["wheel"].instructions if name == "RUN")
+    assert "/tmp/node-excludes.txt" in wheel_runs and "xargs rm -r" in wheel_runs
+    assert "--wheel-dir /node-wheels /node-src" in wheel_runs
+    assert (("wheel", ["/node-wheels"])) in copies(STAGES["node"])
+    assert ("wheel", ["/wheels"]) not in copies(STAGES["node"])
+    assert ("wheel", ["/wheels"]) in copies(STAGES["workload"])
+    assert {"lab", "workloads", "cli/lab.py"} <= set(node_excludes())
+    for path in node_excludes():
+        assert (REPO / "src" / "gpuzombie" / path).exists(), f"docker/node-excludes.txt: no src/gpuzombie/{path}"
+
+
+@pytest.fixture(scope="module")
+def node_tree(tmp_path_factory) -> pathlib.Path:
+    """src/gpuzombie less docker/node-excludes.txt: what the node image's wheel holds."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("node-src")
+    package = root / "gpuzombie"
+    shutil.copytree(REPO / "src" / "gpuzombie", package, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in node_excludes():
+        (shutil.rmtree if (package / path).is_dir() else pathlib.Path.unlink)(package / path)
+    return root
+
+
+def run_in(tree: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``python argv`` with ``tree`` as the only gpuzombie on the path (this venv's dependencies)."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=tree)
+
+
+def test_every_module_the_node_image_ships_imports_without_the_lab(node_tree):
+    """Nothing the node agent or the webhook runs imports what the node image leaves out."""
+    script = (
+        "import importlib, json, pkgutil, gpuzombie\n"
+        "failed = {}\n"
+        "for m in pkgutil.walk_packages(gpuzombie.__path__, 'gpuzombie.'):\n"
+        "    if m.name.endswith('.__main__'):\n"  # it would run the command
+        "        continue\n"
+        "    try:\n"
+        "        importlib.import_module(m.name)\n"
+        "    except ImportError as e:\n"
+        "        failed[m.name] = str(e)\n"
+        "print(json.dumps([gpuzombie.__path__[0], failed]))\n"
+    )
+    found = run_in(node_tree, "-c", script)
+    assert found.returncode == 0, found.stderr
+    path, failed = json.loads(found.stdout)
+    assert path == str(node_tree / "gpuzombie")
+    assert failed == {}
+
+
+def test_the_node_images_commands_run_and_lab_is_no_command(node_tree):
+    help_text = run_in(node_tree, "-m", "gpuzombie", "--help")
+    assert help_text.returncode == 0, help_text.stderr
+    listed = re.findall(r"^  (\w+)", help_text.stdout.split("Commands:")[1], flags=re.M)
+    assert listed and "lab" not in listed and {"exporter", "trace", "reap", "prestop", "webhook"} <= set(listed)
+    for command in listed:
+        assert run_in(node_tree, "-m", "gpuzombie", command, "--help").returncode == 0, command
+    lab = run_in(node_tree, "-m", "gpuzombie", "lab", "run")
+    assert lab.returncode == 2 and lab.stderr.count("\n") == 1 and "No such command 'lab'" in lab.stderr, lab.stderr
+    hook = run_in(node_tree, "-m", "gpuzombie.prestop.zipapp", str(node_tree / "prestop.pyz"))
+    assert hook.returncode == 0, hook.stderr
+    assert run_in(node_tree, "-S", "-I", str(node_tree / "prestop.pyz"), "--help").returncode == 0

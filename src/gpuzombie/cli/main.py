@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import traceback
@@ -23,6 +24,12 @@ NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 COMMAND_MODULES = ("observe", "trace", "top", "lab", "prestop", "exporter", "reap", "check", "webhook")
 
 
+def _installed(name: str) -> bool:
+    """Whether ``gpuzombie.cli.<name>`` is in this installation: the node image leaves the lab out
+    (docker/node-excludes.txt), and there ``lab`` is no command rather than an import error."""
+    return importlib.util.find_spec(f"gpuzombie.cli.{name}") is not None
+
+
 class LazyCommands(click.Group):
     """Imports ``gpuzombie.cli.<name>`` only when that command runs (or help lists it).
 
@@ -31,10 +38,10 @@ class LazyCommands(click.Group):
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMAND_MODULES)
+        return [name for name in COMMAND_MODULES if _installed(name)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMAND_MODULES:
+        if cmd_name not in COMMAND_MODULES or not _installed(cmd_name):
             return None
         command: click.Command = importlib.import_module(f"gpuzombie.cli.{cmd_name}").command
         return command
