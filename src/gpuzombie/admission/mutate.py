@@ -293,14 +293,22 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
-    wrapped, hooked = {c.index for c in plan.wrap}, {c.index for c in plan.hooks}
-    for c in sorted({c.index: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: c.index):
-        path = c.pointer
+    inserted = bool(plan.wrap or plan.hooks)  # the install container went in at initContainers/0
+
+    def where(c: Container) -> str:
+        """The container's pointer once the install container is in (an init container's moves)."""
+        if inserted and c.kind.field == "initContainers":
+            return f"/spec/initContainers/{c.index + 1}"
+        return c.pointer
+
+    wrapped, hooked = {c.pointer for c in plan.wrap}, {c.pointer for c in plan.hooks}
+    for c in sorted({c.pointer: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: (c.kind.field, c.index)):
+        path = where(c)
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
-        if c.index in wrapped:
+        if c.pointer in wrapped:
             assert c.command is not None
             ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
-        if c.index in hooked:
+        if c.pointer in hooked:
             hook = {"exec": {"command": _hook_command(plan.grace)}}
             if isinstance(c.raw.get("lifecycle"), Mapping):
                 ops.append({"op": "add", "path": f"{path}/lifecycle/preStop", "value": hook})
@@ -308,7 +316,7 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
                 ops.append({"op": "add", "path": f"{path}/lifecycle", "value": {"preStop": hook}})
     for c, seconds in plan.torchrun:
         variable = {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)}
-        _append(ops, c.raw, c.pointer, "env", variable)
+        _append(ops, c.raw, where(c), "env", variable)
     if plan.set_grace:
         ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": plan.grace})
     return ops
@@ -327,7 +335,7 @@ def mutate(
     if count > MAX_CONTAINERS:
         why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
         return Mutation([], [], [why], why)
-    spec = rules.read(pod["spec"], budget)
+    spec = rules.read(pod["spec"], budget, annotations=_annotations(pod))
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
     plan = _plan(spec, _opt_ins(pod, namespace, policy), policy.mode, budget)

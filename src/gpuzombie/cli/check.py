@@ -77,7 +77,7 @@ def render_table(report: Any) -> None:
         table.add_column("rule", overflow="fold", max_width=18)
         table.add_column("finding", overflow="fold", ratio=1)
         style = {"error": "bold red", "warning": "yellow", "note": "cyan"}
-        for pod in report.pods:
+        for pod in report.pods + report.unread:
             for finding, line in zip(pod.findings, pod.finding_lines):
                 where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
                 table.add_row(
