@@ -69,7 +69,7 @@ class CheckReport:
                 raise podspec.ManifestError(f"{shown}: {ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
             pointers = {c.name: ref.locate(c.pointer) for c in pod.every_container}
-            lines = tuple(podspec.line_of(node, pointers.get(f.container) or ref.pointer) for f in findings)
+            lines = tuple(podspec.line_of(node, pointers.get(f.container or "") or ref.pointer) for f in findings)
             line = podspec.line_of(node, ref.locate("/spec") or ref.pointer)
             gpu = tuple(c.name for c in pod.gpu_containers)
             self.pods.append(PodResult(path, ref, line, gpu, tuple(findings), lines))
@@ -82,7 +82,7 @@ class CheckReport:
         holders = [o for o in podspec.objects([doc]) if pointer.startswith(o.pointer + "/")]
         obj = holders[-1] if holders else podspec.Object(document, "", doc.data, None)
         data = obj.data if isinstance(obj.data, dict) else {}
-        meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+        meta = podspec.mapping(data.get("metadata"), "metadata") if isinstance(data.get("metadata"), dict) else {}
         name, kind = str(meta.get("name", "(unnamed)")), str(data.get("kind", "(no kind)"))
         ref = podspec.PodTemplate(document, kind, name, obj.namespace, pointer, {}, True, obj.pointer)
         message = f"{what} at {ref.path}: no pod-template reader understood this place; its containers were not checked"

@@ -213,7 +213,7 @@ class Pid1:
     traps_term: bool = False
     """The shell traps SIGTERM with an action and ends in ``wait``: it exits on SIGTERM."""
     via: str | None = None
-    """How the shell became ``program``: ``exec``, or bash's exec of its single command."""
+    """How a shell became ``program``: ``exec``, or the shell (``bash``) that execs its last command."""
 
 
 def pid1(c: Container) -> Pid1:
@@ -278,7 +278,9 @@ class Script:
 
     commands: tuple[tuple[str, ...], ...]
     background: bool
-    single: bool
+    last_plain: bool
+    """The last command is a simple one with no redirection, not in a pipeline, not a job: what
+    bash (5.1 on; 5.2.15 and busybox 1.35 measured) execs in place of itself when no trap is set."""
 
 
 _BREAKS = " \t\n;&|()'\"\\`#<>"
@@ -294,7 +296,8 @@ def lex_script(script: str) -> Script:
     words: list[str] = []
     word: list[str] | None = None
     background = False
-    operators = 0
+    plains: list[bool] = []  # per command: no redirection, not in a pipeline, not in a subshell
+    plain = True  # the command being read
     i, n = 0, len(script)
 
     def end_word() -> None:
@@ -303,10 +306,13 @@ def lex_script(script: str) -> Script:
             words.append("".join(word))
         word = None
 
-    def end_command() -> None:
+    def end_command(next_plain: bool = True) -> None:
+        nonlocal plain
         end_word()
         if words:
             commands.append(tuple(words))
+            plains.append(plain and next_plain)  # a pipe's left side is in the pipeline too
+        plain = next_plain
         words.clear()
 
     def add(piece: str) -> None:
@@ -324,23 +330,22 @@ def lex_script(script: str) -> Script:
             i = n if newline < 0 else newline
             continue
         elif ch in "\n;()":
-            end_command()
-            operators += ch != "\n"
+            end_command(ch not in "()")
         elif ch == "&":
             if script.startswith("&&", i):
                 i += 1
             elif script.startswith("&>", i) or (i and script[i - 1] in "<>"):  # &> file, 2>&1
+                plain = False
                 add(ch)
                 i += 1
                 continue
             else:
                 background = True
             end_command()
-            operators += 1
         elif ch == "|":
-            i += script.startswith("||", i)
-            end_command()
-            operators += 1
+            pipe = not script.startswith("||", i)
+            i += not pipe
+            end_command(not pipe)
         elif ch == "'":
             close = script.find("'", i + 1)
             close = n if close < 0 else close
@@ -367,12 +372,14 @@ def lex_script(script: str) -> Script:
             while j < n and script[j] not in _BREAKS:
                 j += 1
             j = max(j, i + 1)
+            if ch in "<>":
+                plain = False
             add(script[i:j])
             i = j
             continue
         i += 1
     end_command()
-    return Script(tuple(commands), background, len(commands) == 1 and operators == 0)
+    return Script(tuple(commands), background, bool(plains) and plains[-1])
 
 
 def _command_words(command: Sequence[str]) -> list[str]:
@@ -477,8 +484,9 @@ def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
     last = list(read.commands[-1]) if read.commands else []
     target = _exec_target(last)
     via = "exec"
-    if target is None and read.single and base == "bash" and _command_words(last):
-        target, via = _command_words(last), "bash execs its single command"
+    traps = any(c[:1] == ("trap",) for c in read.commands)
+    if target is None and base == "bash" and read.last_plain and not read.background and not traps and last:
+        target, via = _command_words(last) or None, base
     if target is not None:  # the shell becomes the last program
         inner = analyse_argv(target, depth + 1)
         return Pid1(inner.kind, inner.program, read.background, script, inner.unread, inner.traps_term, via)
@@ -580,7 +588,7 @@ SIGTERM_IF_HANDLED = (
 def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
     """The finding for a container whose ``command`` shows PID 1 (None: an init)."""
     shown = _shown(pid1, c.words)
-    via = f" ({pid1.via})" if pid1.via else ""
+    via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command,"
     if pid1.kind is Pid1Kind.INIT:
         return None
     if pid1.traps_term:  # trap 'exit 0' TERM; ... & wait: exits on SIGTERM at once (measured 0.00 s)
@@ -607,12 +615,18 @@ def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
             "to stop, and work started in it (kubectl exec) is not reaped",
         )
     if pid1.kind is Pid1Kind.SHELL:
+        stays = (
+            "which stays PID 1 while its commands run"
+            if pid1.program == "bash" or pid1.script is None
+            else "which stays PID 1 if it is dash (Debian's and Ubuntu's sh; bash and busybox exec a last "
+            "plain command)"
+        )
         return Finding(
             "GZ002",
             Severity.WARNING,
             c.name,
-            f"PID 1 is {pid1.program} ({shown}), which stays PID 1 while its commands run: it passes no "
-            f"SIGTERM on (it has no handler; the kernel drops it) and {REAPING}",
+            f"PID 1 is {pid1.program} ({shown}), {stays}: a shell that stays passes no SIGTERM on (it has "
+            f"no handler; the kernel drops it), and {REAPING}",
         )
     return Finding(
         "GZ002",

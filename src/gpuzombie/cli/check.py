@@ -48,12 +48,12 @@ def read_inputs(paths: tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def build_report(paths: tuple[str, ...]) -> Any:
+def build_report(paths: tuple[str, ...], gpu_device_classes: tuple[str, ...] = ()) -> Any:
     require_admission_extra("yaml")
     from gpuzombie.admission.report import CheckReport
-    from gpuzombie.k8s.podspec import ManifestError
+    from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES, ManifestError
 
-    report = CheckReport()
+    report = CheckReport(gpu_device_classes=GPU_DEVICE_CLASSES | set(gpu_device_classes))
     for path, text in read_inputs(paths):
         try:
             report.add(path, text)
@@ -105,13 +105,24 @@ def render_table(report: Any) -> None:
 @click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/v1).")
 @click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
-def command(paths: tuple[str, ...], as_json: bool, sarif: bool) -> int:
+@click.option(
+    "--gpu-device-class",
+    "gpu_device_classes",
+    multiple=True,
+    metavar="CLASS",
+    help="A DRA device class that is a GPU, besides gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com "
+    "and gpu.amd.com (repeat for more).",
+)
+def command(paths: tuple[str, ...], as_json: bool, sarif: bool, gpu_device_classes: tuple[str, ...]) -> int:
     """Check Kubernetes manifests for GPU pods that hold their memory after deletion: PID 1 a shell
     or sleep with background work, no init, a preStop that only waits, a grace the preStop does not
     fit in, torchrun's shutdown timeout past the grace. The same rules as `gpuzombie webhook`.
 
-    Reads Pods and anything with a pod template (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
-    CronJob), `kind: List`, multi-document YAML or JSON and `helm template` output; a directory's
+    Reads Pods and pod templates wherever they live: the built-in workloads, custom resources (KubeRay,
+    Kubeflow, LeaderWorkerSet, JobSet, Volcano, KServe...; docs/admission.md lists them), `kind:
+    List`, multi-document YAML or JSON and `helm template` output; a GPU request no reader
+    understood is a finding (GZ007). GPUs: device-plugin resources, DRA claims of a GPU device
+    class, KAI's gpu-fraction annotation, in init and sidecar containers too. A directory's
     *.yaml, *.yml and *.json files; stdin when no FILE or `-` is given. A container without
     `command` runs its image's ENTRYPOINT, which a manifest does not show: reported as cannot tell.
 
@@ -119,7 +130,7 @@ def command(paths: tuple[str, ...], as_json: bool, sarif: bool) -> int:
     """
     if as_json and sarif:
         raise click.UsageError("--json and --sarif are exclusive")
-    report = build_report(paths)
+    report = build_report(paths, gpu_device_classes)
     if as_json or sarif:
         click.echo(json.dumps(report.to_sarif() if sarif else report.to_dict(), indent=2, ensure_ascii=False))
     else:

@@ -67,7 +67,8 @@ def patch_manifests(text: str, policy: Any) -> tuple[list[Any], list[str]]:
         warnings += [f"{ref.label}: {w}" for w in mutation.warnings]
         if mutation.skipped and mutation.skipped != "no GPU container":
             warnings.append(f"{ref.label}: left alone: {mutation.skipped}")
-        ops = [{**op, "path": ref.pointer + op["path"]} for op in mutation.ops]
+        located = [(op, ref.locate(op["path"])) for op in mutation.ops]  # a bare spec has no metadata
+        ops = [{**op, "path": path} for op, path in located if path is not None]
         if ops:
             by_index[ref.document] = jsonpatch.apply_patch(by_index[ref.document], ops)
     return [by_index[d.index] for d in documents], warnings

@@ -761,6 +761,12 @@ def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
             )
 
 
+_EMBEDDED_GPU = re.compile(
+    r"(?m)^[ \t]*[\"']?(nvidia\.com/gpu[\w.-]*|nvidia\.com/mig-[\w.-]+|amd\.com/gpu)[\"']?[ \t]*:[ \t]*[\"']?([1-9][0-9]*)"
+)
+"""A GPU resource with a quantity inside a string (Argo's ``resource.manifest``, a Helm value)."""
+
+
 def unread_gpu_requests(
     documents: Sequence[Document], templates: Sequence[PodTemplate]
 ) -> Iterator[tuple[int, str, str]]:
@@ -769,6 +775,7 @@ def unread_gpu_requests(
     a finding, never a silent pass."""
     for doc in documents:
         seen = {id(t.spec if t.bare else t.pod) for t in templates if t.document == doc.index}
+        reported: set[str] = set()
         stack: list[tuple[str, Any]] = [("", doc.data)]
         while stack and len(seen) < MAX_SEARCH_NODES:
             pointer, value = stack.pop()
@@ -783,17 +790,28 @@ def unread_gpu_requests(
                         and isinstance(item, (str, int, float))
                         and str(item).strip() not in ("0", "")
                     ):
-                        yield doc.index, f"{pointer}/{escape(key)}", f"{key}: {item}"
+                        holder = pointer.rsplit("/", 1)[0] if pointer.endswith(("/limits", "/requests")) else pointer
+                        if holder not in reported:  # a container's limits and requests: one finding
+                            reported.add(holder)
+                            yield doc.index, f"{pointer}/{escape(key)}", f"{key}: {item}"
                         break
                 stack += [
                     (f"{pointer}/{escape(str(k))}", v)
                     for k, v in reversed(list(value.items()))
                     if isinstance(v, (Mapping, list))
                 ]
+                strings = [(f"{pointer}/{escape(str(k))}", v) for k, v in value.items() if isinstance(v, str)]
             elif isinstance(value, list):
                 stack += [
                     (f"{pointer}/{i}", v) for i, v in reversed(list(enumerate(value))) if isinstance(v, (Mapping, list))
                 ]
+                strings = [(f"{pointer}/{i}", v) for i, v in enumerate(value) if isinstance(v, str)]
+            else:
+                strings = []
+            for where, text in strings:
+                embedded = _EMBEDDED_GPU.search(text)
+                if embedded:
+                    yield doc.index, where, f"{embedded[1]}: {embedded[2]} in an embedded manifest"
 
 
 def line_of(node: Any, pointer: str) -> int | None:
