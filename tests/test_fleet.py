@@ -322,7 +322,7 @@ def test_gz002_says_what_pid1_is_and_never_that_a_program_ignores_sigterm():
     program = rules.check_pod_spec(_spec("python3", "-m", "vllm.entrypoints.openai.api_server"))[0].message
     assert "never gets SIGTERM" not in program and "reaps no orphaned processes" in program
     execd = rules.check_pod_spec(_spec("bash", "-c", "cd /app && torchrun train.py"))[0].message
-    assert execd.startswith("PID 1 is torchrun, which bash execs as its last command")
+    assert execd.startswith("PID 1 is torchrun (bash -c 'cd /app && torchrun train.py'), which bash execs")
     stays = rules.check_pod_spec(_spec("sh", "-c", "./setup.sh; python3 serve.py"))[0].message
     assert "if it is dash" in stays
 
@@ -349,3 +349,75 @@ def test_patch_fixes_templates_inside_custom_resources_and_is_idempotent():
         assert report.pods and not any(f.severity is not rules.Severity.NOTE for _, f in report.findings), name
         assert patch_manifests(again, policy)[0] == patched, name  # idempotent
         assert len(pointers) <= len(report.pods)
+
+
+# -- the live webhook on pods as the operators generate them ----------------------------------------
+
+KUBERAY_HEAD_ARGS = (  # ray-operator/controllers/ray/common/pod.go: command utils.GetContainerCommand
+    "ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; ray start --head --block --dashboard-host=0.0.0.0 --num-gpus=1"
+)
+OPERATOR_PODS = [  # (container as the operator writes it, the container's command after the patch)
+    pytest.param(
+        {"command": ["/bin/bash", "-c", "--"], "args": [KUBERAY_HEAD_ARGS]},
+        ["/.gpuzombie/tini-static", "-s", "-g", "--", "/bin/bash", "-c", "--"],
+        id="KubeRay head: bash -c --",
+    ),
+    pytest.param(
+        {"command": ["/bin/bash", "-lc", "--"], "args": ["ulimit -n 65536; ray start --block --address=h:6379"]},
+        ["/.gpuzombie/tini-static", "-s", "-g", "--", "/bin/bash", "-lc", "--"],
+        id="KubeRay worker: bash -lc --",
+    ),
+    pytest.param({"args": ["--backend", "nccl"]}, None, id="training-operator: args only"),
+    pytest.param(
+        {"command": ["python3", "-m", "sglang.launch_server", "--model-path", "m"]},
+        ["/.gpuzombie/tini-static", "-s", "-g", "--", "python3", "-m", "sglang.launch_server", "--model-path", "m"],
+        id="LeaderWorkerSet leader",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "command"), OPERATOR_PODS)
+def test_the_webhook_patches_operator_pods_as_patch_does_their_templates(fields, command):
+    import json
+
+    import yaml
+
+    from admission_requests import admission_review, api_server_pod, container
+    from admission_support import apply, patch_of, validate_pod
+    from gpuzombie.admission.mutate import Policy
+    from gpuzombie.admission.review import review
+    from gpuzombie.cli.webhook import patch_manifests
+
+    policy = Policy(image="registry.example/gpuzombie:1")
+    pod = api_server_pod(container("ray-head", **fields))
+    answer = review(json.dumps(admission_review(pod)).encode(), policy)
+    patched = apply(pod, patch_of(answer.body))
+    validate_pod(patched)
+    live = patched["spec"]["containers"][0]
+    assert live.get("command") == (command or fields.get("command"))
+    assert patched["spec"].get("shareProcessNamespace", False) is (command is None)
+
+    template = {
+        "metadata": {},
+        "spec": {"containers": [{"name": "ray-head", "image": "i", **fields, "resources": GPU}]},
+    }
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "r"}}
+    cluster["spec"] = {"headGroupSpec": {"template": template}}
+    documents, _warnings = patch_manifests(yaml.safe_dump(cluster), policy)
+    fixed = documents[0]["spec"]["headGroupSpec"]["template"]["spec"]
+    assert fixed["containers"][0].get("command") == live.get("command")
+    assert fixed.get("shareProcessNamespace", False) is patched["spec"].get("shareProcessNamespace", False)
+
+
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+
+
+def test_kuberay_pods_say_what_pid1_is():
+    spec = {
+        "containers": [
+            {"name": "h", "command": ["/bin/bash", "-c", "--"], "args": [KUBERAY_HEAD_ARGS], "resources": GPU}
+        ]
+    }
+    (finding,) = rules.check_pod_spec(spec)
+    assert finding.rule == "GZ002" and finding.message.startswith("PID 1 is ray (bash -c 'ulimit")
+    assert "), which bash execs as its last command, not an init: it reaps no orphaned" in finding.message

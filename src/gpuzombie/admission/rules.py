@@ -588,7 +588,7 @@ SIGTERM_IF_HANDLED = (
 def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
     """The finding for a container whose ``command`` shows PID 1 (None: an init)."""
     shown = _shown(pid1, c.words)
-    via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command,"
+    via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command"
     if pid1.kind is Pid1Kind.INIT:
         return None
     if pid1.traps_term:  # trap 'exit 0' TERM; ... & wait: exits on SIGTERM at once (measured 0.00 s)
@@ -603,7 +603,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
             "GZ001",
             Severity.ERROR,
             c.name,
-            f"PID 1 is {pid1.program}{via} with work in the background: {shown}: it passes no SIGTERM "
+            f"PID 1 is {pid1.program} with work in the background: {shown}: it passes no SIGTERM "
             f"to that work and has no handler of its own, and {REAPING}",
         )
     if pid1.kind is Pid1Kind.SLEEP:
@@ -611,7 +611,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
             "GZ001",
             Severity.WARNING,
             c.name,
-            f"PID 1 is sleep{via} ({shown}): the kernel drops its SIGTERM, so the pod takes its whole grace "
+            f"PID 1 is sleep ({shown}){via}: the kernel drops its SIGTERM, so the pod takes its whole grace "
             "to stop, and work started in it (kubectl exec) is not reaped",
         )
     if pid1.kind is Pid1Kind.SHELL:
@@ -632,7 +632,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
         "GZ002",
         Severity.WARNING,
         c.name,
-        f"PID 1 is {pid1.program}{via} ({shown}), not an init: {REAPING}, and {SIGTERM_IF_HANDLED}",
+        f"PID 1 is {pid1.program} ({shown}){via}, not an init: {REAPING}, and {SIGTERM_IF_HANDLED}",
     )
 
 
