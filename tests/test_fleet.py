@@ -421,3 +421,13 @@ def test_kuberay_pods_say_what_pid1_is():
     (finding,) = rules.check_pod_spec(spec)
     assert finding.rule == "GZ002" and finding.message.startswith("PID 1 is ray (bash -c 'ulimit")
     assert "), which bash execs as its last command, not an init: it reaps no orphaned" in finding.message
+
+
+def test_patch_resolves_dra_claims_in_its_input():
+    """--patch sees the claim templates beside the pod: the IMEX-channel container is left alone."""
+    from gpuzombie.admission.mutate import Policy
+    from gpuzombie.cli.webhook import patch_manifests
+
+    documents, _warnings = patch_manifests(DRA_POD, Policy(image="registry.example/gpuzombie:1"))
+    commands = {c["name"]: c["command"][0] for c in documents[2]["spec"]["containers"]}
+    assert commands == {"train": "/.gpuzombie/tini-static", "imex": "python", "other": "/.gpuzombie/tini-static"}

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import rules
-from gpuzombie.k8s.podspec import Container, PodSpec, escape
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, escape
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -323,11 +323,17 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
 
 
 def mutate(
-    pod: Mapping[str, Any], namespace: str | None, policy: Policy, budget: rules.Budget = rules.UNBOUNDED
+    pod: Mapping[str, Any],
+    namespace: str | None,
+    policy: Policy,
+    budget: rules.Budget = rules.UNBOUNDED,
+    gpus: GpuContext | None = None,
 ) -> Mutation:
-    """The fix of ``pod`` as JSONPatch operations. Raises ManifestError or ValueError (a bad
-    opt-in value) for a pod it cannot understand, rules.OverBudget when ``budget`` runs out; the
-    caller then admits the pod unchanged."""
+    """The fix of ``pod`` as JSONPatch operations; ``gpus`` gives the DRA claims of the input
+    (``--patch``: a claim of an IMEX channel is no GPU; the webhook sees a pod alone, so a claim is
+    assumed a GPU there). Raises ManifestError or ValueError (a bad opt-in value) for a pod it
+    cannot understand, rules.OverBudget when ``budget`` runs out; the caller then admits the pod
+    unchanged."""
     reason = _skip_reason(pod, namespace, policy)
     if reason is not None:
         return Mutation([], [], [], reason)
@@ -335,7 +341,7 @@ def mutate(
     if count > MAX_CONTAINERS:
         why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
         return Mutation([], [], [why], why)
-    spec = rules.read(pod["spec"], budget, annotations=_annotations(pod))
+    spec = rules.read(pod["spec"], budget, annotations=_annotations(pod), context=gpus)
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
     plan = _plan(spec, _opt_ins(pod, namespace, policy), policy.mode, budget)

@@ -58,9 +58,10 @@ def patch_manifests(text: str, policy: Any) -> tuple[list[Any], list[str]]:
     documents = podspec.load_documents(text)
     by_index = {d.index: d.data for d in documents}
     warnings: list[str] = []
+    gpus = podspec.GpuContext(claim_classes=podspec.claim_classes(documents))
     for ref in list(podspec.pod_templates(documents)):
         try:
-            mutation = mutate(ref.pod, ref.namespace, policy)
+            mutation = mutate(ref.pod, ref.namespace, policy, gpus=gpus)
         except ValueError as exc:
             warnings.append(f"{ref.label}: could not understand the pod ({exc}); left unchanged")
             continue

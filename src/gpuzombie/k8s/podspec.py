@@ -142,9 +142,10 @@ def claim_classes(documents: Sequence[Document]) -> dict[str, tuple[str, ...]]:
         data = obj.data
         if not isinstance(data, Mapping) or data.get("kind") not in ("ResourceClaim", "ResourceClaimTemplate"):
             continue
-        name = mapping(data.get("metadata"), "metadata").get("name")
-        spec = mapping(data.get("spec"), "spec")
-        out[f"{data['kind']}/{name}"] = _device_classes(
+        meta, spec = data.get("metadata"), data.get("spec")
+        if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+            continue  # not a claim the API server takes: nothing to resolve against
+        out[f"{data['kind']}/{meta.get('name')}"] = _device_classes(
             spec.get("spec") if data["kind"] == "ResourceClaimTemplate" else spec
         )
     return out
