@@ -245,6 +245,9 @@ spec:
     assert report.pods == [] and [p.ref.path for p in report.unread] == ["spec.templates[0].resource.manifest"]
     assert "nvidia.com/gpu: 8 in an embedded manifest" in report.unread[0].findings[0].message
     assert report.failed
+    (result,) = report.to_sarif()["runs"][0]["results"]
+    assert result["ruleId"] == "GZ007" and result["locations"][0]["physicalLocation"]["region"] == {"startLine": 10}
+    assert result["message"]["text"].startswith("Workflow/w spec.templates[0].resource.manifest: nvidia.com/gpu: 8")
 
 
 # -- shells as they run ------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class CheckReport:
         meta = podspec.mapping(data.get("metadata"), "metadata") if isinstance(data.get("metadata"), dict) else {}
         name, kind = str(meta.get("name", "(unnamed)")), str(data.get("kind", "(no kind)"))
         ref = podspec.PodTemplate(document, kind, name, obj.namespace, pointer, {}, True, obj.pointer)
-        message = f"{what} at {ref.path}: no pod-template reader understood this place; its containers were not checked"
+        message = f"{what}: no pod-template reader understood this place; its containers were not checked"
         line = podspec.line_of(doc.node, pointer)
         finding = rules.Finding("GZ007", rules.Severity.WARNING, None, message)
         self.unread.append(PodResult(path, ref, line, (), (finding,), (line,)))
@@ -138,12 +138,13 @@ def _sarif_result(pod: PodResult, finding: rules.Finding, line: int | None, rule
     location: dict[str, Any] = {"artifactLocation": {"uri": _uri(pod.path)}}
     if line is not None:
         location["region"] = {"startLine": line}
-    where = f"{pod.ref.label}/{finding.container}"
+    where = pod.ref.label if finding.container is None else f"{pod.ref.label}/{finding.container}"
+    about = pod.ref.label if finding.container is None else f"{pod.ref.label}, container {finding.container}"
     return {
         "ruleId": finding.rule,
         "ruleIndex": rule_index,
         "level": finding.severity.value,
-        "message": {"text": f"{pod.ref.label}, container {finding.container}: {finding.message}"},
+        "message": {"text": f"{about}: {finding.message}"},
         "locations": [
             {"physicalLocation": location, "logicalLocations": [{"fullyQualifiedName": where, "kind": "object"}]}
         ],
