@@ -434,3 +434,11 @@ def test_patch_resolves_dra_claims_in_its_input():
     documents, _warnings = patch_manifests(DRA_POD, Policy(image="registry.example/gpuzombie:1"))
     commands = {c["name"]: c["command"][0] for c in documents[2]["spec"]["containers"]}
     assert commands == {"train": "/.gpuzombie/tini-static", "imex": "python", "other": "/.gpuzombie/tini-static"}
+
+
+def test_a_document_past_the_search_bound_is_a_finding(tmp_path, monkeypatch):
+    monkeypatch.setattr(podspec, "MAX_SEARCH_NODES", 50)  # the bound's behaviour, on a small input
+    items = ",".join("{a: 1}" for _ in range(60))
+    report = _read(tmp_path / "big.yaml", f"kind: Big\nmetadata: {{name: b}}\nspec: {{items: [{items}]}}\n")
+    (unread,) = report.unread
+    assert "not searched to the end" in unread.findings[0].message and report.failed

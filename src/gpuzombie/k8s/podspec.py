@@ -712,38 +712,74 @@ def _pod_shaped(value: Any) -> bool:
 
 
 MAX_SEARCH_NODES = 100_000
-"""The structural search visits at most this many maps and lists of one object (YAML aliases can
+"""The structural searches visit at most this many maps and lists of one object (YAML aliases can
 make a small file a huge tree: each node is visited once, by identity)."""
+
+_Path = tuple[Any, str] | None
+"""A place in a document, built lazily: (the parent's place, this token); None is the root."""
+
+
+def _pointer(path: _Path) -> str:
+    found: list[str] = []
+    while path is not None:
+        path, token = path
+        found.append(token)
+    return "".join(f"/{escape(t)}" for t in reversed(found))
+
+
+class _Search:
+    """Every map and list under ``root`` once (by identity; ``skip``'s ids not at all), depth
+    first in document order, at most MAX_SEARCH_NODES: iterate for (place, value); ``prune(place)``
+    keeps the search out of the value just given; ``truncated`` says it stopped at the bound."""
+
+    def __init__(self, root: Any, skip: set[int] | None = None) -> None:
+        self.stack: list[tuple[_Path, Any]] = [(None, root)]
+        self.seen = set(skip or ())
+        self.pruned = False
+        self.truncated = False
+
+    def __iter__(self) -> Iterator[tuple[_Path, Any]]:
+        while self.stack:
+            if len(self.seen) >= MAX_SEARCH_NODES:
+                self.truncated = True
+                return
+            path, value = self.stack.pop()
+            if id(value) in self.seen:
+                continue
+            self.seen.add(id(value))
+            self.pruned = False
+            yield path, value
+            if self.pruned:
+                continue
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            children = [((path, str(k)), v) for k, v in items if isinstance(v, (Mapping, list))]
+            self.stack += reversed(children)
+
+    def prune(self) -> None:
+        self.pruned = True
 
 
 def _template_pointers(obj: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
     """Where ``obj`` holds pod templates, relative to it, and whether each is a bare pod spec: a
     search of the whole object for PodTemplateSpec-shaped maps (``metadata``/``spec`` with
     ``containers``) and bare PodSpecs, which finds every kind's known paths (docs/admission.md's
-    table) and those of kinds it does not know. It does not look inside what it found."""
+    table) and those of kinds it does not know. It does not look inside what it found, nor in
+    a template's metadata."""
     if obj.get("kind") == "Pod":
         yield "", False
         return
-    seen: set[int] = set()
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack and len(seen) < MAX_SEARCH_NODES:
-        pointer, value = stack.pop()
-        if id(value) in seen:
+    search = _Search(obj)
+    for path, value in search:
+        if path is None or not isinstance(value, Mapping):
             continue
-        seen.add(id(value))
-        if isinstance(value, Mapping):
-            if pointer and _pod_shaped(value) and _pod_spec_shaped(value["spec"]):
-                yield pointer, False
-                continue
-            if pointer and _pod_spec_shaped(value):
-                yield pointer, True
-                continue
-            children = [(f"{pointer}/{escape(str(k))}", v) for k, v in value.items() if k != "metadata" or not pointer]
-        elif isinstance(value, list):
-            children = [(f"{pointer}/{i}", v) for i, v in enumerate(value)]
-        else:
-            continue
-        stack += [c for c in reversed(children) if isinstance(c[1], (Mapping, list))]
+        if path[1] == "metadata":
+            search.prune()
+        elif _pod_shaped(value) and _pod_spec_shaped(value["spec"]):
+            search.prune()
+            yield _pointer(path), False
+        elif _pod_spec_shaped(value):
+            search.prune()
+            yield _pointer(path), True
 
 
 def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
@@ -775,44 +811,25 @@ def unread_gpu_requests(
     every template read: (document, JSON pointer, what). A file whose GPUs no reader understood is
     a finding, never a silent pass."""
     for doc in documents:
-        seen = {id(t.spec if t.bare else t.pod) for t in templates if t.document == doc.index}
+        search = _Search(doc.data, {id(t.spec if t.bare else t.pod) for t in templates if t.document == doc.index})
         reported: set[str] = set()
-        stack: list[tuple[str, Any]] = [("", doc.data)]
-        while stack and len(seen) < MAX_SEARCH_NODES:
-            pointer, value = stack.pop()
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-            if isinstance(value, Mapping):
-                for key, item in value.items():
-                    if (
-                        isinstance(key, str)
-                        and (gpu_resource(key) or key in FRACTION_ANNOTATIONS)
-                        and isinstance(item, (str, int, float))
-                        and str(item).strip() not in ("0", "")
-                    ):
-                        holder = pointer.rsplit("/", 1)[0] if pointer.endswith(("/limits", "/requests")) else pointer
-                        if holder not in reported:  # a container's limits and requests: one finding
-                            reported.add(holder)
-                            yield doc.index, f"{pointer}/{escape(key)}", f"{key}: {item}"
-                        break
-                stack += [
-                    (f"{pointer}/{escape(str(k))}", v)
-                    for k, v in reversed(list(value.items()))
-                    if isinstance(v, (Mapping, list))
-                ]
-                strings = [(f"{pointer}/{escape(str(k))}", v) for k, v in value.items() if isinstance(v, str)]
-            elif isinstance(value, list):
-                stack += [
-                    (f"{pointer}/{i}", v) for i, v in reversed(list(enumerate(value))) if isinstance(v, (Mapping, list))
-                ]
-                strings = [(f"{pointer}/{i}", v) for i, v in enumerate(value) if isinstance(v, str)]
-            else:
-                strings = []
-            for where, text in strings:
-                embedded = _EMBEDDED_GPU.search(text)
-                if embedded:
-                    yield doc.index, where, f"{embedded[1]}: {embedded[2]} in an embedded manifest"
+        for path, value in search:
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            for key, item in items:
+                if isinstance(item, str) and (embedded := _EMBEDDED_GPU.search(item)):
+                    yield doc.index, _pointer((path, str(key))), f"{embedded[1]}: {embedded[2]} in an embedded manifest"
+                elif (
+                    isinstance(key, str)
+                    and (gpu_resource(key) or key in FRACTION_ANNOTATIONS)
+                    and isinstance(item, (str, int, float))
+                    and str(item).strip() not in ("0", "")
+                ):
+                    holder = _pointer(path[0] if path is not None and path[1] in ("limits", "requests") else path)
+                    if holder not in reported:  # a container's limits and requests: one finding
+                        reported.add(holder)
+                        yield doc.index, _pointer((path, key)), f"{key}: {item}"
+        if search.truncated:  # stopped at its bound: what it did not see is not a silent pass either
+            yield doc.index, "", f"over {MAX_SEARCH_NODES} maps and lists, not searched to the end for GPU requests"
 
 
 def line_of(node: Any, pointer: str) -> int | None:
