@@ -225,6 +225,17 @@ def test_a_gpu_device_class_given_on_the_command_line(tmp_path):
     assert [p.gpu_containers for p in assumed.pods] == [()]
     given = _read(tmp_path / "both.yaml", classes=podspec.GPU_DEVICE_CLASSES | {"gpu.example.com"})
     assert [p.gpu_containers for p in given.pods] == [("worker",)]
+    import json
+    import sys
+
+    for flags, gpus in [((), 0), (("--gpu-device-class", "gpu.example.com"), 1)]:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuzombie", "check", "--json", *flags, str(tmp_path / "both.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert json.loads(done.stdout)["summary"]["gpu_pods"] == gpus, done.stderr
 
 
 def test_gpu_requests_no_reader_understood_are_a_finding(tmp_path):
