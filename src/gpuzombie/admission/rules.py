@@ -240,7 +240,6 @@ def is_init(program: str) -> bool:
     return program in INIT_PATHS or posixpath.basename(program) in INITS
 
 
-_COMMANDS = re.compile(r"&&|\|\||[;&\n]")
 
 
 _OPTION_ARGUMENT = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
@@ -555,8 +554,7 @@ def hook_wait(c: Container) -> HookWait | None:
         return HookWait(slept, True, shown)
     script = _script(words) if posixpath.basename(words[0]) in SHELLS else None
     if script is not None:
-        commands = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
-        sleeps = [_sleep_seconds(c.split()) for c in commands]
+        sleeps = [_sleep_seconds(c) for c in lex_script(script).commands]
         if sleeps and all(s is not None for s in sleeps):
             return HookWait(sum(s or 0.0 for s in sleeps), True, shown)
     if any("prestop" in w for w in words):  # gpuzombie prestop, python -m gpuzombie.prestop, prestop.pyz
