@@ -192,7 +192,7 @@ def test_in_place_refuses_stdin_and_printing_refuses_several_files(tmp_path):
 
 
 def test_serving_without_an_image_is_refused(tmp_path):
-    from admission_support import make_pki
+    from pki import make_pki
 
     pki = make_pki(tmp_path)
     done = gpuzombie(

@@ -100,7 +100,7 @@ def test_containers_of_every_kind_with_their_place_in_the_pod():
         (ContainerKind.EPHEMERAL, "debug", "/spec/ephemeralContainers/0", "spec.ephemeralContainers[0]"),
     ]
     assert [c.name for c in pod.every_container if c.gpu] == ["proxy", "train"]  # a GPU sidecar is seen
-    assert [c.name for c in pod.gpu_containers] == ["train"]  # the rules judge regular containers (unchanged)
+    assert [c.name for c in pod.gpu_containers] == ["proxy", "train"]  # the rules judge GPU sidecars too (issue 24)
     train = pod.containers[0]
     assert train.gpus[0].quantity == "2" and train.gpus[0].resource.name == "nvidia.com/gpu"
     assert pod.grace_seconds == 45 and not pod.share_process_namespace

@@ -58,13 +58,16 @@ def documents_text(text: str) -> list[str]:
 def patch_text(text: str, policy: mutate.Policy) -> Patched:
     """``text`` with every pod template fixed as the webhook would fix the pod. Raises
     ManifestError for input that is not a manifest, PatchError where the fix cannot be written."""
+    # DRA claim templates are looked up across the whole input: a pod and its claims are often in
+    # documents of their own.
+    gpus = podspec.GpuContext(claim_classes=podspec.claim_classes(podspec.load_documents(text)))
     try:
         pieces = documents_text(text)
-        results = [_patch_piece(piece, policy) for piece in pieces]
+        results = [_patch_piece(piece, policy, gpus) for piece in pieces]
     except podspec.ManifestError:
         if len(documents_text(text)) == 1:
             raise
-        results = [_patch_piece(text, policy)]  # pieces that only parse together (directives)
+        results = [_patch_piece(text, policy, gpus)]  # pieces that only parse together (directives)
     out = Patched("".join(r.text for r in results))
     for r in results:
         out.changed |= r.changed
@@ -73,13 +76,13 @@ def patch_text(text: str, policy: mutate.Policy) -> Patched:
     return out
 
 
-def _patch_piece(text: str, policy: mutate.Policy) -> Patched:
+def _patch_piece(text: str, policy: mutate.Policy, gpus: podspec.GpuContext) -> Patched:
     documents = podspec.load_documents(text)
     result = Patched(text)
     ops: dict[int, list[dict[str, Any]]] = {}
-    for ref in podspec.pod_templates(documents):
+    for ref in list(podspec.pod_templates(documents)):
         try:
-            mutation = mutate.mutate(ref.pod, ref.namespace, policy)
+            mutation = mutate.mutate(ref.pod, ref.namespace, policy, gpus=gpus)
         except ValueError as exc:
             result.warnings.append(f"{ref.label}: could not understand the pod ({exc}); left unchanged")
             continue
@@ -88,7 +91,8 @@ def _patch_piece(text: str, policy: mutate.Policy) -> Patched:
             result.warnings.append(f"{ref.label}: left alone: {mutation.skipped}")
         if any(a.startswith(NEEDS_IMAGE) for a in mutation.actions):
             result.needs_image.append(ref.label)
-        ops.setdefault(ref.document, []).extend({**op, "path": ref.pointer + op["path"]} for op in mutation.ops)
+        located = [(op, ref.locate(op["path"])) for op in mutation.ops]  # a bare spec has no metadata
+        ops.setdefault(ref.document, []).extend({**op, "path": path} for op, path in located if path is not None)
     if not any(ops.values()):
         return result
     expected = [mutate.patched({"": d.data}, _under_root(ops.get(d.index, [])))[""] for d in documents]

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import rules
-from gpuzombie.k8s.podspec import Container, PodSpec, escape
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, escape
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -293,14 +293,22 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
-    wrapped, hooked = {c.index for c in plan.wrap}, {c.index for c in plan.hooks}
-    for c in sorted({c.index: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: c.index):
-        path = c.pointer
+    inserted = bool(plan.wrap or plan.hooks)  # the install container went in at initContainers/0
+
+    def where(c: Container) -> str:
+        """The container's pointer once the install container is in (an init container's moves)."""
+        if inserted and c.kind.field == "initContainers":
+            return f"/spec/initContainers/{c.index + 1}"
+        return c.pointer
+
+    wrapped, hooked = {c.pointer for c in plan.wrap}, {c.pointer for c in plan.hooks}
+    for c in sorted({c.pointer: c for c in plan.wrap + plan.hooks}.values(), key=lambda c: (c.kind.field, c.index)):
+        path = where(c)
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
-        if c.index in wrapped:
+        if c.pointer in wrapped:
             assert c.command is not None
             ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
-        if c.index in hooked:
+        if c.pointer in hooked:
             hook = {"exec": {"command": _hook_command(plan.grace)}}
             if isinstance(c.raw.get("lifecycle"), Mapping):
                 ops.append({"op": "add", "path": f"{path}/lifecycle/preStop", "value": hook})
@@ -308,18 +316,24 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
                 ops.append({"op": "add", "path": f"{path}/lifecycle", "value": {"preStop": hook}})
     for c, seconds in plan.torchrun:
         variable = {"name": rules.TORCHRUN_SHUTDOWN_ENV, "value": str(seconds)}
-        _append(ops, c.raw, c.pointer, "env", variable)
+        _append(ops, c.raw, where(c), "env", variable)
     if plan.set_grace:
         ops.append({"op": "add", "path": "/spec/terminationGracePeriodSeconds", "value": plan.grace})
     return ops
 
 
 def mutate(
-    pod: Mapping[str, Any], namespace: str | None, policy: Policy, budget: rules.Budget = rules.UNBOUNDED
+    pod: Mapping[str, Any],
+    namespace: str | None,
+    policy: Policy,
+    budget: rules.Budget = rules.UNBOUNDED,
+    gpus: GpuContext | None = None,
 ) -> Mutation:
-    """The fix of ``pod`` as JSONPatch operations. Raises ManifestError or ValueError (a bad
-    opt-in value) for a pod it cannot understand, rules.OverBudget when ``budget`` runs out; the
-    caller then admits the pod unchanged."""
+    """The fix of ``pod`` as JSONPatch operations; ``gpus`` gives the DRA claims of the input
+    (``--patch``: a claim of an IMEX channel is no GPU; the webhook sees a pod alone, so a claim is
+    assumed a GPU there). Raises ManifestError or ValueError (a bad opt-in value) for a pod it
+    cannot understand, rules.OverBudget when ``budget`` runs out; the caller then admits the pod
+    unchanged."""
     reason = _skip_reason(pod, namespace, policy)
     if reason is not None:
         return Mutation([], [], [], reason)
@@ -327,7 +341,7 @@ def mutate(
     if count > MAX_CONTAINERS:
         why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
         return Mutation([], [], [why], why)
-    spec = rules.read(pod["spec"], budget)
+    spec = rules.read(pod["spec"], budget, annotations=_annotations(pod), context=gpus)
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
     plan = _plan(spec, _opt_ins(pod, namespace, policy), policy.mode, budget)

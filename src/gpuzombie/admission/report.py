@@ -81,6 +81,7 @@ class PodResult:
             "name": self.ref.name,
             "namespace": self.ref.namespace,
             "pointer": self.ref.pointer,
+            "path": self.ref.path,
             "line": self.line,
             "gpu_containers": list(self.gpu_containers),
             "findings": [
@@ -101,6 +102,9 @@ class CheckReport:
     """Rules not run (``--disable``)."""
     fail_on: rules.Severity = rules.Severity.WARNING
     """The least severity that fails the check (``--fail-on``)."""
+    unread: list[PodResult] = field(default_factory=list)
+    """GPU requests outside every template read (GZ007), each on the object it stands in."""
+    gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
 
     def add(self, path: str, text: str) -> None:
         """Check every pod of one input; one it cannot understand is recorded in ``errors`` as a whole
@@ -121,34 +125,55 @@ class CheckReport:
         documents = podspec.load_documents(text)
         data = {d.index: d.data for d in documents}
         nodes = {d.index: d.node for d in documents}
+        claims = podspec.claim_classes(documents)
+        templates = list(podspec.pod_templates(documents))
         out = []
-        for ref in podspec.pod_templates(documents):
+        for ref in templates:
             try:
-                pod = rules.read(ref.spec)
+                context = podspec.GpuContext(ref.annotations, claims, self.gpu_device_classes)
+                pod = rules.read(ref.spec, context=context)
                 findings = [f for f in rules.check(pod) if f.rule not in self.disabled]
                 reasons = _suppressions(data[ref.document], ref.pointer)
             except podspec.ManifestError as exc:
                 raise podspec.ManifestError(f"{ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
-            pointers = {c.name: c.pointer for c in pod.containers}
-            lines = tuple(
-                podspec.line_of(node, ref.pointer + pointers[f.container]) if f.container in pointers else None
-                for f in findings
-            )
-            line = podspec.line_of(node, ref.pointer + "/spec")
+            pointers = {c.name: ref.locate(c.pointer) for c in pod.every_container}
+            lines = tuple(podspec.line_of(node, pointers.get(f.container or "") or ref.pointer) for f in findings)
+            line = podspec.line_of(node, ref.locate("/spec") or ref.pointer)
             gpu = tuple(c.name for c in pod.gpu_containers)
             why = tuple(reasons.get(f.rule) for f in findings)
             out.append(PodResult(path, ref, line, gpu, tuple(findings), lines, why))
+        if "GZ007" not in self.disabled:
+            for document, pointer, what in podspec.unread_gpu_requests(documents, templates):
+                self._unread(path, documents, data, document, pointer, what)
         return out
+
+    def _unread(
+        self, path: str, documents: list[podspec.Document], data: dict[int, Any], document: int, pointer: str, what: str
+    ) -> None:
+        """A GZ007 finding for a GPU request outside every template read, on the object it is in."""
+        doc = next(d for d in documents if d.index == document)
+        holders = [o for o in podspec.objects([doc]) if pointer.startswith(o.pointer + "/")]
+        obj = holders[-1] if holders else podspec.Object(document, "", doc.data, None)
+        meta = obj.data.get("metadata") if isinstance(obj.data, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        kind = str(obj.data.get("kind", "(no kind)")) if isinstance(obj.data, dict) else "(no kind)"
+        name = str(meta.get("name", "(unnamed)"))
+        ref = podspec.PodTemplate(document, kind, name, obj.namespace, pointer, {}, True, obj.pointer)
+        message = f"{what}: no pod-template reader understood this place; its containers were not checked"
+        line = podspec.line_of(doc.node, pointer)
+        finding = rules.Finding("GZ007", rules.Severity.WARNING, None, message)
+        why = _suppressions(data[document], obj.pointer).get("GZ007")
+        self.unread.append(PodResult(path, ref, line, (), (finding,), (line,), (why,)))
 
     @property
     def findings(self) -> list[tuple[PodResult, rules.Finding]]:
         """The findings that count: neither disabled nor suppressed."""
-        return [(p, f) for p in self.pods for f, _, why in p.results() if why is None]
+        return [(p, f) for p in self.pods + self.unread for f, _, why in p.results() if why is None]
 
     @property
     def suppressed(self) -> list[tuple[PodResult, rules.Finding, str]]:
-        return [(p, f, why) for p in self.pods for f, _, why in p.results() if why is not None]
+        return [(p, f, why) for p in self.pods + self.unread for f, _, why in p.results() if why is not None]
 
     def counts(self) -> Counter[str]:
         return Counter(f.severity.value for _, f in self.findings)
@@ -167,6 +192,7 @@ class CheckReport:
             "files": self.files,
             "errors": [{"file": path, "message": message} for path, message in self.errors],
             "pods": [p.to_dict() for p in self.pods],
+            "unread": [p.to_dict() for p in self.unread],
             "summary": {
                 "pods": len(self.pods),
                 "gpu_pods": sum(1 for p in self.pods if p.gpu_containers),
@@ -184,7 +210,7 @@ class CheckReport:
     def to_sarif(self) -> dict[str, Any]:
         ids = list(rules.RULES)
         results = []
-        for pod in self.pods:
+        for pod in self.pods + self.unread:
             for finding, line, why in pod.results():
                 result = _sarif_result(pod, finding, line or pod.line, ids.index(finding.rule))
                 if why is not None:  # SARIF 2.1.0 §3.27.23, §3.35: shown as suppressed, with its reason
@@ -218,12 +244,13 @@ def _sarif_result(pod: PodResult, finding: rules.Finding, line: int | None, rule
     location: dict[str, Any] = {"artifactLocation": {"uri": _uri(pod.path)}}
     if line is not None:
         location["region"] = {"startLine": line}
-    where = f"{pod.ref.label}/{finding.container}"
+    where = pod.ref.label if finding.container is None else f"{pod.ref.label}/{finding.container}"
+    about = pod.ref.label if finding.container is None else f"{pod.ref.label}, container {finding.container}"
     return {
         "ruleId": finding.rule,
         "ruleIndex": rule_index,
         "level": finding.severity.value,
-        "message": {"text": f"{pod.ref.label}, container {finding.container}: {finding.message}"},
+        "message": {"text": f"{about}: {finding.message}"},
         "locations": [
             {"physicalLocation": location, "logicalLocations": [{"fullyQualifiedName": where, "kind": "object"}]}
         ],

@@ -8,6 +8,7 @@ runs, which admission cannot see without a registry lookup, so PID 1 is "cannot 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import posixpath
 import re
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuzombie.k8s.podspec import Container, PodSpec, read_pod_spec
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
@@ -94,7 +95,8 @@ RULES: Mapping[str, Rule] = {
         Rule(
             "GZ002",
             "no-init",
-            "a GPU container has no init as PID 1 and the pod does not share its process namespace",
+            "a GPU container has no init as PID 1 and the pod does not share its process namespace: nothing "
+            "reaps orphaned processes, and SIGTERM reaches the program only through a handler of its own",
             evidence("S1", "S2", "S5"),
             "run an init as PID 1 (tini, dumb-init, catatonit) or set shareProcessNamespace: true",
         ),
@@ -129,6 +131,15 @@ RULES: Mapping[str, Rule] = {
             evidence("S1", "S5"),
             "set command explicitly (a short one: a long script goes in a file), or shareProcessNamespace: "
             "true (what the webhook does without a command)",
+        ),
+        Rule(
+            "GZ007",
+            "gpu-request-not-read",
+            "a GPU is requested in a place no pod-template reader understood (a custom resource's own "
+            "field, an inline serving-runtime component): its containers were not checked",
+            evidence("S1"),
+            "check the pods the operator generates (gpuzombie webhook sees them), or put the GPU request in "
+            "a pod template; docs/admission.md lists the kinds and fields read",
         ),
     )
 }
@@ -199,6 +210,10 @@ class Pid1:
     unread: str | None = None
     """Why the argv was not read to the end (a script over MAX_SCRIPT_CHARS, exec nested too deep):
     then the kind is UNKNOWN."""
+    traps_term: bool = False
+    """The shell traps SIGTERM with an action and ends in ``wait``: it exits on SIGTERM."""
+    via: str | None = None
+    """How a shell became ``program``: ``exec``, or the shell (``bash``) that execs its last command."""
 
 
 def pid1(c: Container) -> Pid1:
@@ -206,30 +221,197 @@ def pid1(c: Container) -> Pid1:
     return analyse_argv(c.words) if c.argv_known else Pid1(Pid1Kind.UNKNOWN)
 
 
-def read(spec: Mapping[str, Any], budget: Budget = UNBOUNDED) -> PodSpec:
-    """The pod spec as the rules read it: leniently, ``budget`` checked before each container."""
-    return read_pod_spec(spec, between=budget.check)
+def read(
+    spec: Mapping[str, Any],
+    budget: Budget = UNBOUNDED,
+    *,
+    annotations: Mapping[str, Any] | None = None,
+    context: GpuContext | None = None,
+) -> PodSpec:
+    """The pod spec as the rules read it: leniently, ``budget`` checked before each container, the
+    GPUs its pod's ``annotations`` (a fractional GPU) and ``context`` (DRA claims) give counted."""
+    context = context or GpuContext()
+    if annotations is not None:
+        context = dataclasses.replace(context, annotations=annotations)
+    return read_pod_spec(spec, between=budget.check, context=context)
 
 
 def is_init(program: str) -> bool:
     return program in INIT_PATHS or posixpath.basename(program) in INITS
 
 
-_BACKGROUND = re.compile(r"(?<![&>|])&(?![&>])")
-_COMMANDS = re.compile(r"&&|\|\||[;&\n]")
+_OPTION_ARGUMENT = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 
 
 def _script(words: Sequence[str]) -> str | None:
-    """The script of ``sh [-opts] -c SCRIPT ...`` (``-ec``, ``-xc`` too); None for ``sh file``."""
+    """The script of ``sh [-opts] -c [--] SCRIPT ...`` (``-ec``, ``-o pipefail -c``, ``bash -c --
+    SCRIPT`` as KubeRay writes it); None for ``sh file``."""
     rest = list(words[1:])
     if rest and posixpath.basename(words[0]) == "busybox" and rest[0] in SHELLS:
         rest = rest[1:]
-    for i, word in enumerate(rest):
-        if not word.startswith("-"):
-            return None
-        if "c" in word[1:] and not word.startswith("--") and i + 1 < len(rest):
-            return rest[i + 1]
-    return None
+    command_string, i = False, 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--" or word == "-":
+            i += 1
+            break
+        if word in _OPTION_ARGUMENT:
+            i += 2
+            continue
+        if word.startswith("--"):
+            i += 1
+            continue
+        if not word.startswith(("-", "+")) or len(word) < 2:
+            break
+        command_string = command_string or (word[0] == "-" and "c" in word[1:])
+        i += 1
+    return rest[i] if command_string and i < len(rest) else None
+
+
+@dataclass(frozen=True)
+class Script:
+    """A ``sh -c`` script as a shell reads it: its simple commands in order (words unquoted),
+    whether any runs in the background (an unquoted ``&``), and whether it is one simple command."""
+
+    commands: tuple[tuple[str, ...], ...]
+    background: bool
+    last_plain: bool
+    """The last command is a simple one with no redirection, not in a pipeline, not a job: what
+    bash (5.1 on; 5.2.15 and busybox 1.35 measured) execs in place of itself when no trap is set."""
+
+
+_BREAKS = " \t\n;&|()'\"\\`#<>"
+
+
+def lex_script(script: str) -> Script:
+    """``script`` split as a POSIX shell splits it into commands and words: quotes (``'&'`` is a
+    word, not a job), backslashes, comments, ``&&``/``||``/``|``/``;``/newline, a job's ``&``, a
+    redirection's ``>&``/``&>``. One pass, linear in the script's length (each quote is closed by
+    one ``str.find`` or one scan). Here-documents and ``case`` are read as words: what matters is
+    the job control and the last command."""
+    commands: list[tuple[str, ...]] = []
+    words: list[str] = []
+    word: list[str] | None = None
+    background = False
+    plains: list[bool] = []  # per command: no redirection, not in a pipeline, not in a subshell
+    plain = True  # the command being read
+    i, n = 0, len(script)
+
+    def end_word() -> None:
+        nonlocal word
+        if word is not None:
+            words.append("".join(word))
+        word = None
+
+    def end_command(next_plain: bool = True) -> None:
+        nonlocal plain
+        end_word()
+        if words:
+            commands.append(tuple(words))
+            plains.append(plain and next_plain)  # a pipe's left side is in the pipeline too
+        plain = next_plain
+        words.clear()
+
+    def add(piece: str) -> None:
+        nonlocal word
+        if word is None:
+            word = []
+        word.append(piece)
+
+    while i < n:
+        ch = script[i]
+        if ch in " \t":
+            end_word()
+        elif ch == "#" and word is None:
+            newline = script.find("\n", i)
+            i = n if newline < 0 else newline
+            continue
+        elif ch in "\n;()":
+            end_command(ch not in "()")
+        elif ch == "&":
+            if script.startswith("&&", i):
+                i += 1
+            elif script.startswith("&>", i) or (i and script[i - 1] in "<>"):  # &> file, 2>&1
+                plain = False
+                add(ch)
+                i += 1
+                continue
+            else:
+                background = True
+            end_command()
+        elif ch == "|":
+            pipe = not script.startswith("||", i)
+            i += not pipe
+            end_command(not pipe)
+        elif ch == "'":
+            close = script.find("'", i + 1)
+            close = n if close < 0 else close
+            add(script[i + 1 : close])
+            i = close + 1
+            continue
+        elif ch in '"`':
+            j, piece = i + 1, []
+            while j < n and script[j] != ch:
+                if script[j] == "\\" and j + 1 < n and script[j + 1] in '\\"$`':
+                    j += 1
+                piece.append(script[j])
+                j += 1
+            add("".join(piece))
+            i = j + 1
+            continue
+        elif ch == "\\":
+            if i + 1 < n and script[i + 1] != "\n":
+                add(script[i + 1])
+            i += 2
+            continue
+        else:
+            j = i
+            while j < n and script[j] not in _BREAKS:
+                j += 1
+            j = max(j, i + 1)
+            if ch in "<>":
+                plain = False
+            add(script[i:j])
+            i = j
+            continue
+        i += 1
+    end_command()
+    return Script(tuple(commands), background, bool(plains) and plains[-1])
+
+
+def _command_words(command: Sequence[str]) -> list[str]:
+    """A simple command without its leading ``NAME=value`` assignments."""
+    words = list(command)
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        words.pop(0)
+    return words
+
+
+def _exec_target(command: Sequence[str]) -> list[str] | None:
+    """What ``exec [-a NAME] [-cl] PROGRAM ...`` runs, or None (not an exec, or exec alone)."""
+    words = _command_words(command)
+    if words[:1] != ["exec"]:
+        return None
+    rest = words[1:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] == "-a" else rest[1:]
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+            break
+    return rest or None
+
+
+def _traps_term(commands: Sequence[Sequence[str]]) -> bool:
+    """A ``trap ACTION ... TERM`` with a non-empty action, and the script ends in ``wait``: the
+    shell's handler runs on SIGTERM (``trap '' TERM`` ignores it: not this)."""
+    trapped = any(
+        c[:1] == ("trap",)
+        and len(c) > 2
+        and c[1].strip() not in ("", "-")
+        and any(s.upper() in ("TERM", "SIGTERM", "15") for s in c[2:])
+        for c in commands
+    )
+    return trapped and bool(commands) and commands[-1][:1] == ("wait",)
 
 
 _PIECES = re.compile(
@@ -274,11 +456,6 @@ def shell_words(command: str) -> list[str]:
     return words
 
 
-def _last_command(script: str) -> list[str]:
-    parts = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
-    return shell_words(parts[-1]) if parts else []
-
-
 def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
     """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program;
     UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""
@@ -300,12 +477,17 @@ def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
         return Pid1(Pid1Kind.UNKNOWN, base, unread=unread)
     if depth >= MAX_EXEC_DEPTH:
         return Pid1(Pid1Kind.UNKNOWN, base, unread=f"its shells exec shells over {MAX_EXEC_DEPTH} deep")
-    background = bool(_BACKGROUND.search(script))
-    last = _last_command(script)
-    if last[:1] == ["exec"] and len(last) > 1:  # the shell becomes the last program
-        inner = analyse_argv(last[1:], depth + 1)
-        return Pid1(inner.kind, inner.program, background, script, inner.unread)
-    return Pid1(Pid1Kind.SHELL, base, background, script)
+    read = lex_script(script)
+    last = list(read.commands[-1]) if read.commands else []
+    target = _exec_target(last)
+    via = "exec"
+    traps = any(c[:1] == ("trap",) for c in read.commands)
+    if target is None and base == "bash" and read.last_plain and not read.background and not traps and last:
+        target, via = _command_words(last) or None, base
+    if target is not None:  # the shell becomes the last program
+        inner = analyse_argv(target, depth + 1)
+        return Pid1(inner.kind, inner.program, read.background, script, inner.unread, inner.traps_term, via)
+    return Pid1(Pid1Kind.SHELL, base, read.background, script, traps_term=_traps_term(read.commands))
 
 
 def short(text: str, limit: int = 72) -> str:
@@ -370,8 +552,7 @@ def hook_wait(c: Container) -> HookWait | None:
         return HookWait(slept, True, shown)
     script = _script(words) if posixpath.basename(words[0]) in SHELLS else None
     if script is not None:
-        commands = [p.strip() for p in _COMMANDS.split(script) if p.strip()]
-        sleeps = [_sleep_seconds(c.split()) for c in commands]
+        sleeps = [_sleep_seconds(c) for c in lex_script(script).commands]
         if sleeps and all(s is not None for s in sleeps):
             return HookWait(sum(s or 0.0 for s in sleeps), True, shown)
     if any("prestop" in w for w in words):  # gpuzombie prestop, python -m gpuzombie.prestop, prestop.pyz
@@ -394,6 +575,63 @@ def torchrun_shutdown(c: Container) -> int | None:
     return TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT
 
 
+REAPING = "it reaps no orphaned processes (they stay zombies, holding what they held)"
+SIGTERM_IF_HANDLED = (
+    "it gets SIGTERM only through a handler of its own (the kernel drops a signal PID 1 has no handler for)"
+)
+
+
+def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
+    """The finding for a container whose ``command`` shows PID 1 (None: an init)."""
+    shown = _shown(pid1, c.words)
+    via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command"
+    if pid1.kind is Pid1Kind.INIT:
+        return None
+    if pid1.traps_term:  # trap 'exit 0' TERM; ... & wait: exits on SIGTERM at once (measured 0.00 s)
+        return Finding(
+            "GZ002",
+            Severity.WARNING,
+            c.name,
+            f"PID 1 is {pid1.program} ({shown}): it traps SIGTERM and exits, but it is not an init: {REAPING}",
+        )
+    if pid1.background:
+        return Finding(
+            "GZ001",
+            Severity.ERROR,
+            c.name,
+            f"PID 1 is {pid1.program} with work in the background: {shown}: it passes no SIGTERM "
+            f"to that work and has no handler of its own, and {REAPING}",
+        )
+    if pid1.kind is Pid1Kind.SLEEP:
+        return Finding(
+            "GZ001",
+            Severity.WARNING,
+            c.name,
+            f"PID 1 is sleep ({shown}){via}: the kernel drops its SIGTERM, so the pod takes its whole grace "
+            "to stop, and work started in it (kubectl exec) is not reaped",
+        )
+    if pid1.kind is Pid1Kind.SHELL:
+        stays = (
+            "which stays PID 1 while its commands run"
+            if pid1.program == "bash" or pid1.script is None
+            else "which stays PID 1 if it is dash (Debian's and Ubuntu's sh; bash and busybox exec a last "
+            "plain command)"
+        )
+        return Finding(
+            "GZ002",
+            Severity.WARNING,
+            c.name,
+            f"PID 1 is {pid1.program} ({shown}), {stays}: a shell that stays passes no SIGTERM on (it has "
+            f"no handler; the kernel drops it), and {REAPING}",
+        )
+    return Finding(
+        "GZ002",
+        Severity.WARNING,
+        c.name,
+        f"PID 1 is {pid1.program} ({shown}){via}, not an init: {REAPING}, and {SIGTERM_IF_HANDLED}",
+    )
+
+
 def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
     if pod.share_process_namespace or pod.host_pid:
         return  # PID 1 is the pod's pause (or the host's init): it reaps, and SIGTERM reaches the workload
@@ -402,24 +640,12 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
         if pid1.kind is Pid1Kind.UNKNOWN:
             yield Finding("GZ006", Severity.NOTE, c.name, f"cannot tell PID 1: {pid1.unread}")
             return
-        shown = _shown(pid1, c.words)
-        if pid1.kind is Pid1Kind.INIT:
-            return
-        if pid1.kind is Pid1Kind.SLEEP or pid1.background:
-            what = "sleep" if pid1.kind is Pid1Kind.SLEEP else f"{pid1.program}"
-            work = " with work in the background" if pid1.background else ""
-            yield Finding("GZ001", Severity.ERROR, c.name, f"PID 1 is {what}{work}: {shown}")
-            return
-        yield Finding(
-            "GZ002",
-            Severity.WARNING,
-            c.name,
-            f"PID 1 is {pid1.program} ({shown}), not an init: it reaps no zombies and, without a "
-            "handler, never gets SIGTERM",
-        )
+        finding = _known_pid1_finding(c, pid1)
+        if finding is not None:
+            yield finding
         return
     seen = analyse_argv(c.words)
-    if seen.background and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
+    if seen.background and not seen.traps_term and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
         # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
         yield Finding(
             "GZ001",
@@ -430,12 +656,13 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
             "with work in the background",
         )
         return
+    unless = f" (unless it is an init, PID 1 is {seen.program})" if seen.kind is Pid1Kind.SLEEP else ""
     yield Finding(
         "GZ006",
         Severity.NOTE,
         c.name,
         "cannot tell PID 1: command is not set, so the image's ENTRYPOINT runs"
-        + (f" before args {_shown(seen, c.words)!r}" if c.args else ""),
+        + (f" before args {_shown(seen, c.words)!r}{unless}" if c.args else ""),
     )
 
 

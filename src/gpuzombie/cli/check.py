@@ -54,13 +54,23 @@ def read_input(path: str) -> str:
         raise GpuzombieError(f"cannot read {f}: {reason}") from exc
 
 
-def build_report(paths: tuple[str, ...], disabled: frozenset[str] = frozenset(), fail_on: str = "warning") -> Any:
+def build_report(
+    paths: tuple[str, ...],
+    disabled: frozenset[str] = frozenset(),
+    fail_on: str = "warning",
+    gpu_device_classes: tuple[str, ...] = (),
+) -> Any:
     """Every input checked; one that cannot be read or understood is recorded, the others still are."""
     require_admission_extra("yaml")
     from gpuzombie.admission.report import CheckReport
     from gpuzombie.admission.rules import Severity
+    from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES
 
-    report = CheckReport(disabled=disabled, fail_on=Severity(fail_on))
+    report = CheckReport(
+        disabled=disabled,
+        fail_on=Severity(fail_on),
+        gpu_device_classes=GPU_DEVICE_CLASSES | set(gpu_device_classes),
+    )
     for path in input_files(paths):
         try:
             text = read_input(path)
@@ -86,7 +96,7 @@ def render_table(report: Any) -> None:
         table.add_column("rule", overflow="fold", max_width=18)
         table.add_column("finding", overflow="fold", ratio=1)
         style = {"error": "bold red", "warning": "yellow", "note": "cyan"}
-        for pod in report.pods:
+        for pod in report.pods + report.unread:
             for finding, line, why in pod.results():
                 if why is not None:
                     continue
@@ -144,13 +154,31 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     show_default=True,
     help="The least severity that makes the check exit 1.",
 )
-def command(paths: tuple[str, ...], as_json: bool, sarif: bool, disable: frozenset[str], fail_on: str) -> int:
+@click.option(
+    "--gpu-device-class",
+    "gpu_device_classes",
+    multiple=True,
+    metavar="CLASS",
+    help="A DRA device class that is a GPU, besides gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com "
+    "and gpu.amd.com (repeat for more).",
+)
+def command(
+    paths: tuple[str, ...],
+    as_json: bool,
+    sarif: bool,
+    disable: frozenset[str],
+    fail_on: str,
+    gpu_device_classes: tuple[str, ...],
+) -> int:
     """Check Kubernetes manifests for GPU pods that hold their memory after deletion: PID 1 a shell
     or sleep with background work, no init, a preStop that only waits, a grace the preStop does not
     fit in, torchrun's shutdown timeout past the grace. The same rules as `gpuzombie webhook`.
 
-    Reads Pods and anything with a pod template (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
-    CronJob), `kind: List`, multi-document YAML or JSON and `helm template` output; a directory's
+    Reads Pods and pod templates wherever they live: the built-in workloads, custom resources (KubeRay,
+    Kubeflow, LeaderWorkerSet, JobSet, Volcano, KServe...; docs/admission.md lists them), `kind:
+    List`, multi-document YAML or JSON and `helm template` output; a GPU request no reader
+    understood is a finding (GZ007). GPUs: device-plugin resources, DRA claims of a GPU device
+    class, KAI's gpu-fraction annotation, in init and sidecar containers too. A directory's
     *.yaml, *.yml and *.json files; stdin when no FILE or `-` is given. A container without
     `command` runs its image's ENTRYPOINT, which a manifest does not show: reported as cannot tell.
 
@@ -163,7 +191,7 @@ def command(paths: tuple[str, ...], as_json: bool, sarif: bool, disable: frozens
     """
     if as_json and sarif:
         raise click.UsageError("--json and --sarif are exclusive")
-    report = build_report(paths, disable, fail_on)
+    report = build_report(paths, disable, fail_on, gpu_device_classes)
     if as_json or sarif:
         click.echo(json.dumps(report.to_sarif() if sarif else report.to_dict(), indent=2, ensure_ascii=False))
     else:

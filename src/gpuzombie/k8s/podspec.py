@@ -24,6 +24,7 @@ adds requests, not a second model.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,6 +50,12 @@ class GpuForm(enum.Enum):
     """A MIG instance (the device plugin's mixed strategy): a slice with its own memory."""
     SHARED = "shared"
     """A time-sliced or MPS replica (the device plugin's ``renameByDefault``): one GPU, many pods."""
+    FRACTION = "fraction"
+    """A fraction the scheduler gives (KAI's and run.ai's ``gpu-fraction`` annotation)."""
+    DRA = "dra"
+    """A DRA claim whose device class is a GPU class (``gpu.nvidia.com``, ``mig.nvidia.com``)."""
+    DRA_ASSUMED = "dra-assumed"
+    """A DRA claim whose device class is not in the input: assumed a GPU, said so."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,67 @@ def gpu_resource(name: str) -> GpuResource | None:
 
 @dataclass(frozen=True)
 class GpuRequest:
-    """A GPU a container asks for: today a device plugin's resource with a non-zero quantity."""
+    """A GPU a container asks for: a device plugin's resource with a non-zero quantity, a
+    fractional-GPU annotation, or a DRA claim (its name is the resource's name then)."""
 
     resource: GpuResource
     quantity: str
+
+
+GPU_DEVICE_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "gpu.amd.com"})
+"""DRA device classes that are GPUs by default (NVIDIA's DRA driver's GPU, MIG and VFIO classes,
+AMD's); ``--gpu-device-class`` adds more. NVIDIA's ``compute-domain-*`` classes (IMEX channels)
+are not GPUs."""
+FRACTION_ANNOTATIONS = ("gpu-fraction", "gpu-memory")
+"""KAI-Scheduler's (and run.ai's) fractional-GPU annotations on the pod; the GPU goes to the
+container ``gpu-fraction-container-name`` names, the first regular container by default."""
+FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
+
+
+@dataclass(frozen=True)
+class GpuContext:
+    """What decides a container's GPUs beyond its own resources: the pod's annotations, the DRA
+    claims and claim templates of the input (name -> device classes) and the GPU device classes."""
+
+    annotations: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    claim_classes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """``ResourceClaim/NAME`` and ``ResourceClaimTemplate/NAME`` -> their requests' device classes."""
+    gpu_device_classes: frozenset[str] = GPU_DEVICE_CLASSES
+
+
+def _device_classes(claim_spec: Any) -> tuple[str, ...]:
+    """The device classes a claim's spec requests (resource.k8s.io v1 ``exactly`` and
+    ``firstAvailable``, v1beta1's flat ``deviceClassName``)."""
+    devices = claim_spec.get("devices") if isinstance(claim_spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    found: list[str] = []
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, Mapping):
+            continue
+        options = [request, request.get("exactly")]
+        options += request["firstAvailable"] if isinstance(request.get("firstAvailable"), list) else []
+        found += [
+            o["deviceClassName"]
+            for o in options
+            if isinstance(o, Mapping) and isinstance(o.get("deviceClassName"), str)
+        ]
+    return tuple(found)
+
+
+def claim_classes(documents: Sequence[Document]) -> dict[str, tuple[str, ...]]:
+    """Every ResourceClaim and ResourceClaimTemplate of ``documents`` -> its device classes."""
+    out: dict[str, tuple[str, ...]] = {}
+    for obj in objects(documents):
+        data = obj.data
+        if not isinstance(data, Mapping) or data.get("kind") not in ("ResourceClaim", "ResourceClaimTemplate"):
+            continue
+        meta, spec = data.get("metadata"), data.get("spec")
+        if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+            continue  # not a claim the API server takes: nothing to resolve against
+        out[f"{data['kind']}/{meta.get('name')}"] = _device_classes(
+            spec.get("spec") if data["kind"] == "ResourceClaimTemplate" else spec
+        )
+    return out
 
 
 # -- typed access, one message form ---------------------------------------------------------------
@@ -274,9 +338,36 @@ class Container:
         return f"spec.{self.kind.field}[{self.index}]"
 
 
-def _gpu_requests(container: Mapping[str, Any], where: str) -> tuple[GpuRequest, ...]:
+def _dra_requests(
+    resources: Mapping[str, Any], where: str, pod_claims: Mapping[str, str | None], context: GpuContext
+) -> Iterator[GpuRequest]:
+    """The GPUs a container's ``resources.claims`` ask for through the pod's ``resourceClaims``."""
+    for i, claim in enumerate(sequence(resources.get("claims"), f"{where}.resources.claims")):
+        name = mapping(claim, f"{where}.resources.claims[{i}]").get("name")
+        if not isinstance(name, str) or name not in pod_claims:
+            continue
+        source = pod_claims[name]
+        classes = context.claim_classes.get(source) if source is not None else None
+        if classes is None:
+            yield GpuRequest(GpuResource(f"claim {name}", "unknown", GpuForm.DRA_ASSUMED), "DRA claim, assumed GPU")
+            continue
+        for device_class in classes:
+            if device_class in context.gpu_device_classes:
+                vendor = "amd" if device_class.endswith("amd.com") else "nvidia"
+                yield GpuRequest(GpuResource(device_class, vendor, GpuForm.DRA), f"claim {name}")
+                break
+
+
+def _gpu_requests(
+    container: Mapping[str, Any],
+    where: str,
+    pod_claims: Mapping[str, str | None] | None = None,
+    context: GpuContext | None = None,
+) -> tuple[GpuRequest, ...]:
     resources = mapping(container.get("resources"), f"{where}.resources")
     found: dict[str, GpuRequest] = {}
+    if pod_claims and context is not None:
+        found.update((r.resource.name, r) for r in _dra_requests(resources, where, pod_claims, context))
     for part in ("limits", "requests"):
         for name, quantity in mapping(resources.get(part), f"{where}.resources.{part}").items():
             gpu = gpu_resource(str(name))
@@ -322,7 +413,14 @@ def _prestop(container: Mapping[str, Any], where: str, strict: bool) -> PreStop 
     return None
 
 
-def _container(raw: object, kind: ContainerKind, index: int, strict: bool) -> Container:
+def _container(
+    raw: object,
+    kind: ContainerKind,
+    index: int,
+    strict: bool,
+    pod_claims: Mapping[str, str | None] | None = None,
+    context: GpuContext | None = None,
+) -> Container:
     where = f"spec.{kind.field}[{index}]"
     c = mapping(raw, where)
     name = dns_label(c.get("name"), f"{where}.name") if strict else str(c.get("name", f"#{index}"))
@@ -334,7 +432,7 @@ def _container(raw: object, kind: ContainerKind, index: int, strict: bool) -> Co
         args=strings(c.get("args"), f"{where}.args") or None,
         env=_env(c.get("env"), f"{where}.env", strict),
         prestop=_prestop(c, where, strict),
-        gpus=_gpu_requests(c, where),
+        gpus=_gpu_requests(c, where, pod_claims, context),
         raw=c,
     )
 
@@ -359,23 +457,68 @@ class PodSpec:
 
     @property
     def gpu_containers(self) -> tuple[Container, ...]:
-        """The regular containers that ask for a GPU (init containers and native sidecars run no
-        training; a reader that judges them too asks ``every_container``)."""
-        return tuple(c for c in self.containers if c.gpu)
+        """The containers that ask for a GPU: init containers and native sidecars too (a GPU held
+        by an init container blocks the pod's start; by a sidecar, its whole life); not ephemeral
+        ones (a debugger attached by hand)."""
+        return tuple(c for c in self.init_containers + self.containers if c.gpu)
 
 
-def read_pod_spec(spec: object, *, strict: bool = False, between: Callable[[], None] = lambda: None) -> PodSpec:
+def _pod_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:
+    """The pod's ``resourceClaims``: name -> ``ResourceClaim/NAME`` or ``ResourceClaimTemplate/NAME``
+    (None when it names neither)."""
+    out: dict[str, str | None] = {}
+    for i, claim in enumerate(sequence(spec.get("resourceClaims"), "spec.resourceClaims")):
+        claim = mapping(claim, f"spec.resourceClaims[{i}]")
+        if not isinstance(claim.get("name"), str):
+            continue
+        source = None
+        for field, kind in (
+            ("resourceClaimName", "ResourceClaim"),
+            ("resourceClaimTemplateName", "ResourceClaimTemplate"),
+        ):
+            if isinstance(claim.get(field), str):
+                source = f"{kind}/{claim[field]}"
+        out[claim["name"]] = source
+    return out
+
+
+def _with_fraction(containers: list[Container], annotations: Mapping[str, Any]) -> None:
+    """Give the fractional GPU of the pod's annotations to its container (KAI, run.ai)."""
+    asked = [(a, annotations[a]) for a in FRACTION_ANNOTATIONS if str(annotations.get(a, "")).strip() not in ("", "0")]
+    if not asked or not containers:
+        return
+    named = annotations.get(FRACTION_CONTAINER_ANNOTATION)
+    chosen = next((i for i, c in enumerate(containers) if c.name == named), None) if named else None
+    if chosen is None:
+        chosen = next((i for i, c in enumerate(containers) if c.kind is ContainerKind.REGULAR), None)
+    if chosen is None:
+        return
+    name, value = asked[0]
+    request = GpuRequest(GpuResource(f"annotation {name}", "nvidia", GpuForm.FRACTION), str(value))
+    containers[chosen] = dataclasses.replace(containers[chosen], gpus=(*containers[chosen].gpus, request))
+
+
+def read_pod_spec(
+    spec: object,
+    *,
+    strict: bool = False,
+    between: Callable[[], None] = lambda: None,
+    context: GpuContext | None = None,
+) -> PodSpec:
     """``spec`` (a pod's or a template's ``spec``) as a PodSpec; ``between`` is called before each
-    container (a review's deadline). Raises ManifestError naming the field (see the module's
-    docstring for what each mode refuses)."""
+    container (a review's deadline); ``context`` adds the GPUs a pod's annotations and DRA claims
+    give. Raises ManifestError naming the field (see the module's docstring for what each mode
+    refuses)."""
     spec = mapping(spec, "spec")
+    context = context or GpuContext()
+    pod_claims = _pod_claims(spec)
 
     def listed(kind: ContainerKind) -> tuple[Container, ...]:
         out = []
         for i, raw in enumerate(sequence(spec.get(kind.field), f"spec.{kind.field}")):
             between()
             sidecar = kind is ContainerKind.INIT and isinstance(raw, Mapping) and raw.get("restartPolicy") == "Always"
-            out.append(_container(raw, ContainerKind.SIDECAR if sidecar else kind, i, strict))
+            out.append(_container(raw, ContainerKind.SIDECAR if sidecar else kind, i, strict, pod_claims, context))
         return tuple(out)
 
     grace = spec.get("terminationGracePeriodSeconds")
@@ -384,9 +527,12 @@ def read_pod_spec(spec: object, *, strict: bool = False, between: Callable[[], N
     else:  # a lenient reader judges a negative grace as written (what the API server makes of it is its own)
         grace = integer(grace, "spec.terminationGracePeriodSeconds", 0 if strict else None)
     share = spec.get("shareProcessNamespace", False)
+    ordinary = list(listed(ContainerKind.INIT) + listed(ContainerKind.REGULAR))
+    _with_fraction(ordinary, mapping(context.annotations, "metadata.annotations"))
+    inits = sum(1 for c in ordinary if c.kind is not ContainerKind.REGULAR)
     pod = PodSpec(
-        init_containers=listed(ContainerKind.INIT),
-        containers=listed(ContainerKind.REGULAR),
+        init_containers=tuple(ordinary[:inits]),
+        containers=tuple(ordinary[inits:]),
         ephemeral_containers=listed(ContainerKind.EPHEMERAL),
         grace_seconds=grace,
         share_process_namespace=boolean(share, "spec.shareProcessNamespace") if strict else share is True,
@@ -482,10 +628,25 @@ def resolve(doc: Any, pointer: str) -> Any:
     return doc
 
 
+def dotted(pointer: str) -> str:
+    """A JSON pointer as a field path in messages (``/spec/workerGroupSpecs/0/template`` ->
+    ``spec.workerGroupSpecs[0].template``)."""
+    out = ""
+    for token in tokens(pointer):
+        out += f"[{token}]" if token.isdigit() else f".{token}" if out else token
+    return out
+
+
+_PLAIN_PATHS = frozenset({"", "template", "spec.template", "spec.jobTemplate.spec.template"})
+"""Where a Pod, a PodTemplate and the built-in workloads hold their one template: not repeated in labels."""
+
+
 @dataclass(frozen=True)
 class PodTemplate:
     """A pod-shaped object (``metadata`` + ``spec``: a Pod, or a workload's template) where it
-    stands: its document, and a JSON pointer to it there, so a fix applies in place."""
+    stands: its document, and a JSON pointer to it there, so a fix applies in place. A bare pod
+    spec (KServe's LLMInferenceService ``spec.template``, its predictor) stands in a pod of its own
+    with no metadata: ``bare``, and its pointer is the spec's."""
 
     document: int
     kind: str
@@ -495,6 +656,9 @@ class PodTemplate:
     pointer: str
     """JSON pointer, in the document, to the pod-shaped object (``""`` for a Pod)."""
     pod: Mapping[str, Any]
+    bare: bool = False
+    object_pointer: str = ""
+    """JSON pointer to the object that holds it (an item of a List)."""
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -502,28 +666,120 @@ class PodTemplate:
         return spec if isinstance(spec, Mapping) else {}
 
     @property
+    def annotations(self) -> Mapping[str, Any]:
+        meta = self.pod.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        return annotations if isinstance(annotations, Mapping) else {}
+
+    @property
+    def path(self) -> str:
+        """Where it stands in its object (``spec.workerGroupSpecs[0].template``; ``""``: the object)."""
+        return dotted(self.pointer[len(self.object_pointer) :])
+
+    @property
     def label(self) -> str:
         where = f"{self.namespace}/" if self.namespace else ""
-        return f"{self.kind}/{where}{self.name}"
+        shown = "" if self.path in _PLAIN_PATHS else f" {self.path}"
+        return f"{self.kind}/{where}{self.name}{shown}"
+
+    def locate(self, pod_pointer: str) -> str | None:
+        """A pointer into the pod (``/spec/containers/0``) as one into the document; None where a
+        bare spec has no such place (its pod's metadata)."""
+        if not self.bare:
+            return self.pointer + pod_pointer
+        if pod_pointer == "/spec" or pod_pointer.startswith("/spec/"):
+            return self.pointer + pod_pointer[len("/spec") :]
+        return None
+
+
+def _container_list(value: Any) -> bool:
+    """A list of containers: maps with a ``name`` or an ``image`` (KServe's LLMInferenceService
+    leaves the image to its config)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(c, Mapping) and ("image" in c or "name" in c) for c in value)
+    )
+
+
+def _pod_spec_shaped(value: Any) -> bool:
+    """A PodSpec: a map with ``containers``, a list of maps with an ``image``."""
+    return isinstance(value, Mapping) and _container_list(value.get("containers"))
 
 
 def _pod_shaped(value: Any) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get("spec"), Mapping) and "containers" in value["spec"]
 
 
-def _template_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
-    """Where ``obj`` holds pod templates, relative to it."""
-    kind, spec = obj.get("kind"), obj.get("spec")
-    if kind == "Pod":
-        yield ""
-    elif kind == "PodTemplate" and _pod_shaped(obj.get("template")):
-        yield "/template"
-    elif isinstance(spec, Mapping) and _pod_shaped(spec.get("template")):
-        yield "/spec/template"
-    elif isinstance(spec, Mapping) and isinstance(spec.get("jobTemplate"), Mapping):
-        job = spec["jobTemplate"].get("spec")
-        if isinstance(job, Mapping) and _pod_shaped(job.get("template")):
-            yield "/spec/jobTemplate/spec/template"
+MAX_SEARCH_NODES = 100_000
+"""The structural searches visit at most this many maps and lists of one object (YAML aliases can
+make a small file a huge tree: each node is visited once, by identity)."""
+
+_Path = tuple[Any, str] | None
+"""A place in a document, built lazily: (the parent's place, this token); None is the root."""
+
+
+def _pointer(path: _Path) -> str:
+    found: list[str] = []
+    while path is not None:
+        path, token = path
+        found.append(token)
+    return "".join(f"/{escape(t)}" for t in reversed(found))
+
+
+class _Search:
+    """Every map and list under ``root`` once (by identity; ``skip``'s ids not at all), depth
+    first in document order, at most MAX_SEARCH_NODES: iterate for (place, value); ``prune(place)``
+    keeps the search out of the value just given; ``truncated`` says it stopped at the bound."""
+
+    def __init__(self, root: Any, skip: set[int] | None = None) -> None:
+        self.stack: list[tuple[_Path, Any]] = [(None, root)]
+        self.seen = set(skip or ())
+        self.pruned = False
+        self.truncated = False
+
+    def __iter__(self) -> Iterator[tuple[_Path, Any]]:
+        while self.stack:
+            if len(self.seen) >= MAX_SEARCH_NODES:
+                self.truncated = True
+                return
+            path, value = self.stack.pop()
+            if id(value) in self.seen:
+                continue
+            self.seen.add(id(value))
+            self.pruned = False
+            yield path, value
+            if self.pruned:
+                continue
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            children = [((path, str(k)), v) for k, v in items if isinstance(v, (Mapping, list))]
+            self.stack += reversed(children)
+
+    def prune(self) -> None:
+        self.pruned = True
+
+
+def _template_pointers(obj: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
+    """Where ``obj`` holds pod templates, relative to it, and whether each is a bare pod spec: a
+    search of the whole object for PodTemplateSpec-shaped maps (``metadata``/``spec`` with
+    ``containers``) and bare PodSpecs, which finds every kind's known paths (docs/admission.md's
+    table) and those of kinds it does not know. It does not look inside what it found, nor in
+    a template's metadata."""
+    if obj.get("kind") == "Pod":
+        yield "", False
+        return
+    search = _Search(obj)
+    for path, value in search:
+        if path is None or not isinstance(value, Mapping):
+            continue
+        if path[1] == "metadata":
+            search.prune()
+        elif _pod_shaped(value) and _pod_spec_shaped(value["spec"]):
+            search.prune()
+            yield _pointer(path), False
+        elif _pod_spec_shaped(value):
+            search.prune()
+            yield _pointer(path), True
 
 
 def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
@@ -534,10 +790,46 @@ def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
             continue
         meta = data["metadata"] if isinstance(data.get("metadata"), Mapping) else {}
         name = meta.get("name") or meta.get("generateName") or "(unnamed)"
-        for pointer in _template_pointers(data):
+        for pointer, bare in _template_pointers(data):
+            found = resolve(data, pointer)
+            pod = {"spec": found} if bare else found
             yield PodTemplate(
-                obj.document, data["kind"], str(name), obj.namespace, obj.pointer + pointer, resolve(data, pointer)
+                obj.document, data["kind"], str(name), obj.namespace, obj.pointer + pointer, pod, bare, obj.pointer
             )
+
+
+_EMBEDDED_GPU = re.compile(
+    r"(?m)^[ \t]*[\"']?(nvidia\.com/gpu[\w.-]*|nvidia\.com/mig-[\w.-]+|amd\.com/gpu)[\"']?[ \t]*:[ \t]*[\"']?([1-9][0-9]*)"
+)
+"""A GPU resource with a quantity inside a string (Argo's ``resource.manifest``, a Helm value)."""
+
+
+def unread_gpu_requests(
+    documents: Sequence[Document], templates: Sequence[PodTemplate]
+) -> Iterator[tuple[int, str, str]]:
+    """GPU requests (a GPU resource name with a quantity, a ``gpu-fraction`` annotation) outside
+    every template read: (document, JSON pointer, what). A file whose GPUs no reader understood is
+    a finding, never a silent pass."""
+    for doc in documents:
+        search = _Search(doc.data, {id(t.spec if t.bare else t.pod) for t in templates if t.document == doc.index})
+        reported: set[str] = set()
+        for path, value in search:
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            for key, item in items:
+                if isinstance(item, str) and (embedded := _EMBEDDED_GPU.search(item)):
+                    yield doc.index, _pointer((path, str(key))), f"{embedded[1]}: {embedded[2]} in an embedded manifest"
+                elif (
+                    isinstance(key, str)
+                    and (gpu_resource(key) or key in FRACTION_ANNOTATIONS)
+                    and isinstance(item, (str, int, float))
+                    and str(item).strip() not in ("0", "")
+                ):
+                    holder = _pointer(path[0] if path is not None and path[1] in ("limits", "requests") else path)
+                    if holder not in reported:  # a container's limits and requests: one finding
+                        reported.add(holder)
+                        yield doc.index, _pointer((path, key)), f"{key}: {item}"
+        if search.truncated:  # stopped at its bound: what it did not see is not a silent pass either
+            yield doc.index, "", f"over {MAX_SEARCH_NODES} maps and lists, not searched to the end for GPU requests"
 
 
 def line_of(node: Any, pointer: str) -> int | None:
