@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
 from typing import Any
 
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
 from gpuzombie.admission.mutate import DEFAULT_IMAGE
+from gpuzombie.cli.common import stopped
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
@@ -92,24 +90,13 @@ def _patch(source: str, policy: Any) -> int:
     return int(ExitStatus.OK)
 
 
-def _stamp(*paths: str) -> tuple[float, ...]:
-    stamps = []
-    for path in paths:
-        try:
-            stamps.append(os.stat(path).st_mtime)
-        except OSError:
-            stamps.append(-1.0)
-    return tuple(stamps)
-
-
 def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
-    from gpuzombie.serving import Server, TlsFiles
+    from gpuzombie.serving import Server, TlsFiles, serve_until_stopped
 
-    tls = TlsFiles(serving["tls_cert"], serving["tls_key"])
     server = Server(
         {"/mutate": app},
         listen=serving["listen"],
-        tls=tls,
+        tls=TlsFiles(serving["tls_cert"], serving["tls_key"]),
         probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
         read_timeout=serving["read_timeout"],
         max_connections=serving["max_connections"],
@@ -117,38 +104,20 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
         max_body_bytes_held=serving["max_body_bytes_held"],
         name="gpuzombie-webhook",
     )
-    stop = threading.Event()
-    received: list[int] = []
 
-    def on_signal(signum: int, frame: object) -> None:  # no work here: the main loop stops the server
-        received.append(signum)
-        stop.set()
+    def log(line: str) -> None:
+        click.echo(f"gpuzombie webhook: {line}", err=True)
 
     try:
-        bound = server.start()
+        received = serve_until_stopped(
+            server,
+            announce=lambda s: log(f"serving https://{s.bound[0]}/mutate, /healthz and /readyz"),
+            log=log,
+            tls_check_seconds=serving["tls_reload_seconds"],
+        )
     except OSError as exc:
         raise GpuzombieError(f"cannot serve TLS on {serving['listen']}: {exc.strerror or exc}") from exc
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    stamp = _stamp(tls.certfile, tls.keyfile)
-    click.echo(f"gpuzombie webhook: serving https://{bound}/mutate, /healthz and /readyz", err=True)
-    try:
-        while not stop.wait(serving["tls_reload_seconds"]):
-            now = _stamp(tls.certfile, tls.keyfile)
-            if now == stamp:
-                continue
-            try:  # a renewed certificate (cert-manager rotates the Secret): new connections get it
-                server.reload_tls()
-            except OSError as exc:  # tried again at the next check: the old files are served meanwhile
-                click.echo(f"gpuzombie webhook: warning: new TLS files not served, the old ones are: {exc}", err=True)
-                continue
-            stamp = now
-            click.echo("gpuzombie webhook: TLS certificate reloaded", err=True)
-    finally:
-        server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    click.echo(f"gpuzombie webhook: stopped ({signal.Signals(received[0]).name})", err=True)
-    return int(ExitStatus.INTERRUPTED if received[0] == signal.SIGINT else ExitStatus.OK)
+    return stopped("webhook", received)
 
 
 @click.command()

@@ -13,6 +13,7 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
+from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets, require_scope
 from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, Terminator, count_left_alive
@@ -21,9 +22,6 @@ from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
 SCHEMA = "gpuzombie.prestop/1"
-DEFAULT_TIMEOUT = 20.0
-"""The seed's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
-DEFAULT_KILL_WAIT = 2.0
 NVML_NOT_ASKED = GpuSnapshot(available=False, reason="not asked: the /proc fd scan read every process")
 """The fast hook's plan when the fd scan decided alone (every CUDA process holds /dev/nvidia*)."""
 REASONS_LIMIT = 400
