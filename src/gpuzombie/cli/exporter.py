@@ -87,7 +87,10 @@ def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any]
 
     try:
         received = serve_until_stopped(
-            server, announce=announce, log=lambda line: click.echo(f"gpuzombie exporter: {line}", err=True)
+            server,
+            announce=announce,
+            log=lambda line: click.echo(f"gpuzombie exporter: {line}", err=True),
+            tls_check_seconds=serving["tls_reload_seconds"],
         )
     except exporter.ListenError as exc:
         raise GpuzombieError(str(exc)) from exc
@@ -152,6 +155,13 @@ def serving_options(fn: Any) -> Any:
                 metavar="PEM",
                 callback=_tls_pair,
                 help="Require client certificates signed by this CA (mutual TLS).",
+            ),
+            click.option(
+                "--tls-reload-seconds",
+                type=click.FloatRange(min=0.1),
+                default=30.0,
+                hidden=True,
+                help="How often the TLS files are checked for a renewed certificate.",
             ),
             click.option(
                 "--unhealthy-after",
