@@ -6,7 +6,8 @@ is counting): real processes, started, served once, then signalled, repeated.
 Two ways the signal arrives: ``process`` (``kill``: the kernel picks a thread, usually the main one)
 and ``thread`` (``tgkill`` to a server thread, as happens on a busy node: then CPython's C handler
 only notes it, and a main thread asleep in a timed wait runs the Python handler at its timeout). Each
-run is timed from the signal to the process's exit (interpreter shutdown included). ``--src`` runs
+run is timed from the signal to the process's exit (interpreter shutdown included). Last,
+``Server.stop()`` alone, in this process, at a random moment after its start. ``--src`` runs
 another checkout's sources (the before figures).
 """
 
@@ -91,6 +92,33 @@ def one_stop(argv: list[str], pattern: str, src: str, how: str, log: Path) -> fl
             proc.wait()
 
 
+def server_stop_seconds(src: str, runs: int) -> list[float]:
+    """In this process: ``Server.stop()`` alone (no interpreter exit), at a random moment after start."""
+    sys.path.insert(0, src)
+    from gpuzombie.serving import Server, parse_listen
+
+    times = []
+    for _ in range(runs):
+        server = Server({}, listen=parse_listen("127.0.0.1:0"))
+        server.start()
+        time.sleep(random.uniform(0.1, 0.6))
+        start = time.monotonic()
+        server.stop()
+        times.append(time.monotonic() - start)
+    return times
+
+
+def _row(runs: int, times: list[float | None]) -> dict[str, object]:
+    done = [t for t in times if t is not None]
+    return {
+        "runs": runs,
+        "gave_up": runs - len(done),
+        "min_s": round(min(done), 3) if done else None,
+        "median_s": round(statistics.median(done), 3) if done else None,
+        "max_s": round(max(done), 3) if done else None,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=10)
@@ -104,17 +132,13 @@ def main() -> int:
         for name, (argv, pattern) in _commands(work).items():
             for how, runs in (("process", args.runs), ("thread", args.thread_runs)):
                 times = [one_stop(argv, pattern, args.src, how, work / "log") for _ in range(runs)]
-                done = [t for t in times if t is not None]
-                row = {
-                    "runs": runs,
-                    "gave_up": runs - len(done),
-                    "min_s": round(min(done), 3) if done else None,
-                    "median_s": round(statistics.median(done), 3) if done else None,
-                    "max_s": round(max(done), 3) if done else None,
-                }
+                row = _row(runs, times)
                 out[f"{name}/{how}"] = row
                 if not args.json:
                     print(f"{name:8} SIGTERM to {how:7}: {row}", flush=True)
+    out["Server.stop"] = _row(args.runs, list(server_stop_seconds(args.src, args.runs)))
+    if not args.json:
+        print(f"Server.stop() in-process: {out['Server.stop']}")
     if args.json:
         print(json.dumps(out, indent=2))
     return 0
