@@ -65,8 +65,6 @@ class Kind(Enum):
 
 @dataclass(frozen=True)
 class HookOption:
-    name: str
-    """The value's name in ``HookOptions``."""
     flag: str
     """The option on the command line (a switch also takes ``--no-`` before the rest)."""
     kind: Kind
@@ -76,6 +74,12 @@ class HookOption:
     metavar: str | None = None
     convert: Callable[[str], object] | None = None
     choices: tuple[str, ...] = ()
+    dest: str | None = None
+    """The value's name in ``HookOptions`` when it is not the flag's (``--json``: ``as_json``)."""
+
+    @property
+    def name(self) -> str:
+        return self.dest or self.flag.removeprefix("--").replace("-", "_")
 
     @property
     def negative_flag(self) -> str:
@@ -88,7 +92,6 @@ class HookOption:
 
 OPTIONS: tuple[HookOption, ...] = (
     HookOption(
-        "timeout",
         "--timeout",
         Kind.VALUE,
         "Seconds between SIGTERM and SIGKILL. With --kill-wait it must fit the pod's "
@@ -99,7 +102,6 @@ OPTIONS: tuple[HookOption, ...] = (
         convert=seconds,
     ),
     HookOption(
-        "kill_wait",
         "--kill-wait",
         Kind.VALUE,
         "Seconds to wait for processes to vanish after SIGKILL before calling them survivors.",
@@ -107,25 +109,22 @@ OPTIONS: tuple[HookOption, ...] = (
         metavar="S",
         convert=seconds,
     ),
-    HookOption("dry_run", "--dry-run", Kind.FLAG, "List the targets; signal nothing, write nothing to PID 1's stdout."),
-    HookOption("no_orphans", "--no-orphans", Kind.FLAG, "Stop only GPU holders, not other orphans."),
+    HookOption("--dry-run", Kind.FLAG, "List the targets; signal nothing, write nothing to PID 1's stdout."),
+    HookOption("--no-orphans", Kind.FLAG, "Stop only GPU holders, not other orphans."),
     HookOption(
-        "nvml",
         "--nvml",
         Kind.VALUE,
         "Ask NVML always, only when the /proc fd scan could not read every process, or never.",
         default="always",
         choices=NVML_CHOICES,
     ),
-    HookOption("no_nvml", "--no-nvml", Kind.FLAG, "Never ask NVML: the same as --nvml never."),
+    HookOption("--no-nvml", Kind.FLAG, "Never ask NVML: the same as --nvml never."),
     HookOption(
-        "same_cgroup",
         "--same-cgroup",
         Kind.FLAG,
         "Only processes in this process's own cgroup (pods with shareProcessNamespace).",
     ),
     HookOption(
-        "cgroup",
         "--cgroup",
         Kind.VALUE,
         "Only processes in this cgroup or below it, as /proc/<pid>/cgroup shows it. "
@@ -133,14 +132,12 @@ OPTIONS: tuple[HookOption, ...] = (
         metavar="PATH",
     ),
     HookOption(
-        "container",
         "--container",
         Kind.VALUE,
         "Only this container's processes: its id, a prefix of 12+ hex digits, or runtime://<id>.",
         metavar="ID",
     ),
     HookOption(
-        "pid1_log",
         "--pid1-log",
         Kind.SWITCH,
         "Also write the log lines to /proc/1/fd/1, so they reach `kubectl logs`.",
@@ -148,9 +145,8 @@ OPTIONS: tuple[HookOption, ...] = (
         envvar="GPUZOMBIE_PRESTOP_PID1_LOG",
         convert=switch,
     ),
-    HookOption("as_json", "--json", Kind.FLAG, "Print JSON (schema in the README)."),
+    HookOption("--json", Kind.FLAG, "Print JSON (schema in the README).", dest="as_json"),
     HookOption(
-        "procfs",
         "--procfs",
         Kind.VALUE,
         "procfs root to read: this PID namespace's own.",

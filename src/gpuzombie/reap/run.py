@@ -23,7 +23,7 @@ from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
 from gpuzombie.k8s.liveness import PodState
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.prestop.targets import Target, Unread
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, Terminator, count_left_alive
+from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
@@ -38,13 +38,10 @@ STOPPED_STATES = (PodState.NOT_READY, PodState.NOT_LISTED)
 
 
 @dataclass(frozen=True)
-class ReapResult:
-    target: Target
-    outcome: Outcome
-    """The terminator's outcome, or ``not_killable_d_state`` for a survivor in state D."""
-    signals: tuple[str, ...]
-    exited_after_s: float | None
-    state_after: str | None
+class ReapResult(TargetResult):
+    """The terminator's result, with ``not_killable_d_state`` for a survivor in state D."""
+
+    state_after: str | None = None
     """The process's state when the run ended (None: gone)."""
 
 
@@ -184,7 +181,7 @@ def run_reap(
         now_state = read_start_and_state(procfs.root, r.target.pid)
         state = now_state[1] if now_state is not None and now_state[0] == r.target.start_ticks else None
         outcome = Outcome.NOT_KILLABLE if r.outcome is Outcome.SURVIVED and state == "D" else r.outcome
-        reaped.append(ReapResult(r.target, outcome, r.signals, r.exited_after_s, state))
+        reaped.append(ReapResult(r.target, outcome, r.signals, r.exited_after_s, r.found_by_rescan, state))
     survivors = count_left_alive(r.outcome for r in reaped)
     findings = bool(plan.targets) if dry_run else bool(survivors)
     status = ExitStatus.FINDINGS if findings or plan.unread else ExitStatus.OK
