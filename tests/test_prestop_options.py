@@ -6,6 +6,12 @@ click, and a bad ``GPUZOMBIE_PRESTOP_PID1_LOG`` was an error in one and "on" in 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import click
 import pytest
 from click.types import BoolParamType
@@ -13,6 +19,10 @@ from click.types import BoolParamType
 from gpuzombie.cli.prestop import command
 from gpuzombie.prestop.hook import build_parser, parse_hook_args
 from gpuzombie.prestop.options import BOOL_WORDS, OPTIONS, HookOptions
+from markers import needs_root
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+IN_A_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 
 CASES = [
     [],
@@ -91,3 +101,19 @@ def test_the_click_command_takes_nvml_as_the_stdlib_hook_does():
     """241ae16: ``gpuzombie prestop --nvml undecided`` was 'No such option'."""
     assert _click(["--nvml", "undecided"]) == _argparse(["--nvml", "undecided"])
     assert _click(["--nvml", "undecided"])["nvml"] == "undecided"
+
+
+@needs_root
+@pytest.mark.parametrize("word", ["off", "OFF", "n", "0"])
+def test_pid1_log_turned_off_in_the_environment_is_off_in_the_stdlib_hook(word):
+    """241ae16's stdlib hook knew only 0/false/no: ``GPUZOMBIE_PRESTOP_PID1_LOG=off`` left the copy to
+    PID 1's stdout on there (click's command turned it off). In a PID namespace of its own, as in a pod."""
+    done = subprocess.run(
+        [*IN_A_PID_NAMESPACE, sys.executable, "-m", "gpuzombie.prestop", "--json", "--no-nvml"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": SRC, "GPUZOMBIE_PRESTOP_PID1_LOG": word},
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pid1_log"] == "off"
