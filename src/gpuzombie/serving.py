@@ -13,7 +13,9 @@ never read), a certificate renewal swaps the TLS context for new connections wit
 listener (``reload_tls``), TLS files that cannot serve (encrypted key, certificate expired or not
 yet valid) are refused naming the file, every connection (plain, TLS, failed handshake) is released and closed in one
 ``finally``, and nothing is logged per request. One server may listen on several addresses (a pod
-IP and loopback) under one bound. Standard library only: the webhook's image needs no extra (why
+IP and loopback) under one bound, all accepted by one loop that ``stop`` ends at once.
+``serve_until_stopped`` is how a command runs one: until SIGTERM or SIGINT, whichever thread the
+kernel hands it to, reloading renewed TLS files on the way. Standard library only: the webhook's image needs no extra (why
 not cheroot: docs/reliability.md).
 """
 

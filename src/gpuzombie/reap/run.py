@@ -1,8 +1,8 @@
 """``run_reap``: end the processes of stale pods with prestop's termination; the report is data.
 
-The same pidfd-only, pid-reuse-safe sequence as the preStop hook (``prestop.terminate.Terminator``): every
-process is pinned by a pidfd before it is read, signalled only through it, SIGTERM, ``timeout``,
-SIGKILL, ``kill_wait``. While it waits it re-scans the stale pods' cgroups (a child forked or
+The same pidfd-only, pid-reuse-safe sequence as the preStop hook (``prestop.terminate.Terminator``):
+every process is pinned by a pidfd before it is read, signalled only through it, SIGTERM,
+``timeout``, SIGKILL, ``kill_wait``. While it waits it re-scans the stale pods' cgroups (a child forked or
 re-parented meanwhile is ended too), each re-scan asking the runtime again: a pod that runs again
 gets no new target. A process in state D cannot die until the driver lets it go: it is reported as
 not killable once ``kill_wait`` has passed, never waited for beyond that.
