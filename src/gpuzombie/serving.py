@@ -568,8 +568,10 @@ class Server:
             server.tls = context
 
     def _accept(self, wake: socket.socket) -> None:
-        """Accept on every listening socket from one thread, until ``stop`` writes to ``wake``."""
-        with selectors.DefaultSelector() as selector:
+        """Accept on every listening socket from one thread, until ``stop`` writes to ``wake``. poll(2),
+        as socketserver's loop: it holds no descriptor of its own (epoll would, opened in this thread
+        after ``start`` returned)."""
+        with selectors.PollSelector() as selector:
             selector.register(wake, selectors.EVENT_READ)
             for server in self._servers:
                 selector.register(server, selectors.EVENT_READ, server)
@@ -644,15 +646,12 @@ def _stamp(tls: TlsFiles) -> tuple[float, ...]:
     return tuple(stamps)
 
 
-DEFAULT_TLS_CHECK_SECONDS = 30.0
-
-
 def serve_until_stopped(
     server: Server,
     *,
     announce: Callable[[Server], None],
     log: Callable[[str], None],
-    tls_check_seconds: float = DEFAULT_TLS_CHECK_SECONDS,
+    tls_check_seconds: float,
 ) -> signal.Signals:
     """Start ``server``, serve until SIGTERM or SIGINT, stop it; the signal that stopped it.
 
@@ -663,10 +662,12 @@ def serve_until_stopped(
     connections (``reload_tls``); files that cannot serve are ``log``ged and the old ones stay
     served, tried again at the next check. Raises what ``start`` raises (ListenError, TlsFileError)."""
     with _StopSignals() as stop:
+        # Stamped before start() loads the files: a renewal from then on, even one done before the
+        # announcement (a caller that swaps files as soon as it reads it), is seen at the next check.
+        stamp = None if server.tls is None else _stamp(server.tls)
         server.start()
         try:
             announce(server)
-            stamp = None if server.tls is None else _stamp(server.tls)
             while (received := stop.wait(None if stamp is None else tls_check_seconds)) is None:
                 now = stamp if server.tls is None else _stamp(server.tls)
                 if now == stamp:

@@ -61,6 +61,13 @@ trust_runtime_option = click.option(
     "(a runtime that is not the kubelet's then makes its live pods look stale). Never overrides a "
     "kubelet that answers.",
 )
+tls_reload_option = click.option(
+    "--tls-reload-seconds",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    hidden=True,
+    help="How often the TLS files are checked for a renewed certificate (a server's, 30 s by default).",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
 

@@ -17,6 +17,7 @@ from gpuzombie.cli.common import (
     pod_resources_socket_option,
     procfs_option,
     stopped,
+    tls_reload_option,
     trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
@@ -156,13 +157,7 @@ def serving_options(fn: Any) -> Any:
                 callback=_tls_pair,
                 help="Require client certificates signed by this CA (mutual TLS).",
             ),
-            click.option(
-                "--tls-reload-seconds",
-                type=click.FloatRange(min=0.1),
-                default=30.0,
-                hidden=True,
-                help="How often the TLS files are checked for a renewed certificate.",
-            ),
+            tls_reload_option,
             click.option(
                 "--unhealthy-after",
                 type=click.IntRange(min=1),

@@ -10,7 +10,7 @@ import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
 from gpuzombie.admission.mutate import DEFAULT_IMAGE
-from gpuzombie.cli.common import stopped
+from gpuzombie.cli.common import stopped, tls_reload_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 
@@ -165,13 +165,7 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     help="A namespace's default for the pod annotation gpuzombie.dev/KEY: prestop=true, grace-seconds=N, "
     "torchrun-shutdown=true (repeatable; a pod's annotation wins).",
 )
-@click.option(
-    "--tls-reload-seconds",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    hidden=True,
-    help="How often the TLS files are checked for a renewed certificate.",
-)
+@tls_reload_option
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, metavar="N")
 @click.option(
