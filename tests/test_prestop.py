@@ -21,12 +21,11 @@ from gpuzombie.observe.orphans import find_orphans
 from gpuzombie.observe.pid1 import find_pid1
 from gpuzombie.prestop import (
     Outcome,
-    PrestopPlan,
     PrestopReport,
     Scope,
     Target,
     TargetResult,
-    execute_plan,
+    Terminator,
     plan_targets,
     render_text,
 )
@@ -521,27 +520,14 @@ def test_unreadable_processes_are_counted_not_signalled(tmp_path):
     }
 
 
-def _plan_of(procs: list[subprocess.Popen]) -> PrestopPlan:
-    """A plan whose targets are these real processes (what a scan of a pod holding them would give)."""
+def _targets_of(procs: list[subprocess.Popen]) -> list[Target]:
+    """Targets that are these real processes (what a scan of a pod holding them would give)."""
     targets = []
     for p in procs:
         found = read_start_and_state("/proc", p.pid)
         assert found is not None
         targets.append(Target(p.pid, found[0], "sleep", "sleep 60", found[1], ("holds /dev/nvidia0",)))
-    return PrestopPlan(
-        own_pid=os.getpid(),
-        own_pidns=None,
-        in_root_pidns=False,
-        pid1_command=None,
-        orphans_included=True,
-        scope=None,
-        scope_matched=None,
-        gpu_available=False,
-        gpu_reason="-",
-        targets=tuple(targets),
-        excluded=(),
-        unread=(),
-    )
+    return targets
 
 
 def test_a_scope_that_never_empties_ends_in_survivors_found_by_the_final_scan():
@@ -550,15 +536,15 @@ def test_a_scope_that_never_empties_ends_in_survivors_found_by_the_final_scan():
     each, and the kill wait ends with a final scan whose new target is a survivor: exit 1, never OK."""
     started: list[subprocess.Popen] = []
 
-    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+    def rescan() -> tuple[list[Target], PinnedPids]:
         started.append(subprocess.Popen(["sleep", "60"]))
-        return _plan_of(started[-1:]), PinnedPids([started[-1].pid])
+        return _targets_of(started[-1:]), PinnedPids([started[-1].pid])
 
     try:
         first = [subprocess.Popen(["sleep", "60"])]
         started += first
-        results = execute_plan(
-            _plan_of(first), PinnedPids([first[0].pid]), procfs_root="/proc", timeout=0.3, kill_wait=0.6, rescan=rescan
+        results = Terminator(procfs_root="/proc", rescan=rescan).run(
+            _targets_of(first), PinnedPids([first[0].pid]), timeout=0.3, kill_wait=0.6
         )
         outcomes = [r.outcome for r in results]
         assert outcomes[0] is Outcome.EXITED_AFTER_SIGTERM  # sleep dies of SIGTERM

@@ -172,7 +172,7 @@ def recycle(pid: int, tries: int = 20) -> subprocess.Popen | None:
 def reuse_trial() -> dict:
     """Plan (pidfds pinned), let the GPU holder exit and be reaped, give its pid to a new process,
     then execute the plan: the new process must receive nothing."""
-    from gpuzombie.prestop import execute_plan, plan_prestop
+    from gpuzombie.prestop import Terminator, plan_prestop
     from gpuzombie.proc import Procfs
     from gpuzombie.proc.pidfd import ProcessHandle
 
@@ -182,7 +182,7 @@ def reuse_trial() -> dict:
     victim.kill()
     victim.wait()
     replacement = recycle(victim.pid)
-    results = execute_plan(plan, pins, procfs_root="/proc", timeout=0.2, kill_wait=0.2)
+    results = Terminator(procfs_root="/proc").run(plan.targets, pins, timeout=0.2, kill_wait=0.2)
     trial = {
         "planned": target is not None,
         "recycled": replacement is not None,

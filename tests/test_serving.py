@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import signal
 import socket
 import ssl
+import threading
 
 import pytest
 
@@ -361,3 +363,40 @@ def test_a_reload_keeps_the_listener_and_the_connections_in_flight(pki, tmp_path
         assert https_get(port, new) == 200  # the last good context, still served
     finally:
         server.stop()
+
+
+def test_files_renewed_while_the_server_starts_are_checked(pki, tmp_path):
+    """``serve_until_stopped`` stamps the TLS files before it loads them: files swapped the moment it
+    announces itself (what test_admission_webhook's reload tests do) are still seen as new. The first
+    version stamped them after the announcement, so a quick swap to an expired certificate went
+    unwarned for good (1 timeout in a full suite run). Stopped by a real SIGTERM to this process."""
+    from gpuzombie.serving import serve_until_stopped
+    from pki import make_dated_certificate
+
+    expired = tmp_path / "expired"
+    expired.mkdir()
+    cert, key = make_dated_certificate(expired, "20200101000000Z", "20200102000000Z")
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("server.pem", "server.key"):
+        (served / name).write_bytes((pki / name).read_bytes())
+    server = Server({}, listen=LOOPBACK, tls=TlsFiles(str(served / "server.pem"), str(served / "server.key")))
+
+    def swap_at_once(_: Server) -> None:
+        (served / "server.pem").write_bytes(cert.read_bytes())
+        (served / "server.key").write_bytes(key.read_bytes())
+
+    logged: list[str] = []
+
+    def log(line: str) -> None:
+        logged.append(line)
+        os.kill(os.getpid(), signal.SIGTERM)  # one check is enough: stop
+
+    give_up = threading.Timer(30, os.kill, (os.getpid(), signal.SIGTERM))  # the margin: a check is 0.05 s
+    give_up.start()
+    try:
+        received = serve_until_stopped(server, announce=swap_at_once, log=log, tls_check_seconds=0.05)
+    finally:
+        give_up.cancel()
+    assert received is signal.SIGTERM
+    assert logged and "expired" in logged[0], logged

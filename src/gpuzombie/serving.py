@@ -13,7 +13,9 @@ never read), a certificate renewal swaps the TLS context for new connections wit
 listener (``reload_tls``), TLS files that cannot serve (encrypted key, certificate expired or not
 yet valid) are refused naming the file, every connection (plain, TLS, failed handshake) is released and closed in one
 ``finally``, and nothing is logged per request. One server may listen on several addresses (a pod
-IP and loopback) under one bound. Standard library only: the webhook's image needs no extra (why
+IP and loopback) under one bound, all accepted by one loop that ``stop`` ends at once.
+``serve_until_stopped`` is how a command runs one: until SIGTERM or SIGINT, whichever thread the
+kernel hands it to, reloading renewed TLS files on the way. Standard library only: the webhook's image needs no extra (why
 not cheroot: docs/reliability.md).
 """
 
@@ -24,6 +26,9 @@ import io
 import ipaddress
 import os
 import re
+import select
+import selectors
+import signal
 import socket
 import ssl
 import stat
@@ -455,6 +460,11 @@ class _Server(WSGIServer):
             self.connections.release(conn)
             conn.close()
 
+    def handle_ready(self) -> None:
+        """Accept and serve the connection the accept loop found waiting on this socket (never blocks:
+        a client gone before the accept leaves nothing to wait for; ``handle_request`` would wait)."""
+        self._handle_request_noblock()  # type: ignore[attr-defined]  # socketserver's, not in typeshed
+
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -515,7 +525,9 @@ class Server:
         self.bound: tuple[ListenAddress, ...] = ()
         """The addresses bound by start(), in the order asked, with the real ports."""
         self._servers: list[_Server] = []
-        self._threads: list[threading.Thread] = []
+        self._accepting: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        """Written to by ``stop``: the accept loop returns at once (socketserver's polls every 0.5 s)."""
 
     def start(self) -> ListenAddress:
         """Bind and serve; returns the first bound address (the real port when 0 was asked; all of
@@ -542,10 +554,9 @@ class Server:
                 raise ListenError(address, exc) from exc
             self._servers.append(server)
         self.connections.start()
-        for server in self._servers:
-            thread = threading.Thread(target=server.serve_forever, name=self.name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._wake = socket.socketpair()
+        self._accepting = threading.Thread(target=self._accept, args=(self._wake[0],), name=self.name, daemon=True)
+        self._accepting.start()
         self.bound = tuple(
             ListenAddress(a.host, s.server_address[1]) for a, s in zip(self.addresses, self._servers, strict=True)
         )
@@ -561,13 +572,118 @@ class Server:
         for server in self._servers:
             server.tls = context
 
+    def _accept(self, wake: socket.socket) -> None:
+        """Accept on every listening socket from one thread, until ``stop`` writes to ``wake``. poll(2),
+        as socketserver's loop: it holds no descriptor of its own (epoll would, opened in this thread
+        after ``start`` returned)."""
+        with selectors.PollSelector() as selector:
+            selector.register(wake, selectors.EVENT_READ)
+            for server in self._servers:
+                selector.register(server, selectors.EVENT_READ, server)
+            while True:
+                for key, _ in selector.select():
+                    if key.data is None:
+                        return
+                    key.data.handle_ready()
+
     def stop(self) -> None:
+        """Close the listening sockets and cut the connections still open; returns once the accept
+        loop has ended (at once: it waits on the wake-up socket, not on a poll interval)."""
+        if self._wake is not None:
+            self._wake[1].send(b"x")
+        if self._accepting is not None:
+            self._accepting.join(timeout=5)
+            self._accepting = None
+        if self._wake is not None:
+            for sock in self._wake:
+                sock.close()
+            self._wake = None
         for server in self._servers:
-            server.shutdown()
             server.server_close()
         if self._servers:
             self.connections.stop()
             self._servers = []
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._threads = []
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT taken over for a ``with`` block; ``wait`` returns the one that came.
+
+    The kernel may hand the signal to any thread (a server or gRPC one): CPython's C handler then only
+    writes its number to the wakeup fd, and a main thread asleep in ``Event.wait`` would not run a
+    Python handler before its timeout. Waiting on the wakeup fd returns at once, whichever thread took it.
+    """
+
+    def __enter__(self) -> _StopSignals:
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._previous = {s: signal.signal(s, lambda signum, frame: None) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        signal.set_wakeup_fd(self._previous_fd)
+        self._read.close()
+        self._write.close()
+
+    def wait(self, timeout: float | None) -> signal.Signals | None:
+        """The stop signal received within ``timeout`` s (None: forever); None when none came."""
+        readable, _, _ = select.select([self._read], [], [], timeout)
+        if readable:
+            for signum in self._read.recv(64):
+                if signum in STOP_SIGNALS:
+                    return signal.Signals(signum)
+        return None
+
+
+def _stamp(tls: TlsFiles) -> tuple[float, ...]:
+    """The TLS files' modification times (-1 for one that cannot be read): a change means a renewal."""
+    stamps = []
+    for path in (tls.certfile, tls.keyfile, tls.client_ca):
+        try:
+            stamps.append(os.stat(path).st_mtime if path is not None else 0.0)
+        except OSError:
+            stamps.append(-1.0)
+    return tuple(stamps)
+
+
+def serve_until_stopped(
+    server: Server,
+    *,
+    announce: Callable[[Server], None],
+    log: Callable[[str], None],
+    tls_check_seconds: float,
+) -> signal.Signals:
+    """Start ``server``, serve until SIGTERM or SIGINT, stop it; the signal that stopped it.
+
+    The one way a gpuzombie server runs: the stop signals are taken over before the start (so one
+    that comes during it is not lost) and end the wait at once, whichever thread the kernel gave
+    them to. ``announce`` is called once serving. With TLS, the files are checked every
+    ``tls_check_seconds``: a renewed certificate (cert-manager rotates the Secret) is served to new
+    connections (``reload_tls``); files that cannot serve are ``log``ged and the old ones stay
+    served, tried again at the next check. Raises what ``start`` raises (ListenError, TlsFileError)."""
+    with _StopSignals() as stop:
+        # Stamped before start() loads the files: a renewal from then on, even one done before the
+        # announcement (a caller that swaps files as soon as it reads it), is seen at the next check.
+        stamp = None if server.tls is None else _stamp(server.tls)
+        server.start()
+        try:
+            announce(server)
+            while (received := stop.wait(None if stamp is None else tls_check_seconds)) is None:
+                now = stamp if server.tls is None else _stamp(server.tls)
+                if now == stamp:
+                    continue
+                try:
+                    server.reload_tls()
+                except OSError as exc:
+                    log(f"warning: new TLS files not served, the old ones are: {exc}")
+                    continue
+                stamp = now
+                log("TLS certificate reloaded")
+        finally:
+            server.stop()
+    return received

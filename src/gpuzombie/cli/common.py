@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS
 from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
@@ -72,6 +74,13 @@ trust_runtime_option = click.option(
     help="When the kubelet's PodResources cannot be read, judge stale pods from the CRI runtime alone "
     "(a runtime that is not the kubelet's then makes its live pods look stale). Never overrides a "
     "kubelet that answers.",
+)
+tls_reload_option = click.option(
+    "--tls-reload-seconds",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    hidden=True,
+    help="How often the TLS files are checked for a renewed certificate (a server's, 30 s by default).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
@@ -153,3 +162,10 @@ def check_node_inputs(procfs: str, *, who: str) -> None:
         raise GpuzombieError(why)
     if is_live_procfs(procfs) and os.geteuid() != 0:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
+
+
+def stopped(who: str, received: signal.Signals) -> int:
+    """A server's last line once a signal stopped it, and its exit code: 0 for SIGTERM (how the
+    kubelet stops a pod), 130 for SIGINT (Ctrl-C)."""
+    click.echo(f"gpuzombie {who}: stopped ({received.name})", err=True)
+    return int(ExitStatus.INTERRUPTED if received == signal.SIGINT else ExitStatus.OK)

@@ -3,10 +3,7 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -20,6 +17,8 @@ from gpuzombie.cli.common import (
     nvml_backend,
     pod_resources_socket_option,
     procfs_option,
+    stopped,
+    tls_reload_option,
     trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
@@ -65,6 +64,8 @@ def _warn_on_change(exporter: Any, echo: Any, *, errors: bool) -> Any:
 
 
 def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any], min_interval: float) -> int:
+    from gpuzombie.serving import serve_until_stopped
+
     listen = serving["listen"]
     tls = None
     if serving["tls_cert"] is not None:
@@ -77,58 +78,27 @@ def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any]
         max_connections=serving["max_connections"],
         tls=tls,
     )
-    with _stop_signals() as wait_for_stop:
-        try:
-            server.start()
-        except exporter.ListenError as exc:
-            raise GpuzombieError(str(exc)) from exc
-        except OSError as exc:  # a TLS file: TlsFileError names it
-            raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
-        try:
-            scheme = "http" if tls is None else "https"
-            urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
-            click.echo(
-                f"gpuzombie exporter: serving {urls}, /healthz and /readyz "
-                f"(one node scan at most every {min_interval:g} s)",
-                err=True,
-            )
-            received = wait_for_stop()
-        finally:
-            server.stop()
-    click.echo(f"gpuzombie exporter: stopped ({signal.Signals(received).name})", err=True)
-    return int(ExitStatus.INTERRUPTED if received == signal.SIGINT else ExitStatus.OK)
 
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[Callable[[], int]]:
-    """SIGTERM and SIGINT taken over; yields a wait that blocks until one comes and returns which.
-
-    The kernel may hand the signal to any thread (a server or gRPC one): CPython's C handler then only
-    writes its number to the wakeup fd, and a main thread asleep in ``Event.wait`` would not run a
-    Python handler before its timeout. Reading the wakeup fd returns at once, whichever thread took it.
-    """
-    wake_r, wake_w = socket.socketpair()
-    wake_w.setblocking(False)
-    previous_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-    previous = {s: signal.signal(s, lambda signum, frame: None) for s in STOP_SIGNALS}
-
-    def wait() -> int:
-        while True:
-            for signum in wake_r.recv(64):
-                if signum in STOP_SIGNALS:
-                    return signum
+    def announce(server: Any) -> None:
+        scheme = "http" if tls is None else "https"
+        urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
+        click.echo(
+            f"gpuzombie exporter: serving {urls}, /healthz and /readyz (one node scan at most every {min_interval:g} s)",
+            err=True,
+        )
 
     try:
-        yield wait
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        signal.set_wakeup_fd(previous_fd)
-        wake_r.close()
-        wake_w.close()
+        received = serve_until_stopped(
+            server,
+            announce=announce,
+            log=lambda line: click.echo(f"gpuzombie exporter: {line}", err=True),
+            tls_check_seconds=serving["tls_reload_seconds"],
+        )
+    except exporter.ListenError as exc:
+        raise GpuzombieError(str(exc)) from exc
+    except OSError as exc:  # a TLS file: TlsFileError names it
+        raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
+    return stopped("exporter", received)
 
 
 def _tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -188,6 +158,7 @@ def serving_options(fn: Any) -> Any:
                 callback=_tls_pair,
                 help="Require client certificates signed by this CA (mutual TLS).",
             ),
+            tls_reload_option,
             click.option(
                 "--unhealthy-after",
                 type=click.IntRange(min=1),

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from typing import Any
 
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
+from gpuzombie.cli.common import stopped, tls_reload_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -137,24 +136,13 @@ def _write_back(path: str, text: str) -> None:
         raise GpuzombieError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def _stamp(*paths: str) -> tuple[float, ...]:
-    stamps = []
-    for path in paths:
-        try:
-            stamps.append(os.stat(path).st_mtime)
-        except OSError:
-            stamps.append(-1.0)
-    return tuple(stamps)
-
-
 def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
-    from gpuzombie.serving import Server, TlsFiles
+    from gpuzombie.serving import Server, TlsFiles, serve_until_stopped
 
-    tls = TlsFiles(serving["tls_cert"], serving["tls_key"])
     server = Server(
         {"/mutate": app},
         listen=serving["listen"],
-        tls=tls,
+        tls=TlsFiles(serving["tls_cert"], serving["tls_key"]),
         probes={"/healthz": lambda: (True, "ok"), "/readyz": lambda: (True, "ready")},
         read_timeout=serving["read_timeout"],
         max_connections=serving["max_connections"],
@@ -162,38 +150,20 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
         max_body_bytes_held=serving["max_body_bytes_held"],
         name="gpuzombie-webhook",
     )
-    stop = threading.Event()
-    received: list[int] = []
 
-    def on_signal(signum: int, frame: object) -> None:  # no work here: the main loop stops the server
-        received.append(signum)
-        stop.set()
+    def log(line: str) -> None:
+        click.echo(f"gpuzombie webhook: {line}", err=True)
 
     try:
-        bound = server.start()
+        received = serve_until_stopped(
+            server,
+            announce=lambda s: log(f"serving https://{s.bound[0]}/mutate, /healthz and /readyz"),
+            log=log,
+            tls_check_seconds=serving["tls_reload_seconds"],
+        )
     except OSError as exc:
         raise GpuzombieError(f"cannot serve TLS on {serving['listen']}: {exc.strerror or exc}") from exc
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    stamp = _stamp(tls.certfile, tls.keyfile)
-    click.echo(f"gpuzombie webhook: serving https://{bound}/mutate, /healthz and /readyz", err=True)
-    try:
-        while not stop.wait(serving["tls_reload_seconds"]):
-            now = _stamp(tls.certfile, tls.keyfile)
-            if now == stamp:
-                continue
-            try:  # a renewed certificate (cert-manager rotates the Secret): new connections get it
-                server.reload_tls()
-            except OSError as exc:  # tried again at the next check: the old files are served meanwhile
-                click.echo(f"gpuzombie webhook: warning: new TLS files not served, the old ones are: {exc}", err=True)
-                continue
-            stamp = now
-            click.echo("gpuzombie webhook: TLS certificate reloaded", err=True)
-    finally:
-        server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    click.echo(f"gpuzombie webhook: stopped ({signal.Signals(received[0]).name})", err=True)
-    return int(ExitStatus.INTERRUPTED if received[0] == signal.SIGINT else ExitStatus.OK)
+    return stopped("webhook", received)
 
 
 @click.command()
@@ -259,13 +229,7 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     help="A namespace's default for the pod annotation gpuzombie.dev/KEY: prestop=true, grace-seconds=N, "
     "torchrun-shutdown=true (repeatable; a pod's annotation wins).",
 )
-@click.option(
-    "--tls-reload-seconds",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    hidden=True,
-    help="How often the TLS files are checked for a renewed certificate.",
-)
+@tls_reload_option
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, metavar="N")
 @click.option(

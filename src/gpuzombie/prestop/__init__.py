@@ -14,7 +14,7 @@ from gpuzombie.prestop.run import (
 )
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
+from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator
 
 __all__ = [
     "DEFAULT_KILL_WAIT",
@@ -27,8 +27,8 @@ __all__ = [
     "Scope",
     "Target",
     "TargetResult",
+    "Terminator",
     "Unread",
-    "execute_plan",
     "plan_prestop",
     "plan_targets",
     "render_text",

@@ -8,29 +8,21 @@ library only: ~0.1 s instead of the full CLI's ~0.6 s of imports) and needs noth
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import resource
 import sys
 import traceback
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.jsonout import dumps, to_jsonable
+from gpuzombie.prestop.options import OPTIONS, HookOption, HookOptions, Kind
 from gpuzombie.prestop.pid1log import Pid1Log
-from gpuzombie.prestop.run import (
-    DEFAULT_KILL_WAIT,
-    DEFAULT_TIMEOUT,
-    PrestopReport,
-    render_text,
-    run_prestop,
-    scope_missed,
-)
+from gpuzombie.prestop.run import PrestopReport, render_text, run_prestop, scope_missed
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
-from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
@@ -80,61 +72,41 @@ def raise_open_file_limit() -> None:
             pass  # the pins that fail are reported (not signalled), never a crash
 
 
-def run_hook(
-    *,
-    procfs: str = PROCFS,
-    timeout: float = DEFAULT_TIMEOUT,
-    kill_wait: float = DEFAULT_KILL_WAIT,
-    dry_run: bool = False,
-    include_orphans: bool = True,
-    same_cgroup: bool = False,
-    cgroup: str | None = None,
-    container: str | None = None,
-    use_nvml: bool = True,
-    nvml_only_if_undecided: bool = False,
-    pid1_log: bool = True,
-    as_json: bool = False,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-) -> int:
+def run_hook(options: HookOptions, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run prestop, writing the live log (and the copy for ``kubectl logs``) and the result.
 
     The summary is printed once: in text mode it ends the table, so the live log leaves it out."""
     out = out or sys.stdout
     err = err or sys.stderr
-    # NaN would pass a plain ``< 0`` check and make the deadline comparisons always false.
-    if not all(math.isfinite(v) and v >= 0 for v in (timeout, kill_wait)):
-        raise GpuzombieError("--timeout and --kill-wait must be finite numbers >= 0", ExitStatus.ERROR)
-    scope = Scope.from_options(cgroup, container)
+    scope = Scope.from_options(options.cgroup, options.container)
     raise_open_file_limit()
-    sink, sink_off = open_pid1_log(procfs, pid1_log, dry_run)
-    live = err if as_json else out
+    sink, sink_off = open_pid1_log(options.procfs, options.pid1_log, options.dry_run)
+    live = err if options.as_json else out
 
     def on_event(event: PrestopEvent) -> None:
         line = f"gpuzombie prestop: [{event.at_s:7.3f}s] {escape(event.message, LOG_LINE_LIMIT)}"
-        if as_json or event.kind != "done":
+        if options.as_json or event.kind != "done":
             print(line, file=live, flush=True)
         if sink is not None:
             sink.write_line(line)
 
-    nvml = nvml_backend() if use_nvml and not nvml_only_if_undecided else None
     try:
         report = run_prestop(
-            procfs=Procfs(procfs),
-            nvml=nvml,
-            nvml_if_undecided=nvml_backend if use_nvml and nvml_only_if_undecided else None,
-            timeout=timeout,
-            kill_wait=kill_wait,
-            dry_run=dry_run,
-            include_orphans=include_orphans,
-            same_cgroup=same_cgroup,
+            procfs=Procfs(options.procfs),
+            nvml=nvml_backend() if options.nvml_when == "always" else None,
+            nvml_if_undecided=nvml_backend if options.nvml_when == "undecided" else None,
+            timeout=options.timeout,
+            kill_wait=options.kill_wait,
+            dry_run=options.dry_run,
+            include_orphans=not options.no_orphans,
+            same_cgroup=options.same_cgroup,
             scope=scope,
             on_event=on_event,
         )
     finally:
         if sink is not None:
             sink.close()
-    if as_json:
+    if options.as_json:
         print(report_json(report, pid1_log_status(sink, sink_off)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
@@ -166,69 +138,74 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def main(
-    argv: list[str] | None = None, *, prog: str = "python3 -m gpuzombie.prestop", nvml_default: str = "always"
-) -> int:
-    """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click).
-    The zipapp's ``__main__`` passes ``nvml_default="undecided"``."""
+def _argparse_default(option: HookOption, default: object) -> object:
+    """The environment's value when it is set and not empty (as click reads it), else ``default``:
+    a string, converted only when the option is not on the command line (``parse_hook_args``)."""
+    text = os.environ.get(option.envvar) if option.envvar else None
+    return text or default
+
+
+def build_parser(prog: str, defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
+    """The hook's parser, from ``OPTIONS`` (``defaults`` overrides an option's default by name)."""
     ap = _Parser(
         prog=prog,
         description="SIGTERM this container's GPU holders and orphans, wait, SIGKILL the rest. Exit 0 all "
         "gone, 1 survivors or unreadable processes, 2 error (or host PID namespace without a scope), 130 interrupted.",
     )
-    # String defaults go through ``type`` too, so a bad environment value is a usage error.
-    ap.add_argument(
-        "--timeout",
-        type=float,
-        default=os.environ.get("GPUZOMBIE_PRESTOP_TIMEOUT", str(DEFAULT_TIMEOUT)),
-        help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_TIMEOUT:g}, or GPUZOMBIE_PRESTOP_TIMEOUT)",
-    )
-    ap.add_argument("--kill-wait", type=float, default=DEFAULT_KILL_WAIT)
-    ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--no-orphans", action="store_true")
-    ap.add_argument("--no-nvml", action="store_true", help="never ask NVML (same as --nvml never)")
-    ap.add_argument(
-        "--nvml",
-        choices=("always", "undecided", "never"),
-        default=nvml_default,
-        help=f"ask NVML always, only when the /proc fd scan could not read every process, or never (default {nvml_default})",
-    )
-    ap.add_argument(
-        "--same-cgroup",
-        action="store_true",
-        help="only processes in this process's cgroup (shareProcessNamespace pods)",
-    )
-    ap.add_argument("--cgroup", help="only processes in this cgroup or below (required in the host PID namespace)")
-    ap.add_argument("--container", help="only this container's processes (id or 12+ digit prefix; or --cgroup)")
-    ap.add_argument(
-        "--no-pid1-log",
-        action="store_true",
-        default=os.environ.get("GPUZOMBIE_PRESTOP_PID1_LOG", "1").lower() in ("0", "false", "no"),
-    )
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--procfs", default=os.environ.get("GPUZOMBIE_PROCFS", PROCFS))
+    for option in OPTIONS:
+        default = (defaults or {}).get(option.name, option.default)
+        if option.kind is Kind.FLAG:
+            ap.add_argument(option.flag, dest=option.name, action="store_true", help=option.help_text())
+        elif option.kind is Kind.SWITCH:
+            ap.add_argument(
+                option.flag,
+                dest=option.name,
+                action=argparse.BooleanOptionalAction,
+                default=_argparse_default(option, default),
+                help=option.help_text(),
+            )
+        else:
+            ap.add_argument(
+                option.flag,
+                dest=option.name,
+                type=option.convert or str,
+                default=_argparse_default(option, default),
+                choices=option.choices or None,
+                metavar=option.metavar,
+                help=option.help_text() + ("" if default is None else f" (default {default})"),
+            )
+    return ap
+
+
+def parse_hook_args(argv: list[str] | None, prog: str, defaults: dict[str, object] | None = None) -> dict[str, Any]:
+    """The values of ``HookOptions`` from the command line and the environment; raises _UsageError.
+    argparse converts a string default of a value with its ``type``; a switch's is converted here."""
+    values = vars(build_parser(prog, defaults).parse_args(argv))
+    for option in OPTIONS:
+        text = values[option.name]
+        if option.kind is Kind.SWITCH and isinstance(text, str):
+            assert option.convert is not None
+            try:
+                values[option.name] = option.convert(text)
+            except ValueError as exc:
+                raise _UsageError(f"{option.envvar}: {exc}") from exc
+    return values
+
+
+def main(
+    argv: list[str] | None = None, *, prog: str = "python3 -m gpuzombie.prestop", nvml_default: str = "always"
+) -> int:
+    """The hook's entry point: an exit code, and never a traceback (the CLI's rules, without click).
+    The zipapp's ``__main__`` passes ``nvml_default="undecided"``."""
     try:
-        args = ap.parse_args(argv)
+        values = parse_hook_args(argv, prog, {"nvml": nvml_default})
     except _UsageError as exc:
-        print(f"gpuzombie: usage error: {exc} (see '{ap.prog} --help')", file=sys.stderr)
+        print(f"gpuzombie: usage error: {exc} (see '{prog} --help')", file=sys.stderr)
         return ExitStatus.ERROR
     except SystemExit as exc:  # --help
         return ExitStatus.ERROR if exc.code else ExitStatus.OK
     try:
-        return run_hook(
-            procfs=args.procfs,
-            timeout=args.timeout,
-            kill_wait=args.kill_wait,
-            dry_run=args.dry_run,
-            include_orphans=not args.no_orphans,
-            same_cgroup=args.same_cgroup,
-            cgroup=args.cgroup,
-            container=args.container,
-            use_nvml=not args.no_nvml and args.nvml != "never",
-            nvml_only_if_undecided=args.nvml == "undecided",
-            pid1_log=not args.no_pid1_log,
-            as_json=args.json,
-        )
+        return run_hook(HookOptions(**values))
     except GpuzombieError as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)
         return exc.status

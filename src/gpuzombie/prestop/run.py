@@ -13,17 +13,15 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
+from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT
 from gpuzombie.prestop.scope import Scope
-from gpuzombie.prestop.targets import Excluded, PrestopPlan, Unread, plan_targets, require_scope
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, execute_plan
+from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets, require_scope
+from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 
 SCHEMA = "gpuzombie.prestop/1"
-DEFAULT_TIMEOUT = 20.0
-"""The seed's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
-DEFAULT_KILL_WAIT = 2.0
 NVML_NOT_ASKED = GpuSnapshot(available=False, reason="not asked: the /proc fd scan read every process")
 """The fast hook's plan when the fd scan decided alone (every CUDA process holds /dev/nvidia*)."""
 REASONS_LIMIT = 400
@@ -71,7 +69,7 @@ def plan_prestop(
     """One snapshot of the namespace and NVML, turned into targets, exclusions and unread processes.
 
     Every pid that can be a target is pinned by a pidfd *before* it is read, so each target's
-    pidfd is the process the plan was made from; pass the pins to ``execute_plan`` (which closes
+    pidfd is the process the plan was made from; pass the pins to ``Terminator.run`` (which closes
     them) or close them. With a scope only the processes its cgroup file puts in it (or that
     cannot be told) are pinned: a node has thousands, and each pidfd is an open file."""
     me = own_pid if own_pid is not None else own_pid_in(procfs.root)
@@ -175,23 +173,14 @@ def run_prestop(
     for u in plan.unread:
         on_event(PrestopEvent(0.0, "unread", u.pid, f"could not read pid {u.pid} ({u.comm}): {u.reason}"))
 
-    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+    def rescan() -> tuple[tuple[Target, ...], PinnedPids]:
         new_plan, new_pins = scan(nvml=None)
         unread.update((u.pid, u) for u in new_plan.unread if u.pid not in unread)
-        return new_plan, new_pins
+        return new_plan.targets, new_pins
 
-    results = execute_plan(
-        plan,
-        pins,
-        procfs_root=procfs.root,
-        timeout=timeout,
-        kill_wait=kill_wait,
-        dry_run=dry_run,
-        rescan=rescan,
-        on_event=on_event,
-        clock=clock,
-    )
-    survivors = sum(r.outcome in (Outcome.SURVIVED, Outcome.DENIED, Outcome.UNPINNED) for r in results)
+    terminator = Terminator(procfs_root=procfs.root, rescan=rescan, dry_run=dry_run, on_event=on_event, clock=clock)
+    results = terminator.run(plan.targets, pins, timeout=timeout, kill_wait=kill_wait)
+    survivors = count_left_alive(r.outcome for r in results)
     if scope_missed(plan):
         status = ExitStatus.ERROR  # a mistyped --cgroup/--container must not look like "all gone"
     else:

@@ -91,15 +91,6 @@ class PrestopPlan:
     unread: tuple[Unread, ...]
 
 
-def _ancestors(table: ProcessTable, pid: int) -> set[int]:
-    seen: set[int] = set()
-    proc = table.get(pid)
-    while proc is not None and proc.ppid not in seen and proc.ppid > 0:
-        seen.add(proc.ppid)
-        proc = table.get(proc.ppid)
-    return seen
-
-
 def require_scope(own_pidns: int | None, scope: Scope | None) -> None:
     """In the host's PID namespace (or one that cannot be read) act only on an explicit scope."""
     if scope is None and (own_pidns is None or is_root_pidns(own_pidns)):
@@ -218,7 +209,7 @@ def plan_targets(
         own_pid=own_pid,
         me=me,
         in_root=in_root,
-        protected=frozenset({own_pid} | _ancestors(table, own_pid)),
+        protected=frozenset({own_pid} | {p.pid for p in table.parents(own_pid)}),
         scope=scope,
         same_cgroup=same_cgroup,
     )

@@ -151,6 +151,20 @@ class ProcessTable:
     def children(self, pid: int) -> list[ProcessInfo]:
         return [self.processes[c] for c in self.children_of.get(pid, ())]
 
+    def parents(self, pid: int) -> tuple[ProcessInfo, ...]:
+        """The ancestors of ``pid`` in this snapshot, its parent first (psutil's ``Process.parents()``).
+        Ends at a parent not in the table (outside the namespace, or gone) and at a loop, which only a
+        hostile or recorded tree can show."""
+        found: list[ProcessInfo] = []
+        seen = {pid}
+        proc = self.get(pid)
+        while proc is not None and proc.ppid > 0 and proc.ppid not in seen:
+            seen.add(proc.ppid)
+            proc = self.get(proc.ppid)
+            if proc is not None:
+                found.append(proc)
+        return tuple(found)
+
     @property
     def incomplete(self) -> tuple[ProcessInfo, ...]:
         """Processes with at least one file that could not be used."""

@@ -4,7 +4,6 @@ from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
 from gpuzombie.reap.run import (
     DEFAULT_KILL_WAIT,
     DEFAULT_TIMEOUT,
-    NOT_KILLABLE,
     ReapReport,
     ReapResult,
     render_text,
@@ -15,7 +14,6 @@ from gpuzombie.reap.run import (
 __all__ = [
     "DEFAULT_KILL_WAIT",
     "DEFAULT_TIMEOUT",
-    "NOT_KILLABLE",
     "ReapPlan",
     "ReapReport",
     "ReapResult",

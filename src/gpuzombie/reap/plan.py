@@ -67,15 +67,6 @@ def stale_pods(report: TraceReport, only: Iterable[str] | None = None) -> tuple[
     return pods, skipped
 
 
-def _ancestors(table: ProcessTable, pid: int) -> set[int]:
-    seen: set[int] = set()
-    proc = table.get(pid)
-    while proc is not None and proc.ppid > 0 and proc.ppid not in seen:
-        seen.add(proc.ppid)
-        proc = table.get(proc.ppid)
-    return seen
-
-
 def plan_targets(
     table: ProcessTable, pods: Iterable[StalePod], *, own_pid: int, memory: dict[int, int] | None = None
 ) -> tuple[list[Target], list[Unread]]:
@@ -83,7 +74,7 @@ def plan_targets(
     ``memory``: bytes NVML attributes to a pid (shown in the report)."""
     by_uid = {p.pod_uid: p for p in pods}
     holders = {pid: p for p in by_uid.values() for pid in p.holders}
-    protected = {1, own_pid} | _ancestors(table, own_pid)
+    protected = {1, own_pid} | {p.pid for p in table.parents(own_pid)}
     targets: list[Target] = []
     unread: list[Unread] = []
     if not by_uid:

@@ -1,8 +1,8 @@
 """``run_reap``: end the processes of stale pods with prestop's termination; the report is data.
 
-The same pidfd-only, pid-reuse-safe sequence as the preStop hook (``prestop.terminate``): every
-process is pinned by a pidfd before it is read, signalled only through it, SIGTERM, ``timeout``,
-SIGKILL, ``kill_wait``. While it waits it re-scans the stale pods' cgroups (a child forked or
+The same pidfd-only, pid-reuse-safe sequence as the preStop hook (``prestop.terminate.Terminator``):
+every process is pinned by a pidfd before it is read, signalled only through it, SIGTERM,
+``timeout``, SIGKILL, ``kill_wait``. While it waits it re-scans the stale pods' cgroups (a child forked or
 re-parented meanwhile is ended too), each re-scan asking the runtime again: a pod that runs again
 gets no new target. A process in state D cannot die until the driver lets it go: it is reported as
 not killable once ``kill_wait`` has passed, never waited for beyond that.
@@ -22,8 +22,8 @@ from gpuzombie.gpu.attribution import current_view
 from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
 from gpuzombie.k8s.liveness import PodState
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.prestop.targets import PrestopPlan, Target, Unread
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, execute_plan
+from gpuzombie.prestop.targets import Target, Unread
+from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
@@ -34,20 +34,14 @@ from gpuzombie.units import MIB
 SCHEMA = "gpuzombie.reap/1"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_KILL_WAIT = 2.0
-NOT_KILLABLE = "not_killable_d_state"
-"""Alive after SIGKILL and ``kill_wait``, in state D: stuck in the driver (only a drain or reboot helps)."""
 STOPPED_STATES = (PodState.NOT_READY, PodState.NOT_LISTED)
 
 
 @dataclass(frozen=True)
-class ReapResult:
-    target: Target
-    outcome: str
-    """prestop's outcomes (exited_after_sigterm, exited_after_sigkill, survived, would_signal, ...)
-    or ``not_killable_d_state``."""
-    signals: tuple[str, ...]
-    exited_after_s: float | None
-    state_after: str | None
+class ReapResult(TargetResult):
+    """The terminator's result, with ``not_killable_d_state`` for a survivor in state D."""
+
+    state_after: str | None = None
     """The process's state when the run ended (None: gone)."""
 
 
@@ -69,24 +63,6 @@ class ReapReport:
     survivors: int
     """Targets left alive (not killable in D, signal refused, no pidfd)."""
     exit_status: int
-
-
-def _prestop_plan(own_pid: int, targets: list[Target], unread: list[Unread]) -> PrestopPlan:
-    """The targets in the form prestop's terminator takes (its other fields say where it runs)."""
-    return PrestopPlan(
-        own_pid=own_pid,
-        own_pidns=None,
-        in_root_pidns=True,
-        pid1_command=None,
-        orphans_included=False,
-        scope="stale pods",
-        scope_matched=len(targets),
-        gpu_available=False,
-        gpu_reason=None,
-        targets=tuple(targets),
-        excluded=(),
-        unread=tuple(unread),
-    )
 
 
 def plan_reap(
@@ -184,42 +160,29 @@ def run_reap(
             )
     uids = {p.pod_uid for p in plan.stale_pods}
 
-    def rescan() -> tuple[PrestopPlan, PinnedPids]:
+    def rescan() -> tuple[list[Target], PinnedPids]:
         pids = procfs.pids()
         new_pins = PinnedPids(pids)
         try:
             table = procfs.snapshot(pids, now=time.time())
             now = pods()
             still = [p for p in plan.stale_pods if now.problem is None and now.state(p.pod_uid) in STOPPED_STATES]
-            targets, unread = plan_targets(table, still, own_pid=me)
+            targets, _ = plan_targets(table, still, own_pid=me)
         except BaseException:
             new_pins.close()
             raise
-        return _prestop_plan(me, targets, unread), new_pins
+        return targets, new_pins
 
-    results = execute_plan(
-        _prestop_plan(me, list(plan.targets), list(plan.unread)),
-        pins,
-        procfs_root=procfs.root,
-        timeout=timeout,
-        kill_wait=kill_wait,
-        dry_run=dry_run,
-        rescan=rescan if uids else None,
-        on_event=on_event,
-        clock=clock,
+    terminator = Terminator(
+        procfs_root=procfs.root, rescan=rescan if uids else None, dry_run=dry_run, on_event=on_event, clock=clock
     )
     reaped = []
-    for r in results:
+    for r in terminator.run(plan.targets, pins, timeout=timeout, kill_wait=kill_wait):
         now_state = read_start_and_state(procfs.root, r.target.pid)
         state = now_state[1] if now_state is not None and now_state[0] == r.target.start_ticks else None
-        outcome = r.outcome.value
-        if r.outcome is Outcome.SURVIVED and state == "D":
-            outcome = NOT_KILLABLE
-        reaped.append(ReapResult(r.target, outcome, r.signals, r.exited_after_s, state))
-    survivors = sum(
-        r.outcome in (Outcome.SURVIVED.value, NOT_KILLABLE, Outcome.DENIED.value, Outcome.UNPINNED.value)
-        for r in reaped
-    )
+        outcome = Outcome.NOT_KILLABLE if r.outcome is Outcome.SURVIVED and state == "D" else r.outcome
+        reaped.append(ReapResult(r.target, outcome, r.signals, r.exited_after_s, r.found_by_rescan, state))
+    survivors = count_left_alive(r.outcome for r in reaped)
     findings = bool(plan.targets) if dry_run else bool(survivors)
     status = ExitStatus.FINDINGS if findings or plan.unread else ExitStatus.OK
     return ReapReport(
@@ -253,7 +216,7 @@ def render_text(report: ReapReport) -> str:
     for r in report.results:
         gone = f"{r.exited_after_s:.3f}s" if r.exited_after_s is not None else "-"
         lines.append(
-            f"{r.target.pid:>7}  {r.target.state:<5} {escape(r.target.comm, 16):<16} {r.outcome:<28} "
+            f"{r.target.pid:>7}  {r.target.state:<5} {escape(r.target.comm, 16):<16} {r.outcome.value:<28} "
             f"{','.join(r.signals) or '-':<26} {gone:>10}"
         )
     for u in report.unread:
