@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
+from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
 
@@ -30,9 +31,9 @@ cri_socket_option = click.option(
     "--cri-socket",
     default=None,
     metavar="PATH",
-    envvar="GPUZOMBIE_CRI_SOCKET",
+    envvar=CRI_SOCKET_ENV,
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
-    "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
+    f"containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: {CRI_SOCKET_ENV}.",
 )
 cri_timeout_option = click.option(
     "--cri-timeout",
@@ -139,3 +140,23 @@ def check_node_inputs(procfs: str, *, who: str) -> None:
         raise GpuzombieError(why)
     if is_live_procfs(procfs) and os.geteuid() != 0:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
+
+
+def exact_command() -> list[str]:
+    """The command with every option spelled out (the defaults too), so it reruns the same way."""
+    ctx = click.get_current_context()
+    argv = ctx.command_path.split()
+    arguments: list[str] = []  # after every option, as a user types them
+    for name, value in ctx.params.items():
+        if value is not None:
+            option = next(o for o in ctx.command.params if o.name == name)
+            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
+                name = getattr(value, "name", value) if not isinstance(value, str) else value
+                arguments.append(name if isinstance(name, str) and name != "<stdin>" else "-")
+                continue
+            if isinstance(option, click.Option) and option.is_flag:
+                argv += [option.opts[0]] if value else []
+                continue
+            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
+                argv += [option.opts[0], str(one)]
+    return argv + arguments

@@ -9,12 +9,13 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
+from gpuzombie.cli.common import exact_command
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
-from gpuzombie.lab.runtime.pidns import INITS
+from gpuzombie.lab.runtime.pidns import PID1_CHOICES
 from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
@@ -27,26 +28,6 @@ DEFAULT_OUT = Path("lab-out")
 def command() -> None:
     """Run the seed's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
     namespaces or real CRI pods on containerd, and write their results."""
-
-
-def exact_command() -> list[str]:
-    """The command with every option spelled out (the defaults too), so it reruns the same way."""
-    ctx = click.get_current_context()
-    argv = ctx.command_path.split()
-    arguments: list[str] = []  # after every option, as a user types them
-    for name, value in ctx.params.items():
-        if value is not None:
-            option = next(o for o in ctx.command.params if o.name == name)
-            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
-                name = getattr(value, "name", value) if not isinstance(value, str) else value
-                arguments.append(name if isinstance(name, str) and name != "<stdin>" else "-")
-                continue
-            if isinstance(option, click.Option) and option.is_flag:
-                argv += [option.opts[0]] if value else []
-                continue
-            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
-                argv += [option.opts[0], str(one)]
-    return argv + arguments
 
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
@@ -171,7 +152,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 @click.option(
     "--init",
     "init",
-    type=click.Choice([i for i in INITS if i != "sleep"]),
+    type=click.Choice([i for i in PID1_CHOICES if i != "sleep"]),
     default=None,
     help="PID 1 of S2-S4 instead of tini -s (variants: tini-g, dumb-init).",
 )
@@ -307,9 +288,11 @@ def run_command(
         out_console.width = max(out_console.width, 132)  # a pipe's 80 columns would cut the table
         out_console.print(summary_table(runs))
     if outcome.nccl is not None:
-        from gpuzombie.lab.nccl.report import print_comparison
+        from gpuzombie.lab.nccl.report import terminal_table
 
-        print_comparison(outcome.nccl)
+        out_console = Console()
+        out_console.width = max(out_console.width, 150)  # a file or a pipe gets 80 columns by default: too narrow
+        out_console.print(terminal_table(outcome.nccl))
     console.print(
         f"wrote {path.parent}/ (comparison.md, results.json" + (", memory-timeline.png)" if runs else ", nccl/)")
     )

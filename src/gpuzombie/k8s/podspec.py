@@ -466,7 +466,7 @@ def _open(obj: Any, document: int, pointer: str, namespace: str | None) -> Itera
     yield Object(document, pointer, obj, namespace)
 
 
-def escape(key: str) -> str:
+def pointer_token(key: str) -> str:
     """A key as one JSON pointer token (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
 

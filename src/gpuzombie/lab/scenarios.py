@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
+from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.events import Event, EventLog
 from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats, kill_drop, release_tolerance, scenario_metrics
@@ -46,7 +48,7 @@ READY = re.compile(r"^ready pid=(\d+) ", re.MULTILINE)
 PARENT = "gpuzombie.workloads.parent"
 
 
-class ScenarioError(RuntimeError):
+class ScenarioError(LabError):
     """A scenario could not run (its pod did not come up, a worker failed to hold memory...)."""
 
 
@@ -271,7 +273,7 @@ def trace_from_host(cri_socket: str | None = None, timeout: float = 60.0) -> str
     """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node); on a CRI runtime
     it asks that runtime's socket for the pods' real names."""
     cmd = [sys.executable, "-m", "gpuzombie", "trace"]
-    env = dict(os.environ, **({"GPUZOMBIE_CRI_SOCKET": cri_socket} if cri_socket else {}))
+    env = dict(os.environ, **({CRI_SOCKET_ENV: cri_socket} if cri_socket else {}))
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:

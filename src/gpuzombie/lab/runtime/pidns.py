@@ -22,8 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
+from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.runtime.pod import PROCFS, Deletion, children_of, leftovers, pidns_of, pids_in_pidns
+from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion, children_of, leftovers, pidns_of, pids_in_pidns
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 
@@ -42,7 +43,8 @@ def pdeathsig_prefix() -> tuple[str, ...]:
     return (setpriv, "--pdeathsig", "KILL") if "--pdeathsig" in usage else ()
 
 
-INITS = ("sleep", "tini", "tini-g", "dumb-init")
+PID1_CHOICES = ("sleep", "tini", "tini-g", "dumb-init")
+"""What a namespaces-runtime pod may run as PID 1: the seed's ``sleep`` or an init (``--init``)."""
 INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init", "pause": "catatonit"}
 PAUSE = "pause"
 """shareProcessNamespace: the pod's pause (``catatonit -P``, which reaps) is PID 1 and the container
@@ -56,10 +58,6 @@ def init_binary(name: str) -> str:
     if os.access(local, os.X_OK):
         return local
     return shutil.which(name) or name
-
-
-class PodError(RuntimeError):
-    """The pod could not be started or cleaned up."""
 
 
 def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> list[str]:
@@ -80,7 +78,7 @@ def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> lis
         return [init_binary("tini"), "-s", "-g", "--", *shell]
     if init == "dumb-init":
         return [init_binary("dumb-init"), "--", *shell]
-    raise PodError(f"unknown init {init!r} (one of {', '.join(INITS)})")
+    raise PodError(f"unknown init {init!r} (one of {', '.join(PID1_CHOICES)})")
 
 
 def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
@@ -205,7 +203,7 @@ class Pod:
         want = INIT_COMM.get(self.init)
         if want is None:
             return True
-        stat = PROCFS.stat(self.pid1)
+        stat = HOST_PROCFS.stat(self.pid1)
         return stat is not None and stat.comm == want
 
     @property
