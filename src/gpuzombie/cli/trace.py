@@ -26,8 +26,8 @@ from gpuzombie.k8s import names as cri_names
 from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.podresources import list_pod_resources
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
-from gpuzombie.trace.report import trace_node
 from gpuzombie.units import MIB
 
 

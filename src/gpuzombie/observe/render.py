@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.observe.model import ObserveReport
 from gpuzombie.observe.orphans import ORPHAN
-from gpuzombie.observe.report import ObserveReport
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
 from gpuzombie.units import MIB
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuzombie.escape import escape
-from gpuzombie.trace.report import UNREAD_CGROUP, TraceReport, TraceRow
+from gpuzombie.trace.model import UNREAD_CGROUP, TraceReport, TraceRow
 from gpuzombie.units import MIB
 
 HOLDER_MARKS = {"stale": "STALE", "foreign": "FOREIGN"}
