@@ -1,4 +1,4 @@
-"""`gpuzombie lab run` and `gpuzombie lab report`: the seed's experiment on one machine."""
+"""`gpuzombie lab run` and `gpuzombie lab report`: the original experiment, on one machine."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ DEFAULT_OUT = Path("lab-out")
 """Not results/: that folder holds the committed GPU run, which a CPU run must not replace."""
 
 
-@click.group(short_help="Run the seed's scenarios as pods on this machine and measure them.")
+@click.group(short_help="Run the original experiment's scenarios as pods here and measure them.")
 def command() -> None:
-    """Run the seed's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
+    """Run the original experiment's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
     namespaces or real CRI pods on containerd, and write their results."""
 
 
 def summary_table(runs: list[ScenarioRun]) -> Table:
-    """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
+    """One row per pod deletion: what the original experiment's observe.sh counted and what the grace cost."""
     table = Table(
         title="gpuzombie lab: deletion of each pod",
         caption="zombies: after the kill -9 of a worker; orphans: the parent's workers re-parented after it "
@@ -75,7 +75,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     multiple=True,
     default=("all",),
     show_default=True,
-    help="A scenario (S1-S4 the seed's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
+    help="A scenario (S1-S4 the original experiment's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
     "hook), all five, or the NCCL comparison; repeat the option to run several side by side.",
 )
 @click.option(
@@ -138,7 +138,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     "--uid",
     type=click.IntRange(0),
     default=None,
-    help="Run the workers as this uid (seed: 1000).  [default: the lab's own]",
+    help="Run the workers as this uid (the original experiment's: 1000).  [default: the lab's own]",
 )
 @click.option(
     "--size-mib",
@@ -163,7 +163,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     default="sleep",
     show_default=True,
     help="The container's main process under the init in S2-S4: sleep (experiments via "
-    "kubectl exec, the seed's way) or a worker that is the workload itself.",
+    "kubectl exec, the original experiment's way) or a worker that is the workload itself.",
 )
 @click.option(
     "--ranks",
@@ -175,7 +175,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     "--cases",
     default=None,
     metavar="LETTERS",
-    help="NCCL cases to run side by side, from abcde (a defaults, b the seed's fix, c best knobs, "
+    help="NCCL cases to run side by side, from abcde (a defaults, b the original experiment's fix, c best knobs, "
     "d torchrun, e gpuzombie.graceful) (--scenario nccl).  [default: abcde]",
 )
 @click.option(
@@ -224,7 +224,7 @@ def run_command(
     collective_timeout: float | None,
     out: Path,
 ) -> int:
-    """Run the seed's scenarios as pods on this machine and write OUT/.
+    """Run the original experiment's scenarios as pods on this machine and write OUT/.
 
     \b
     Each scenario: start the pod -> the parent spawns its workers and exits

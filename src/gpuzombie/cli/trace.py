@@ -1,4 +1,4 @@
-"""`gpuzombie trace`: the seed's gpu-pod-trace.sh + node-observe.sh (table, or --json)."""
+"""`gpuzombie trace`: the original experiment's gpu-pod-trace.sh + node-observe.sh (table, or --json)."""
 
 from __future__ import annotations
 

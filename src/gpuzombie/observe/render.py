@@ -1,4 +1,4 @@
-"""The readable form of an ObserveReport: the seed's eight observe.sh sections, as plain text.
+"""The readable form of an ObserveReport: the original experiment's eight observe.sh sections, as plain text.
 
 Plain text (no rich) so the report reads the same in a terminal, a ``kubectl exec`` log and a
 results/ file.

@@ -22,7 +22,7 @@ from gpuzombie.proc.procfs import Procfs
 
 SCHEMA = "gpuzombie.prestop/1"
 DEFAULT_TIMEOUT = 20.0
-"""The seed's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
+"""The original experiment's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
 DEFAULT_KILL_WAIT = 2.0
 NVML_NOT_ASKED = GpuSnapshot(available=False, reason="not asked: the /proc fd scan read every process")
 """The fast hook's plan when the fd scan decided alone (every CUDA process holds /dev/nvidia*)."""

@@ -1,4 +1,4 @@
-"""The trace report as the seed's table, plus one accounting line per GPU."""
+"""The trace report as the original experiment's table, plus one accounting line per GPU."""
 
 from __future__ import annotations
 

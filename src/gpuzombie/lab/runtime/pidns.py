@@ -4,7 +4,7 @@ Started as ``unshare --pid --fork --mount-proc --kill-child <init argv>``. Delet
 kubelet: the preStop hook first (run inside the namespace), then SIGTERM to the namespace's PID 1,
 then SIGKILL when the grace period, counted from the deletion request, runs out. SIGTERM to the
 ``unshare`` process would be ignored (it only waits), so PID 1 is signalled directly; a PID 1 with
-no handler for SIGTERM ignores it (the kernel protects a namespace's init), which is the seed's
+no handler for SIGTERM ignores it (the kernel protects a namespace's init), which is the original experiment's
 grace-period waste. ``--kill-child`` is only the backstop if the lab itself dies.
 """
 
@@ -44,7 +44,7 @@ def pdeathsig_prefix() -> tuple[str, ...]:
 
 
 PID1_CHOICES = ("sleep", "tini", "tini-g", "dumb-init")
-"""What a namespaces-runtime pod may run as PID 1: the seed's ``sleep`` or an init (``--init``)."""
+"""What a namespaces-runtime pod may run as PID 1: the original experiment's ``sleep`` or an init (``--init``)."""
 INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init", "pause": "catatonit"}
 PAUSE = "pause"
 """shareProcessNamespace: the pod's pause (``catatonit -P``, which reaps) is PID 1 and the container
@@ -63,7 +63,7 @@ def init_binary(name: str) -> str:
 def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> list[str]:
     """PID 1 and the container's command, as the scenario says.
 
-    ``sleep``: the seed's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
+    ``sleep``: the original experiment's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
     which becomes PID 1 and never reaps). With an init, the shell runs the main command in the
     foreground and then execs sleep, so the parent's orphans are re-parented to the init, as when
     ``kubectl exec`` starts parent.py in a tini container. ``then`` is what the shell execs last:
