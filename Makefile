@@ -41,17 +41,19 @@ lab: debian venv  ## the main job: the four scenarios on the embedded runtime, i
 	$(PYTHON) -m pip install -q -e '.[plot,init]'
 	$(PYTHON) -m gpuzombie lab run $(LAB_ARGS)
 
-test: debian venv  ## lint, types and the tests
+test: debian venv  ## lint, types, the import contracts and the tests
 	$(PYTHON) -m pip install -q -e '.[test]'
 	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m ruff format --check $(LINTED)
 	$(PYTHON) -m mypy
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
 	$(PYTHON) -m pytest -q
 
-lint: venv  ## ruff and mypy only
+lint: venv  ## ruff, mypy and the import contracts (lint-imports) only
 	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m ruff format --check $(LINTED)
 	$(PYTHON) -m mypy
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
 
 PROTO := src/gpuzombie/k8s/podresources_v1/api.proto
 proto: venv  ## regenerate the kubelet PodResources stubs (src/gpuzombie/k8s/podresources_v1/api.proto; grpcio-tools of the test extra)

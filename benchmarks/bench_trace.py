@@ -49,8 +49,8 @@ from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
-from gpuzombie.trace.report import trace_node
 
 SEED_SH = r"""
 P="$1"; CRICTL="$2"

@@ -1,44 +1,71 @@
-"""The package's layering, read from the source with ast: the node agent never imports the lab's
-infrastructure, and no two modules of ``k8s/`` import each other."""
+"""The package's layering: the import-linter contracts in pyproject.toml ([tool.importlinter]; cli →
+features → adapters → base, the node agent never imports the lab, admission never imports the node
+agent, no import cycle inside k8s/ nor between cli/lab.py and cli/labpod.py) hold on the source, and a
+forbidden import breaks them; every failure the lab raises is a ``GpuzombieError`` (one line, exit 2)."""
 
 from __future__ import annotations
 
-import ast
+import importlib
+import inspect
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "gpuzombie"
-NODE_AGENT = ("k8s", "exporter", "trace", "observe", "prestop", "proc", "gpu")
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+LINT = (
+    "import sys; from importlinter.cli import lint_imports; "
+    "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True, no_logo=True))"
+)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every ``gpuzombie.*`` module the file imports, at the top or inside a function."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpuzombie"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("gpuzombie"))
-    return found
+def lint_imports(src: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on the package under ``src`` with the project's contracts."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    return subprocess.run(
+        [sys.executable, "-c", LINT, str(ROOT / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=src,
+        timeout=120,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize("package", NODE_AGENT)
-def test_node_agent_never_imports_the_lab(package: str) -> None:
-    offenders = {
-        str(p.relative_to(SRC)): sorted(m for m in imports_of(p) if m.startswith("gpuzombie.lab"))
-        for p in (SRC / package).rglob("*.py")
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
+def test_the_import_contracts_hold() -> None:
+    done = lint_imports(SRC)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 kept, 0 broken" in done.stdout
 
 
-def test_k8s_modules_have_no_import_cycle() -> None:
-    modules = {p.stem: p for p in (SRC / "k8s").glob("*.py") if p.stem != "__init__"}
-    edges = {
-        name: {m.split(".")[2] for m in imports_of(path) if m.startswith("gpuzombie.k8s.") and m.count(".") >= 2}
-        & modules.keys()
-        for name, path in modules.items()
-    }
-    cycles = sorted((a, b) for a in edges for b in edges[a] if a < b and a in edges.get(b, set()))
-    assert cycles == []
+def test_an_adapter_importing_the_lab_breaks_two_contracts(tmp_path: Path) -> None:
+    """The contracts are not vacuous: proc/ importing the lab breaks the layers and the node-agent rule."""
+    shutil.copytree(SRC / "gpuzombie", tmp_path / "gpuzombie", ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "gpuzombie" / "proc" / "own.py").open("a") as f:
+        f.write("\nimport gpuzombie.lab.events  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 broken" in done.stdout and "gpuzombie.proc.own -> gpuzombie.lab.events" in done.stdout
+
+
+def test_every_lab_exception_is_a_gpuzombie_error() -> None:
+    """The CLI turns a GpuzombieError into one line and exit 2; a lab failure of another type would
+    be a traceback (five types before, one of them a GpuzombieError)."""
+    pytest.importorskip("grpc", reason="the lab's CRI runtime is in the 'node' extra")
+    import gpuzombie.lab
+    from gpuzombie.errors import GpuzombieError
+
+    found = {}
+    for info in pkgutil.walk_packages(gpuzombie.lab.__path__, "gpuzombie.lab."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, Exception) and value.__module__ == info.name:
+                found[f"{info.name}.{name}"] = issubclass(value, GpuzombieError)
+    assert len(found) >= 5
+    assert {name for name, ok in found.items() if not ok} == set()

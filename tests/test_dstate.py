@@ -27,11 +27,11 @@ from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import FakeNvml, GpuProcess, GpuSnapshot
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
+from gpuzombie.observe.model import observe
 from gpuzombie.observe.render import render_text as render_observe
-from gpuzombie.observe.report import observe
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text as render_trace
-from gpuzombie.trace.report import trace_node
 from gpuzombie.units import MIB
 
 CID, UID = "f" * 64, "0d0d0d0d-1111-2222-3333-444444444444"

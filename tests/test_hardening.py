@@ -23,8 +23,8 @@ from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe import observe, render_text
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text as render_trace
-from gpuzombie.trace.report import trace_node
 from markers import needs_root
 from pidns import PidNamespace, wait_until
 

@@ -27,11 +27,11 @@ from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.nvml import FakeNvml, PynvmlBackend
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
+from gpuzombie.observe.model import observe
 from gpuzombie.observe.render import render_text as render_observe
-from gpuzombie.observe.report import observe
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
-from gpuzombie.trace.report import trace_node
 
 MIB = nv.MIB
 GIB = 1024 * MIB

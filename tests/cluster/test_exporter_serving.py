@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuzombie.cli.main import main
 from gpuzombie.exporter import DEFAULT_LISTEN, NodeCollector, PrometheusExporter, TlsFiles, parse_listen
-from gpuzombie.exporter.scan import NodeScan
+from gpuzombie.trace.scan import NodeScan
 from pidns import wait_until
 
 

@@ -18,7 +18,7 @@ from gpupods import HAS_TORCH, SNAPSHOT
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.gpu.nvml import PynvmlBackend
 from gpuzombie.jsonout import dumps
-from gpuzombie.observe.report import observe
+from gpuzombie.observe.model import observe
 from gpuzombie.proc.procfs import Procfs
 from markers import needs_root
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import rules
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, escape
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -150,7 +150,7 @@ def _annotate(ops: list[dict[str, Any]], pod: Mapping[str, Any], actions: list[s
     elif not isinstance(meta.get("annotations"), Mapping):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {INJECTED: value}})
     else:
-        ops.append({"op": "add", "path": f"/metadata/annotations/{escape(INJECTED)}", "value": value})
+        ops.append({"op": "add", "path": f"/metadata/annotations/{pointer_token(INJECTED)}", "value": value})
 
 
 def _every_container(spec: Mapping[str, Any]) -> list[Any]:

@@ -47,7 +47,7 @@ def _suppressions(document: Any, pointer: str) -> dict[str, str]:
     for token in ["", *podspec.tokens(pointer)]:
         if token:
             node = node[int(token)] if isinstance(node, list) else node[token]
-            path += f"/{podspec.escape(token)}"
+            path += f"/{podspec.pointer_token(token)}"
         meta = node.get("metadata") if isinstance(node, Mapping) else None
         notes = meta.get("annotations") if isinstance(meta, Mapping) else None
         if isinstance(notes, Mapping) and SUPPRESS in notes:

@@ -13,6 +13,7 @@ import click
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS
 from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
+from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
 
@@ -33,9 +34,9 @@ cri_socket_option = click.option(
     "--cri-socket",
     default=None,
     metavar="PATH",
-    envvar="GPUZOMBIE_CRI_SOCKET",
+    envvar=CRI_SOCKET_ENV,
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
-    "containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: GPUZOMBIE_CRI_SOCKET.",
+    f"containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: {CRI_SOCKET_ENV}.",
 )
 cri_timeout_option = click.option(
     "--cri-timeout",
@@ -169,3 +170,23 @@ def stopped(who: str, received: signal.Signals) -> int:
     kubelet stops a pod), 130 for SIGINT (Ctrl-C)."""
     click.echo(f"gpuzombie {who}: stopped ({received.name})", err=True)
     return int(ExitStatus.INTERRUPTED if received == signal.SIGINT else ExitStatus.OK)
+
+
+def exact_command() -> list[str]:
+    """The command with every option spelled out (the defaults too), so it reruns the same way."""
+    ctx = click.get_current_context()
+    argv = ctx.command_path.split()
+    arguments: list[str] = []  # after every option, as a user types them
+    for name, value in ctx.params.items():
+        if value is not None:
+            option = next(o for o in ctx.command.params if o.name == name)
+            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
+                name = getattr(value, "name", value) if not isinstance(value, str) else value
+                arguments.append(name if isinstance(name, str) and name != "<stdin>" else "-")
+                continue
+            if isinstance(option, click.Option) and option.is_flag:
+                argv += [option.opts[0]] if value else []
+                continue
+            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
+                argv += [option.opts[0], str(one)]
+    return argv + arguments

@@ -1,4 +1,4 @@
-"""`gpuzombie lab run` and `gpuzombie lab report`: the seed's experiment on one machine."""
+"""`gpuzombie lab run` and `gpuzombie lab report`: the original experiment, on one machine."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
+from gpuzombie.cli.common import exact_command
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
-from gpuzombie.lab.runtime.pidns import INITS
+from gpuzombie.lab.runtime.pidns import PID1_CHOICES
 from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
@@ -23,34 +24,14 @@ DEFAULT_OUT = Path("lab-out")
 """Not results/: that folder holds the committed GPU run, which a CPU run must not replace."""
 
 
-@click.group(short_help="Run the seed's scenarios as pods on this machine and measure them.")
+@click.group(short_help="Run the original experiment's scenarios as pods here and measure them.")
 def command() -> None:
-    """Run the seed's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
+    """Run the original experiment's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
     namespaces or real CRI pods on containerd, and write their results."""
 
 
-def exact_command() -> list[str]:
-    """The command with every option spelled out (the defaults too), so it reruns the same way."""
-    ctx = click.get_current_context()
-    argv = ctx.command_path.split()
-    arguments: list[str] = []  # after every option, as a user types them
-    for name, value in ctx.params.items():
-        if value is not None:
-            option = next(o for o in ctx.command.params if o.name == name)
-            if isinstance(option, click.Argument):  # a file argument: its name, - for stdin
-                name = getattr(value, "name", value) if not isinstance(value, str) else value
-                arguments.append(name if isinstance(name, str) and name != "<stdin>" else "-")
-                continue
-            if isinstance(option, click.Option) and option.is_flag:
-                argv += [option.opts[0]] if value else []
-                continue
-            for one in value if isinstance(value, tuple) else (value,):  # a repeated option
-                argv += [option.opts[0], str(one)]
-    return argv + arguments
-
-
 def summary_table(runs: list[ScenarioRun]) -> Table:
-    """One row per pod deletion: what the seed's observe.sh counted and what the grace cost."""
+    """One row per pod deletion: what the original experiment's observe.sh counted and what the grace cost."""
     table = Table(
         title="gpuzombie lab: deletion of each pod",
         caption="zombies: after the kill -9 of a worker; orphans: the parent's workers re-parented after it "
@@ -94,7 +75,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     multiple=True,
     default=("all",),
     show_default=True,
-    help="A scenario (S1-S4 the seed's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
+    help="A scenario (S1-S4 the original experiment's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
     "hook), all five, or the NCCL comparison; repeat the option to run several side by side.",
 )
 @click.option(
@@ -157,7 +138,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     "--uid",
     type=click.IntRange(0),
     default=None,
-    help="Run the workers as this uid (seed: 1000).  [default: the lab's own]",
+    help="Run the workers as this uid (the original experiment's: 1000).  [default: the lab's own]",
 )
 @click.option(
     "--size-mib",
@@ -171,7 +152,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
 @click.option(
     "--init",
     "init",
-    type=click.Choice([i for i in INITS if i != "sleep"]),
+    type=click.Choice([i for i in PID1_CHOICES if i != "sleep"]),
     default=None,
     help="PID 1 of S2-S4 instead of tini -s (variants: tini-g, dumb-init).",
 )
@@ -182,7 +163,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     default="sleep",
     show_default=True,
     help="The container's main process under the init in S2-S4: sleep (experiments via "
-    "kubectl exec, the seed's way) or a worker that is the workload itself.",
+    "kubectl exec, the original experiment's way) or a worker that is the workload itself.",
 )
 @click.option(
     "--ranks",
@@ -194,7 +175,7 @@ def summary_table(runs: list[ScenarioRun]) -> Table:
     "--cases",
     default=None,
     metavar="LETTERS",
-    help="NCCL cases to run side by side, from abcde (a defaults, b the seed's fix, c best knobs, "
+    help="NCCL cases to run side by side, from abcde (a defaults, b the original experiment's fix, c best knobs, "
     "d torchrun, e gpuzombie.graceful) (--scenario nccl).  [default: abcde]",
 )
 @click.option(
@@ -243,7 +224,7 @@ def run_command(
     collective_timeout: float | None,
     out: Path,
 ) -> int:
-    """Run the seed's scenarios as pods on this machine and write OUT/.
+    """Run the original experiment's scenarios as pods on this machine and write OUT/.
 
     \b
     Each scenario: start the pod -> the parent spawns its workers and exits
@@ -307,9 +288,11 @@ def run_command(
         out_console.width = max(out_console.width, 132)  # a pipe's 80 columns would cut the table
         out_console.print(summary_table(runs))
     if outcome.nccl is not None:
-        from gpuzombie.lab.nccl.report import print_comparison
+        from gpuzombie.lab.nccl.report import terminal_table
 
-        print_comparison(outcome.nccl)
+        out_console = Console()
+        out_console.width = max(out_console.width, 150)  # a file or a pipe gets 80 columns by default: too narrow
+        out_console.print(terminal_table(outcome.nccl))
     console.print(
         f"wrote {path.parent}/ (comparison.md, results.json" + (", memory-timeline.png)" if runs else ", nccl/)")
     )

@@ -131,7 +131,7 @@ def pod_command(
     """
     from rich.console import Console
 
-    from gpuzombie.cli.lab import exact_command
+    from gpuzombie.cli.common import exact_command
     from gpuzombie.gpu.nvml import default_backend
     from gpuzombie.lab.manifest import ManifestError, parse_pod
     from gpuzombie.lab.runner import choose_device_and_backend
@@ -143,8 +143,8 @@ def pod_command(
         raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     try:  # grpcio and the CRI stubs are an extra
         from gpuzombie.k8s.cri import CriError
-        from gpuzombie.lab.podrun import PodRunConfig, PodRunError, check_runnable, lab_notes, run_lab_pod
-        from gpuzombie.lab.runtime.containerd import ContainerdError
+        from gpuzombie.lab.errors import LabError
+        from gpuzombie.lab.podrun import PodRunConfig, check_runnable, lab_notes, run_lab_pod
     except ImportError as exc:
         raise GpuzombieError(f"lab pod needs the node extra ({exc})") from exc
     nvml = default_backend()
@@ -154,7 +154,7 @@ def pod_command(
     config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout, host_paths=grants)
     try:
         check_runnable(parsed, config)  # before anything is made, and before the notes
-    except PodRunError as exc:
+    except LabError as exc:
         raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     console = Console(stderr=True, log_path=False)
     for note in lab_notes(parsed, config):
@@ -176,7 +176,7 @@ def pod_command(
                 progress=say,
                 repeat=repeat,
             )
-    except (CriError, ContainerdError, PodRunError) as exc:
+    except (CriError, LabError) as exc:
         raise GpuzombieError(str(exc)) from exc
     except OSError as exc:
         raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc

@@ -1,4 +1,4 @@
-"""`gpuzombie observe`: the seed's observe.sh as one report (table, or --json)."""
+"""`gpuzombie observe`: the original experiment's observe.sh as one report (table, or --json)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`gpuzombie trace`: the seed's gpu-pod-trace.sh + node-observe.sh (table, or --json)."""
+"""`gpuzombie trace`: the original experiment's gpu-pod-trace.sh + node-observe.sh (table, or --json)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from gpuzombie.k8s import names as cri_names
 from gpuzombie.k8s.liveness import PodLister
 from gpuzombie.k8s.podresources import list_pod_resources
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
-from gpuzombie.trace.report import trace_node
 from gpuzombie.units import MIB
 
 

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gpuzombie.escape import label_value
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.observe.orphans import ORPHAN
-from gpuzombie.trace.report import GpuMemory
+from gpuzombie.trace.model import GpuMemory
 from gpuzombie.trace.scan import NodeScan, PodLabels
 
 POD = ("namespace", "pod", "pod_uid", "container")

@@ -2,7 +2,7 @@
 
 NVML's pids are ambiguous. Called from the host they are host pids. Called inside a PID namespace,
 driver 580.159 gave the namespace's own pids and hid other namespaces' processes (DEVICE-FACTS), while
-the seed's containers and many public reports got host pids there. So a pid is judged per case:
+the original experiment's containers and many public reports got host pids there. So a pid is judged per case:
 
 * reader in the root PID namespace: NVML pid == procfs pid; absent means the process is gone;
 * reader in a child namespace: a local process with that pid that holds ``/dev/nvidia*`` is it;
@@ -31,7 +31,7 @@ class Verdict(str, Enum):
     LIVE = "live"
     ZOMBIE = "zombie"
     GONE = "gone"
-    """No such process: memory attributed to a dead pid (the seed's "orphaned context")."""
+    """No such process: memory attributed to a dead pid (the original experiment's "orphaned context")."""
     UNRESOLVED = "unresolved"
     """Cannot tell from here: say so rather than guess."""
 

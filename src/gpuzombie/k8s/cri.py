@@ -307,9 +307,6 @@ class RuntimeClient:
         call_timeout = (self.timeout if timeout is None else timeout) + grace
         self._call("StopContainer", pb.StopContainerRequest(container_id=container_id, timeout=grace), call_timeout)
 
-    def remove_container(self, container_id: str, *, timeout: float | None = None) -> None:
-        self._call("RemoveContainer", pb.RemoveContainerRequest(container_id=container_id), timeout)
-
     def stop_pod_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> None:
         self._call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout)
 

@@ -612,7 +612,7 @@ def _open(obj: Any, document: int, pointer: str, namespace: str | None) -> Itera
     yield Object(document, pointer, obj, namespace)
 
 
-def escape(key: str) -> str:
+def pointer_token(key: str) -> str:
     """A key as one JSON pointer token (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -724,7 +724,7 @@ def _pointer(path: _Path) -> str:
     while path is not None:
         path, token = path
         found.append(token)
-    return "".join(f"/{escape(t)}" for t in reversed(found))
+    return "".join(f"/{pointer_token(t)}" for t in reversed(found))
 
 
 class _Search:

@@ -1,5 +1,5 @@
 """One observation point of a scenario: the lab's own count from the host, and ``gpuzombie
-observe`` run inside the pod (``nsenter``, like ``kubectl exec ... observe.sh`` in the seed).
+observe`` run inside the pod (``nsenter``, like ``kubectl exec ... observe.sh`` in the original experiment).
 
 The host-side count does not depend on observe: zombies are the pod's processes in state Z,
 orphans its live workers whose parent is the namespace's PID 1 (they were started by the parent,
@@ -90,7 +90,7 @@ def host_view(pod: LabPod, roles: Mapping[int, str]) -> tuple[PodProcess, ...]:
 
 
 def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
-    """(zombies, orphans) as the seed counted them."""
+    """(zombies, orphans) as the original experiment counted them."""
     zombies = sum(1 for p in processes if p.state == "Z")
     orphans = sum(1 for p in processes if p.state != "Z" and p.ppid == pid1 and p.role in ("worker", "victim"))
     return zombies, orphans
@@ -207,7 +207,7 @@ def render_observation(obs: Observation, observe_text: str | None) -> str:
 
 
 def smi_snapshot(pod: LabPod, nvml: NvmlBackend, title: str, *, standin: bool) -> str:
-    """The seed's nvidia-smi log of a moment: the GPU's tables and the pod's processes (if running)."""
+    """The original experiment's nvidia-smi log of a moment: the GPU's tables and the pod's processes (if running)."""
     table = pod_table(pod) if pod.running else None
     procs = sorted(table, key=lambda p: p.innermost_pid) if table else []
     return render_smi(nvml.read(), procs, title=title, standin=standin)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import PodManifest
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, cni_bin_dir
@@ -29,10 +30,9 @@ from gpuzombie.lab.runtime.manifestpod import (
     TINI_STATIC,
     ManifestPod,
     PodRunConfig,
-    PodRunError,
     host_path_grant,
 )
-from gpuzombie.lab.runtime.pod import PROCFS, Deletion
+from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion
 from gpuzombie.lab.scenarios import LabConfig, Measurement, Scenario, ScenarioRun
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
@@ -65,7 +65,7 @@ class PodRssProbe:
         self.pod = pod
 
     def read(self) -> tuple[int, int]:
-        total = sum(PROCFS.rss_bytes(pid) or 0 for pid in self.pod.tree())
+        total = sum(HOST_PROCFS.rss_bytes(pid) or 0 for pid in self.pod.tree())
         return total, total
 
 
@@ -98,30 +98,30 @@ def check_runnable(manifest: PodManifest, config: PodRunConfig) -> None:
     """What the kubelet (or this host, or ``--allow-host-path``) refuses before the first container,
     in one line."""
     if cni_bin_dir() is None:
-        raise PodRunError(
+        raise PodError(
             "each pod gets its own network namespace, which needs the CNI plugins loopback and static "
             "(Debian: apt-get install containernetworking-plugins; make debian installs it)"
         )
     for c in (*manifest.init_containers, *manifest.containers):
         sec = c.security
         if sec.run_as_non_root and not sec.run_as_user:
-            raise PodRunError(
+            raise PodError(
                 f"container {c.name}: runAsNonRoot, but it would run as root (no runAsUser, and the lab's "
                 "image runs as root): the kubelet refuses it (CreateContainerConfigError)"
             )
         uses_tini = any(TINI_STATIC in arg for arg in c.argv)
         if uses_tini and not os.path.isfile(TINI_STATIC):
-            raise PodRunError(f"container {c.name} copies {TINI_STATIC}: install Debian's tini package on this host")
+            raise PodError(f"container {c.name} copies {TINI_STATIC}: install Debian's tini package on this host")
     for v in manifest.volumes:
         if v.host_path and host_path_grant(v.host_path, config.host_paths) is None:
-            raise PodRunError(
+            raise PodError(
                 f"volume {v.name}: hostPath {v.host_path} is not allowed: lab pod binds a host path only "
                 "where --allow-host-path names it or a directory above it"
             )
         if v.kind == "hostPath" and v.host_type in ("Directory", "File") and v.host_path:
             exists = os.path.isdir(v.host_path) if v.host_type == "Directory" else os.path.isfile(v.host_path)
             if not exists:
-                raise PodRunError(f"volume {v.name}: hostPath {v.host_path} is not a {v.host_type.lower()}")
+                raise PodError(f"volume {v.name}: hostPath {v.host_path} is not a {v.host_type.lower()}")
 
 
 def run_key_for(manifest: PodManifest) -> str:
@@ -163,7 +163,7 @@ class _PodMeasurement(Measurement):
     def busy(self, pids: frozenset[int]) -> bool:
         """A process of the pod is running (state R): still setting up, e.g. importing torch before
         its CUDA allocation (a few MiB of context, steady for seconds, is not the workload's memory)."""
-        return any((st := PROCFS.stat(pid)) is not None and st.state == "R" for pid in pids)
+        return any((st := HOST_PROCFS.stat(pid)) is not None and st.state == "R" for pid in pids)
 
     def settle(self) -> None:
         """Until the pod's processes and memory held have not changed for SETTLE_S while none of
@@ -181,7 +181,7 @@ class _PodMeasurement(Measurement):
             time.sleep(0.05)
         else:
             self.events.add("not-steady", f"still changing after {self.config.ready_timeout:.0f} s")
-        pid1 = PROCFS.stat(self.pod.pid1)
+        pid1 = HOST_PROCFS.stat(self.pod.pid1)
         self.manifest_pod.init = pid1.comm if pid1 else "?"
 
     def deleting(self) -> str:
@@ -246,19 +246,6 @@ class _PodMeasurement(Measurement):
             logs=self.logs,
             manifest=pod_info,
         )
-
-
-def run_pod(
-    runtime: CriRuntime,
-    manifest: PodManifest,
-    config: PodRunConfig,
-    *,
-    nvml: NvmlBackend,
-    progress: Progress = lambda _: None,
-) -> ScenarioRun:
-    """Run, delete and measure the pod; nothing of it is left when this returns, whatever happened."""
-    check_runnable(manifest, config)
-    return _PodMeasurement(runtime, manifest, config, nvml, progress).run()
 
 
 def run_lab_pod(

@@ -1,4 +1,4 @@
-"""Render a lab run from results.json: comparison.md (the seed's final table, measured), each
+"""Render a lab run from results.json: comparison.md (the original experiment's final table, measured), each
 scenario's notes.md, and the memory-over-time plots. ``gpuzombie lab report DIR`` calls ``build``."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ HEADINGS = {
 }
 PROMPT_SHARE = 0.25
 """Memory freed within this share of the grace is "at once" for the user; held longer, it is the
-seed's waste (its 30 s against its 0 s)."""
+the original experiment's waste (its 30 s against its 0 s)."""
 MARKED_EVENTS = {
     "spawn": "spawn",
     "parent-exit": "parent exit",
@@ -47,7 +47,7 @@ def format_seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f} s"
 
 
-# Each row: the seed's value per scenario, whether the seed's value means "yes" for the row's
+# Each row: the original experiment's value per scenario, whether that value means "yes" for the row's
 # question, and how to read our answer (text, yes/no) from a scenario's entry.
 Row = tuple[str, Sequence[str], Sequence[bool], Callable[[RunRecord], tuple[str, bool]]]
 
@@ -182,17 +182,21 @@ ROWS: tuple[Row, ...] = (
 
 
 def _cell(
-    entry: RunRecord | None, seed: str | None, seed_yes: bool | None, read: Callable[[RunRecord], tuple[str, bool]]
+    entry: RunRecord | None,
+    original: str | None,
+    original_yes: bool | None,
+    read: Callable[[RunRecord], tuple[str, bool]],
 ) -> str:
-    """Our measurement; the seed's value beside it where it disagrees (S5: the seed never tried it)."""
+    """Our measurement; the original experiment's value beside it where it disagrees (S5: it never
+    tried it). The rendered text calls that experiment "the seed", as the README does."""
     if entry is None:
-        return f"not run (seed: {seed})"
+        return f"not run (seed: {original})"
     text, yes = read(entry)
-    return text if seed is None or yes == seed_yes else f"{text}<br>**seed expected: {seed}**"
+    return text if original is None or yes == original_yes else f"{text}<br>**seed expected: {original}**"
 
 
 def main_entries(scenarios: Mapping[str, RunRecord]) -> dict[str, RunRecord | None]:
-    """The main table's columns: the seed's four (each run or not), and S5 where it ran."""
+    """The main table's columns: the original experiment's four (each run or not), and S5 where it ran."""
     found = {k: scenarios.get(k) or scenarios.get(f"{k}-containerd") for k in (*BASE, SHARE_PID)}
     if found[SHARE_PID] is None:
         del found[SHARE_PID]
@@ -250,8 +254,8 @@ def comparison_md(data: LabResults) -> str:
         "| | " + " | ".join(HEADINGS[k] for k in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
-    for label, seed, seed_yes, read in ROWS:
-        cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*seed, None), (*seed_yes, None))]
+    for label, original, original_yes, read in ROWS:
+        cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*original, None), (*original_yes, None))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     nccl = data.nccl
     s5_cell = " — |" if SHARE_PID in columns else ""
@@ -509,11 +513,13 @@ def notes_for(key: str, e: RunRecord) -> str:
         "## What happened",
         "",
     ]
-    for label, seed, seed_yes, read in ROWS:
+    for label, original, original_yes, read in ROWS:
         text, yes = read(e)
         idx = number - 1
-        seed_known = idx < len(seed)  # S5 is ours: the seed never tried shareProcessNamespace
-        differs = "" if not seed_known or yes == seed_yes[idx] else f" — **differs from the seed ({seed[idx]})**"
+        original_known = idx < len(original)  # S5 is ours: the original experiment never tried shareProcessNamespace
+        differs = (
+            "" if not original_known or yes == original_yes[idx] else f" — **differs from the seed ({original[idx]})**"
+        )
         lines.append(f"- {label}: {text}{differs}")
     lines += ["", "## Timeline (seconds since the pod started)", "", "| t | event | detail |", "|---|---|---|"]
     lines += [f"| {ev.t:.3f} | {ev.name} | {ev.detail} |" for ev in e.events]

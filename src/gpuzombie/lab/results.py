@@ -1,4 +1,4 @@
-"""Write a lab run in the seed's results/ layout, plus results.json (every metric, provenance).
+"""Write a lab run in the original experiment's results/ layout, plus results.json (every metric, provenance).
 
 <out>/<scenario>/observe-after-spawn.log, observe-after-kill.log, gpu-pod-trace.log,
     nvidia-smi-before-delete.log, nvidia-smi-after-delete.log, pod.log, notes.md
@@ -34,7 +34,7 @@ RESULTS_JSON = "results.json"
 
 
 def variant_key(run: ScenarioRun) -> str:
-    """The scenario's name, plus what makes this run a variant of the seed's."""
+    """The scenario's name, plus what makes this run a variant of the original experiment's."""
     c = run.config
     parts = [run.scenario.name]
     if c.workers != 1:

@@ -22,8 +22,7 @@ from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
 from gpuzombie.lab.host_memory import fit_to_memory
 from gpuzombie.lab.results import write_results
-from gpuzombie.lab.runtime.pidns import PodError
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, ScenarioRun, run_scenario
+from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioRun, run_scenario
 from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
@@ -151,12 +150,9 @@ def run_one(
     runtime: CriRuntime | None = None,
     attempt: int = 1,
 ) -> ScenarioRun:
-    """One scenario; a pod that cannot start, a workload that fails or a failed CRI call is a
-    one-line error."""
-    try:
-        return run_scenario(SCENARIOS[scenario], config, nvml=nvml, progress=progress, runtime=runtime, attempt=attempt)
-    except (ScenarioError, PodError) as exc:
-        raise GpuzombieError(str(exc)) from exc
+    """One scenario; a pod that cannot start or a workload that fails raises a ``LabError``, which
+    the CLI prints as one line."""
+    return run_scenario(SCENARIOS[scenario], config, nvml=nvml, progress=progress, runtime=runtime, attempt=attempt)
 
 
 @contextlib.contextmanager

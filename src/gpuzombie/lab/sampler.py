@@ -16,7 +16,7 @@ from typing import Protocol, Self
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.observation import python_module
-from gpuzombie.lab.runtime.pod import PROCFS, LabPod
+from gpuzombie.lab.runtime.pod import HOST_PROCFS, LabPod
 
 WORKER_MODULE = "gpuzombie.workloads.worker"
 
@@ -38,7 +38,7 @@ class Probe(Protocol):
 
 def rss_bytes(pid: int) -> int | None:
     """Resident memory of ``pid`` (None once it is gone): the CPU stand-in's "memory held"."""
-    return PROCFS.rss_bytes(pid)
+    return HOST_PROCFS.rss_bytes(pid)
 
 
 class RssProbe:
@@ -53,7 +53,7 @@ class RssProbe:
     def _worker(self, pid: int) -> bool:
         # Only a yes is cached: a forked child shows its parent's cmdline until it execs.
         if pid not in self._is_worker:
-            argv = PROCFS.cmdline(pid)
+            argv = HOST_PROCFS.cmdline(pid)
             if argv is None:
                 return False
             if (python_module(argv) or "").startswith(WORKER_MODULE):  # worker and worker_fixed

@@ -1,9 +1,9 @@
-"""The seed's four scenarios, each with the seed's steps, measured.
+"""The original experiment's four scenarios, each with the original experiment's steps, measured.
 
 start the pod → the parent spawns its workers and exits without wait() → observe → kill -9 one
 worker → observe → delete the pod (the kubelet's order) → observe. The parent spawns
-``workers + 1`` workers: one is the kill -9 victim (the seed's orphaned-context test) and
-``workers`` are alive when the pod is deleted (the seed's grace-period measurement).
+``workers + 1`` workers: one is the kill -9 victim (the original experiment's orphaned-context test) and
+``workers`` are alive when the pod is deleted (the original experiment's grace-period measurement).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
+from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.events import Event, EventLog
 from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats, kill_drop, release_tolerance, scenario_metrics
@@ -46,7 +48,7 @@ READY = re.compile(r"^ready pid=(\d+) ", re.MULTILINE)
 PARENT = "gpuzombie.workloads.parent"
 
 
-class ScenarioError(RuntimeError):
+class ScenarioError(LabError):
     """A scenario could not run (its pod did not come up, a worker failed to hold memory...)."""
 
 
@@ -74,7 +76,7 @@ SCENARIOS: Mapping[str, Scenario] = {
         Scenario("s4-fullfix-fasthook", 4, "Full Fix, fast hook", "tini", prestop=True, fixed=True, hook="zipapp"),
     )
 }
-"""S1-S4 are the seed's; S5 is Kubernetes' own fix: S1's workload with ``shareProcessNamespace:
+"""S1-S4 are the original experiment's; S5 is Kubernetes' own fix: S1's workload with ``shareProcessNamespace:
 true`` (the pod's pause is PID 1 and reaps; no tini). ``s4-fullfix-fasthook`` is S4 with the fast
 hook (the stdlib-only zipapp), run by name beside S4 to compare the two hooks in one run."""
 DEFAULT_SCENARIOS = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid")
@@ -98,7 +100,7 @@ class LabConfig:
     """Another init for the scenarios that use tini (``tini-g``, ``dumb-init``)."""
     main: str = "sleep"
     """The container's main process under the init (S2-S4): ``sleep`` (experiments run through
-    ``kubectl exec``, the seed's way) or ``worker`` (the workload itself is the main process:
+    ``kubectl exec``, the original experiment's way) or ``worker`` (the workload itself is the main process:
     a SIGTERM-ignoring worker, the fixed one in S4)."""
     sample_interval: float = 0.01
     ready_timeout: float = 180.0
@@ -107,7 +109,7 @@ class LabConfig:
 
     @property
     def prestop_timeout(self) -> float:
-        """preStop's own SIGTERM→SIGKILL wait: the seed's 20 s in a 30 s grace; in a shorter
+        """preStop's own SIGTERM→SIGKILL wait: the original experiment's 20 s in a 30 s grace; in a shorter
         grace, what leaves a third of it (at least 1.5 s) for the hook's start and SIGKILL."""
         return round(max(0.2, min(20.0, self.grace - max(1.5, self.grace / 3))), 1)
 
@@ -268,10 +270,10 @@ def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool
 
 
 def trace_from_host(cri_socket: str | None = None, timeout: float = 60.0) -> str:
-    """``gpuzombie trace`` on the host (the seed's gpu-pod-trace.sh on the node); on a CRI runtime
+    """``gpuzombie trace`` on the host (the original experiment's gpu-pod-trace.sh on the node); on a CRI runtime
     it asks that runtime's socket for the pods' real names."""
     cmd = [sys.executable, "-m", "gpuzombie", "trace"]
-    env = dict(os.environ, **({"GPUZOMBIE_CRI_SOCKET": cri_socket} if cri_socket else {}))
+    env = dict(os.environ, **({CRI_SOCKET_ENV: cri_socket} if cri_socket else {}))
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
@@ -524,7 +526,7 @@ class _Run(Measurement):
         self.events.add("kill-9", f"worker host pid {victim}")
         os.kill(victim, signal.SIGKILL)
         self.wait_settled(victim, 5.0, zombie_stays=self.init == "sleep")  # orphans go to PID 1
-        # Let the driver (or the kernel) hand the memory back and the init reap, as the seed's
+        # Let the driver (or the kernel) hand the memory back and the init reap, as the original experiment's
         # observe.sh ran some seconds after the kill.
         threshold = kill_drop(self.config.size_mib * MIB)
         _wait(lambda: self.held_now() <= held_before - threshold, 5.0)

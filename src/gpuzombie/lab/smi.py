@@ -1,4 +1,4 @@
-"""NVML snapshots rendered like ``nvidia-smi`` (the seed saved nvidia-smi output before and after
+"""NVML snapshots rendered like ``nvidia-smi`` (the original experiment saved nvidia-smi output before and after
 deleting each pod; we have NVML, so we render the same content from it)."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``observe``: PID 1, zombies, orphans, GPU processes, fd holders, orphaned contexts, ghost memory."""
 
+from gpuzombie.observe.model import SCHEMA, ObserveReport, Summary, observe
 from gpuzombie.observe.orphans import Orphan, Zombie
 from gpuzombie.observe.pid1 import Pid1, Pid1Kind
 from gpuzombie.observe.render import render_text
-from gpuzombie.observe.report import SCHEMA, ObserveReport, Summary, observe
 
 __all__ = ["SCHEMA", "ObserveReport", "Orphan", "Pid1", "Pid1Kind", "Summary", "Zombie", "observe", "render_text"]

@@ -1,4 +1,4 @@
-"""The readable form of an ObserveReport: the seed's eight observe.sh sections, as plain text.
+"""The readable form of an ObserveReport: the original experiment's eight observe.sh sections, as plain text.
 
 Plain text (no rich) so the report reads the same in a terminal, a ``kubectl exec`` log and a
 results/ file.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.observe.model import ObserveReport
 from gpuzombie.observe.orphans import ORPHAN
-from gpuzombie.observe.report import ObserveReport
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
 from gpuzombie.units import MIB
 

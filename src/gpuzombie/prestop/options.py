@@ -16,7 +16,7 @@ from enum import Enum
 from gpuzombie.proc.own import PROCFS
 
 DEFAULT_TIMEOUT = 20.0
-"""The seed's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
+"""The original experiment's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
 DEFAULT_KILL_WAIT = 2.0
 NVML_CHOICES = ("always", "undecided", "never")
 BOOL_WORDS = {

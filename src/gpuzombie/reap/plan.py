@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.prestop.targets import Target, Unread
 from gpuzombie.proc.procfs import ProcessTable
-from gpuzombie.trace.report import TraceReport
+from gpuzombie.trace.model import TraceReport
 from gpuzombie.trace.stale import Dirty
 
 

@@ -28,7 +28,7 @@ from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
-from gpuzombie.trace.report import NamesLookup, PodsLookup, build_trace
+from gpuzombie.trace.model import NamesLookup, PodsLookup, build_trace
 from gpuzombie.units import MIB
 
 SCHEMA = "gpuzombie.reap/1"

@@ -17,7 +17,7 @@ from gpuzombie.proc.pidns import own_pid_in
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.reap import run_reap, summary_line
 from gpuzombie.top.model import PodLine, ProcessLine
-from gpuzombie.trace.report import NamesLookup, PodsLookup
+from gpuzombie.trace.model import NamesLookup, PodsLookup
 
 READ_ONLY = "read-only: start top with --allow-actions to signal processes or reap stale pods"
 

@@ -20,7 +20,7 @@ from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
 from gpuzombie.observe.pid1 import Pid1Kind
 from gpuzombie.proc.procfs import ProcessInfo
-from gpuzombie.trace.report import GpuMemory, TraceRow
+from gpuzombie.trace.model import GpuMemory, TraceRow
 from gpuzombie.trace.scan import NodeScan
 from gpuzombie.trace.stale import Dirty
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from gpuzombie.escape import escape
 from gpuzombie.top.model import HOST, GpuGroup, NodeView, PodLine, ProcessLine
-from gpuzombie.trace.report import GpuMemory
+from gpuzombie.trace.model import GpuMemory
 from gpuzombie.units import MIB
 
 POD_COLUMNS = ("POD", "GPU MEM", "PROCS", "PID 1", "ZOMB", "ORPH", "D-STATE", "MARK", "GRACE RISK", "RUNTIME", "AGE")

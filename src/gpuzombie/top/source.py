@@ -14,7 +14,7 @@ from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.top.model import NodeView, StoppingTracker, build_view
-from gpuzombie.trace.report import NamesLookup, PodsLookup
+from gpuzombie.trace.model import NamesLookup, PodsLookup
 from gpuzombie.trace.scan import scan_node
 
 

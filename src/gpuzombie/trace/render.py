@@ -1,9 +1,9 @@
-"""The trace report as the seed's table, plus one accounting line per GPU."""
+"""The trace report as the original experiment's table, plus one accounting line per GPU."""
 
 from __future__ import annotations
 
 from gpuzombie.escape import escape
-from gpuzombie.trace.report import UNREAD_CGROUP, TraceReport, TraceRow
+from gpuzombie.trace.model import UNREAD_CGROUP, TraceReport, TraceRow
 from gpuzombie.units import MIB
 
 HOLDER_MARKS = {"stale": "STALE", "foreign": "FOREIGN"}

@@ -16,7 +16,7 @@ from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.report import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
+from gpuzombie.trace.model import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)

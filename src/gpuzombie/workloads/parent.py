@@ -1,11 +1,11 @@
-"""The seed's ``parent.py``: spawn N workers and exit without ``wait()``, leaving them orphans.
+"""The original experiment's ``parent.py``: spawn N workers and exit without ``wait()``, leaving them orphans.
 
     python3 -m gpuzombie.workloads.parent [--workers N] [--size-mib M] [--device ...]
         [--backend ...] [--fixed] [--uid U]
 
 It waits until every worker has printed its ``ready`` line (so the memory is held when it
 exits), repeats those lines, prints ``parent exiting pid=...`` and leaves with ``os._exit`` so no
-child is waited for. ``--uid`` runs the workers as that user (the seed's non-root UID 1000 case).
+child is waited for. ``--uid`` runs the workers as that user (the original experiment's non-root UID 1000 case).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The seed's ``gpu_worker.py``: hold memory and ignore SIGTERM (the bug scenarios 1-3 reproduce).
+"""The original experiment's ``gpu_worker.py``: hold memory and ignore SIGTERM (the bug scenarios 1-3 reproduce).
 
     python3 -m gpuzombie.workloads.worker [--size-mib M] [--device auto|cuda|cpu] [--backend ...]
 

@@ -1,4 +1,4 @@
-"""The seed's ``gpu_worker_fixed.py``: hold memory, and on SIGTERM free it and exit (scenario 4).
+"""The original experiment's ``gpu_worker_fixed.py``: hold memory, and on SIGTERM free it and exit (scenario 4).
 
     python3 -m gpuzombie.workloads.worker_fixed [--size-mib M] [--device ...] [--backend ...]
 

@@ -1,6 +1,6 @@
 """The five ways to run the same job when rank 0 dies mid-collective, side by side.
 
-(a) PyTorch's defaults; (b) the seed's fix: a collective timeout and
+(a) PyTorch's defaults; (b) the original experiment's fix: a collective timeout and
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``; (c) the best of PyTorch's own knobs (c10d's
 ProcessGroupNCCL reads them): the same timeout, error handling 3 (tear the process down without
 cleaning up communicators), ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` small (the watchdog sleeps 4×

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuzombie.jsonout import dumps
 from gpuzombie.lab.nccl.sampling import MemorySample
+
+if TYPE_CHECKING:  # rich is imported only when a table is made
+    from rich.table import Table
 
 
 def _seconds_cell(value: float | None, still: float | None = None) -> str:
@@ -77,9 +80,8 @@ def comparison_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def print_comparison(summary: dict[str, Any]) -> None:
-    """The comparison as a table on the terminal (stdout); rich is imported only here."""
-    from rich.console import Console
+def terminal_table(summary: dict[str, Any]) -> Table:
+    """The comparison as a rich table for the terminal; the CLI prints it (nothing below cli/ does)."""
     from rich.table import Table
 
     columns, rows = comparison_rows(summary)
@@ -91,9 +93,7 @@ def print_comparison(summary: dict[str, Any]) -> None:
         table.add_column(short, no_wrap=short != "setting", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    console.width = max(console.width, 150)  # a file or a pipe gets 80 columns by default: too narrow
-    console.print(table)
+    return table
 
 
 def write_results(nccl_dir: Path, summary: dict[str, Any], samples: list[MemorySample]) -> None:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuzombie.errors import GpuzombieError
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
+from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.nccl.cases import DEFAULT_COLLECTIVE_TIMEOUT_S, CaseSpec, case_specs
 from gpuzombie.lab.nccl.launch import CaseLaunch, launch_case, wait_ready
 from gpuzombie.lab.nccl.report import comparison_table, write_results
@@ -42,7 +42,7 @@ CPU_STANDIN_LABEL = (
 )
 
 
-class NcclScenarioError(GpuzombieError):
+class NcclScenarioError(LabError):
     """The scenario cannot run here (too few GPUs, no torch): exit 2 with one line."""
 
 

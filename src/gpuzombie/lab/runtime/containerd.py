@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuzombie.k8s.cri import CriError, PodSpec, RunningPod, RuntimeClient
+from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.runtime.rundirs import (
     LAB_STATE_ROOT,
     cgroup_roots,
@@ -45,7 +46,7 @@ STOP_TIMEOUT = 10.0
 _BASE_DIRS = ("bin", "dev", "etc", "proc", "sys", "tmp", "run")
 
 
-class ContainerdError(Exception):
+class ContainerdError(LabError):
     """containerd could not be started, fed an image, or cleaned up; the message is one line."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, PodSpec, RunningPod
+from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import Container, Mount, PodManifest, Volume
 from gpuzombie.lab.runtime.cri import (
@@ -57,10 +58,6 @@ LAB_DROPPED_CAPABILITIES = ("NET_RAW",)
 """Dropped from every container on top of the manifest's drops: the runtime's default set less
 NET_RAW is the Pod Security Standards' baseline set and CRI-O's default; containerd still grants
 NET_RAW (raw and packet sockets: spoofing, and the kernel's packet-socket bugs)."""
-
-
-class PodRunError(RuntimeError):
-    """The pod could not be run (an init container failed, the kubelet would refuse a container)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ class PodVolumes:
                 os.makedirs(v.host_path, mode=0o755, exist_ok=True)
             real = os.path.realpath(v.host_path)  # bound as resolved now, and checked again now
             if host_path_grant(real, self._grants) is None:
-                raise PodRunError(f"volume {v.name}: hostPath {v.host_path} resolves to {real}, not allowed")
+                raise PodError(f"volume {v.name}: hostPath {v.host_path} resolves to {real}, not allowed")
             self.paths[v.name] = real
             return
         path = self._workdir / "volumes" / v.name
@@ -141,7 +138,7 @@ class PodVolumes:
                 check=False,
             )
             if done.returncode != 0:
-                raise PodRunError(f"volume {v.name}: cannot mount a tmpfs: {done.stderr.strip()[:200]}")
+                raise PodError(f"volume {v.name}: cannot mount a tmpfs: {done.stderr.strip()[:200]}")
             self._tmpfs.append(str(path))
         os.chmod(path, 0o777)  # the kubelet's emptyDir mode: any uid of the pod writes there
         self.paths[v.name] = str(path)
@@ -292,14 +289,14 @@ class ManifestPod:
             if status.finished_at:
                 break
             if time.monotonic() > deadline:
-                raise PodRunError(f"init container {c.name} still runs after {INIT_TIMEOUT_S:.0f} s")
+                raise PodError(f"init container {c.name} still runs after {INIT_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
         log = self._read_log(status.log_path)
         self._logs[f"init:{c.name}"] = log
         self.events.add("init-exit", f"{c.name}: exit {status.exit_code} after {self.events.now() - started:.2f} s")
         if status.exit_code != 0:
             tail = " | ".join(log.strip().splitlines()[-3:]) or "no output"
-            raise PodRunError(f"init container {c.name} exited {status.exit_code}: {tail[-300:]}")
+            raise PodError(f"init container {c.name} exited {status.exit_code}: {tail[-300:]}")
 
     @staticmethod
     def _read_log(path: str) -> str:

@@ -4,7 +4,7 @@ Started as ``unshare --pid --fork --mount-proc --kill-child <init argv>``. Delet
 kubelet: the preStop hook first (run inside the namespace), then SIGTERM to the namespace's PID 1,
 then SIGKILL when the grace period, counted from the deletion request, runs out. SIGTERM to the
 ``unshare`` process would be ignored (it only waits), so PID 1 is signalled directly; a PID 1 with
-no handler for SIGTERM ignores it (the kernel protects a namespace's init), which is the seed's
+no handler for SIGTERM ignores it (the kernel protects a namespace's init), which is the original experiment's
 grace-period waste. ``--kill-child`` is only the backstop if the lab itself dies.
 """
 
@@ -22,8 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
+from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.runtime.pod import PROCFS, Deletion, children_of, leftovers, pidns_of, pids_in_pidns
+from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion, children_of, leftovers, pidns_of, pids_in_pidns
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 
@@ -42,7 +43,8 @@ def pdeathsig_prefix() -> tuple[str, ...]:
     return (setpriv, "--pdeathsig", "KILL") if "--pdeathsig" in usage else ()
 
 
-INITS = ("sleep", "tini", "tini-g", "dumb-init")
+PID1_CHOICES = ("sleep", "tini", "tini-g", "dumb-init")
+"""What a namespaces-runtime pod may run as PID 1: the original experiment's ``sleep`` or an init (``--init``)."""
 INIT_COMM = {"tini": "tini", "tini-g": "tini", "dumb-init": "dumb-init", "pause": "catatonit"}
 PAUSE = "pause"
 """shareProcessNamespace: the pod's pause (``catatonit -P``, which reaps) is PID 1 and the container
@@ -58,14 +60,10 @@ def init_binary(name: str) -> str:
     return shutil.which(name) or name
 
 
-class PodError(RuntimeError):
-    """The pod could not be started or cleaned up."""
-
-
 def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> list[str]:
     """PID 1 and the container's command, as the scenario says.
 
-    ``sleep``: the seed's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
+    ``sleep``: the original experiment's S1, ``sh -c '<main> & exec sleep infinity'`` (the shell execs sleep,
     which becomes PID 1 and never reaps). With an init, the shell runs the main command in the
     foreground and then execs sleep, so the parent's orphans are re-parented to the init, as when
     ``kubectl exec`` starts parent.py in a tini container. ``then`` is what the shell execs last:
@@ -80,7 +78,7 @@ def init_argv(init: str, main_command: str, then: str = "sleep infinity") -> lis
         return [init_binary("tini"), "-s", "-g", "--", *shell]
     if init == "dumb-init":
         return [init_binary("dumb-init"), "--", *shell]
-    raise PodError(f"unknown init {init!r} (one of {', '.join(INITS)})")
+    raise PodError(f"unknown init {init!r} (one of {', '.join(PID1_CHOICES)})")
 
 
 def absolute_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
@@ -205,7 +203,7 @@ class Pod:
         want = INIT_COMM.get(self.init)
         if want is None:
             return True
-        stat = PROCFS.stat(self.pid1)
+        stat = HOST_PROCFS.stat(self.pid1)
         return stat is not None and stat.comm == want
 
     @property

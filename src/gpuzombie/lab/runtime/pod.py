@@ -16,28 +16,29 @@ from typing import Protocol
 
 from gpuzombie.proc.procfs import Procfs
 
-PROCFS = Procfs()
+HOST_PROCFS = Procfs()
+"""A reader of this machine's /proc (``proc.own.PROCFS`` is its path): the lab runs its pods here."""
 LEFTOVER_WAIT_S = 2.0
 """How long a deleted pod's processes may take to vanish (a shim or init reaping) before they count."""
 
 
 def children_of(pid: int) -> list[int]:
     """Direct children from /proc/<pid>/task/*/children (empty when the process is gone)."""
-    return PROCFS.children_pids(pid)
+    return HOST_PROCFS.children_pids(pid)
 
 
 def pidns_of(pid: int) -> int | None:
-    return PROCFS.pidns(pid)
+    return HOST_PROCFS.pidns(pid)
 
 
 def pids_in_pidns(pidns: int) -> list[int]:
     """Every host pid whose PID namespace is ``pidns`` (zombies included)."""
-    return PROCFS.pids_in_pidns(pidns)
+    return HOST_PROCFS.pids_in_pidns(pidns)
 
 
 def pod_pid1(pidns: int) -> int | None:
     """The host pid of the PID namespace's init (its pid 1 there), or None when it has none."""
-    table = PROCFS.snapshot(pids=pids_in_pidns(pidns), now=time.time(), with_cgroup=False)
+    table = HOST_PROCFS.snapshot(pids=pids_in_pidns(pidns), now=time.time(), with_cgroup=False)
     return next((p.pid for p in table if p.innermost_pid == 1), None)
 
 

@@ -237,7 +237,7 @@ def observe(
     now: float | None = None,
     is_root: bool | None = None,
 ) -> ObserveReport:
-    """Snapshot the processes and GPUs and judge them: the seed's eight checks in one report.
+    """Snapshot the processes and GPUs and judge them: the original experiment's eight checks in one report.
 
     Raises GpuzombieError (exit 2) when the procfs root itself cannot be read, or when /proc is
     not the caller's own namespace's; everything else (vanished processes, denied or hostile

@@ -1,7 +1,7 @@
 """The node trace: every GPU process, /dev/nvidia* holder and zombie mapped to its container and pod,
 and every MiB of each GPU accounted for.
 
-The seed's ``gpu-pod-trace.sh`` + ``node-observe.sh``: NVML's processes and fd holders come from the
+The original experiment's ``gpu-pod-trace.sh`` + ``node-observe.sh``: NVML's processes and fd holders come from the
 foundation's attribution, containers and pods from each process's cgroup lines, names from the CRI runtime
 and the kubelet's PodResources API when they answer. Memory per GPU is split into the driver's
 reservation (present with no process at all: 615 MiB on an idle H200, driver 580.159), what listed
@@ -46,7 +46,7 @@ _GPU_NODE = re.compile(r"/dev/nvidia(\d+)$")
 
 @dataclass(frozen=True)
 class TraceRow:
-    """One line of the seed's table: a process (on one GPU, for NVML's entries) and its pod."""
+    """One line of the original experiment's table: a process (on one GPU, for NVML's entries) and its pod."""
 
     pid: int | None
     """The pid in the procfs read (the host pid on a node); None for an NVML pid with no process."""
@@ -61,7 +61,7 @@ class TraceRow:
     gpu_memory: int | None = field(metadata=IN_MIB)
     """Bytes NVML attributes to it on that GPU; None when not listed or not reported."""
     nsmi: bool
-    """Listed by NVML (the seed's NSMI column: nvidia-smi sees it)."""
+    """Listed by NVML (the original experiment's NSMI column: nvidia-smi sees it)."""
     verdict: str
     """live, zombie, gone, unresolved (NVML entries); fd-only (holds /dev/nvidia*, not listed); zombie (any other)."""
     qos: str | None
