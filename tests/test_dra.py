@@ -20,12 +20,12 @@ import pytest
 pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the 'node' extra")
 
 from cri_standin import standin_kubelet, standin_runtime
+from gpufakes import gpu_device
 from gpuzombie.cli.main import main
-from gpuzombie.gpu.nvml import GpuDevice
 from gpuzombie.k8s.podresources import DraClaim, list_pod_resources
 from gpuzombie.k8s.podresources_v1 import api_pb2 as pr
 from test_cdi import CLAIM, FIXTURES
-from test_trace import GIB, RECORDED, build_node, gpus
+from test_trace import RECORDED, build_node, gpus
 
 CLAIM_B = "77f4d1b2-0c8e-4a57-9d3e-2b6a1c9e8f10"
 POD_A = ("gpu-zombie-test", "gpu-zombie-nofix")
@@ -35,7 +35,7 @@ POD_B = ("training", "nccl-rank1")
 def dra_gpus():
     """test_trace's GPUs 0 (GPU-0000) and 1 (GPU-1111) with minors 1 and 0, and an idle GPU 2 (minor 2)."""
     zero, one = gpus().devices
-    idle = GpuDevice(2, "GPU-2222", "NVIDIA H200", 140 * GIB, 615 << 20, 0, 615 << 20, minor_number=2)
+    idle = dataclasses.replace(gpu_device(2, uuid="GPU-2222"), minor_number=2)
     devices = (dataclasses.replace(zero, minor_number=1), dataclasses.replace(one, minor_number=0), idle)
     return dataclasses.replace(gpus(), devices=devices)
 
