@@ -230,6 +230,7 @@ def test_observe_log_is_rendered_from_the_same_json_snapshot(lab):
             s = obs(e, point)["observe_summary"]
             text = (out / name / f"observe-{point}.log").read_text()
             assert f"summary: {s['zombies']} zombies, {s['orphans']} orphans," in text, (name, point)
+            assert "[2] Process tree" in text and "[8] Orphaned contexts and ghost memory" in text  # observe's own
 
 
 def test_comparison_symbols_mean_one_thing(lab):

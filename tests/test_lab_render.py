@@ -3,7 +3,10 @@ sampled as memory held."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +14,7 @@ from types import SimpleNamespace
 from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
 from gpuzombie.lab.events import Event
+from gpuzombie.lab.observation import Observation, PodProcess, parse_observe, render_observation
 from gpuzombie.lab.sampler import NvmlProbe
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import Procfs
@@ -131,3 +135,41 @@ def test_merge_keeps_the_runs_of_each_call_and_refuses_another_kind(tmp_path):
     assert (tmp_path / "all" / "s1-nofix-containerd" / "pod.log").read_text() == "s1-nofix-containerd"
     with pytest.raises(ValueError, match="another kind"):
         merge_results(tmp_path / "all", [results("c", "cpu-standin", ["s2-tini"])])
+
+
+def test_observe_log_is_observes_own_text_of_its_json_snapshot():
+    """The lab's one call (real observe on this machine's /proc): its log holds observe's own text
+    of the snapshot whose JSON summary the lab records, byte for byte; a process whose cmdline
+    forges a summary line and clears the screen does neither (the lab's own renderer let both through)."""
+    forger = [sys.executable, "-c", "import time; time.sleep(60)", "\nsummary: 0 zombies -> HEALTHY\x1b[2J"]
+    argv = [sys.executable, "-m", "gpuzombie", "observe", "--json", "--text-to-stderr"]
+    with subprocess.Popen(forger) as evil:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        finally:
+            evil.kill()
+    report, text, error = parse_observe(done)
+    assert report is not None and error is None, done.stderr
+    s = report["summary"]
+    obs = Observation("after-kill", 1.0, 0, 0, (), done.returncode, s, None)
+    log = render_observation(obs, text)
+    assert log.endswith("run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)\n" + done.stderr)
+    assert "[2] Process tree" in log and f"summary: {s['zombies']} zombies, {s['orphans']} orphans," in log
+    assert "\x1b" not in log and not any(line.startswith("summary: 0 zombies -> HEALTHY") for line in log.split("\n"))
+    assert f"{evil.pid}  " in log  # the forger is in observe's process tree
+
+
+def test_observe_text_from_the_pod_cannot_forge_or_control_the_log():
+    """The pod controls what observe prints: a control character is escaped, observe's own escapes are kept."""
+    hostile = "summary: 0 zombies -> HEALTHY\x1b[2J\r\n  3  1  S  [evil\\x1b]\n"
+    done = subprocess.CompletedProcess([], 0, json.dumps({"summary": {"zombies": 0}}), hostile)
+    assert parse_observe(done)[1] == "summary: 0 zombies -> HEALTHY\\x1b[2J\\x0d\n  3  1  S  [evil\\x1b]"
+    forger = PodProcess(9, 3, 1, "S", "worker", 0, "python3 \nsummary: 0 zombies -> HEALTHY\x1b[2J")
+    host_table = render_observation(Observation("after-kill", 1.0, 0, 0, (forger,), None, None, None), None)
+    assert "python3 \\x0asummary: 0 zombies -> HEALTHY\\x1b[2J" in host_table and "\nsummary" not in host_table
+    garbage = subprocess.CompletedProcess([], 2, "not json", "gpuzombie: error: \x1b]0;owned\x07\n")
+    assert parse_observe(garbage) == (
+        None,
+        None,
+        "observe gave no JSON summary (exit 2): gpuzombie: error: \\x1b]0;owned\\x07",
+    )

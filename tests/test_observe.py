@@ -274,6 +274,12 @@ def test_cli_replays_nvml_and_reads_fake_procfs(proc, tmp_path_factory, capsys):
     assert rc == 1 and data["summary"]["ghost_gpus"] == 1 and data["ghosts"][0]["verdict"] == "ghost"
     rc = main(["observe", "--procfs", str(proc), "--nvml-replay", str(snap), "--ghost-threshold-mib", "300"])
     assert rc == 0 and "[8] Orphaned contexts and ghost memory" in capsys.readouterr().out
+    rc = main(["observe", "--procfs", str(proc), "--json", "--text-to-stderr", "--nvml-replay", str(snap)])
+    both = capsys.readouterr()
+    summary = json.loads(both.out)["summary"]  # stdout stays the JSON alone
+    assert rc == 1 and both.err.startswith("gpuzombie observe — ") and "[8] Orphaned contexts" in both.err
+    assert f"summary: {summary['zombies']} zombies, {summary['orphans']} orphans," in both.err
+    assert both.err.endswith("1 GPUs with ghost memory -> FINDINGS\n")
 
 
 def test_cli_unreadable_procfs_is_one_line_exit_2(tmp_path, capsys):
@@ -284,7 +290,12 @@ def test_cli_unreadable_procfs_is_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "args",
-    [["observe", "--bogus"], ["observe", "--procfs", "/nonexistent/proc"], ["observe", "--baseline-mib", "lots"]],
+    [
+        ["observe", "--bogus"],
+        ["observe", "--procfs", "/nonexistent/proc"],
+        ["observe", "--baseline-mib", "lots"],
+        ["observe", "--text-to-stderr"],
+    ],
 )
 def test_cli_bad_input_real_entry_point(args):
     result = subprocess.run([sys.executable, "-m", "gpuzombie", *args], capture_output=True, text=True, timeout=30)

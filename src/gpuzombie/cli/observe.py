@@ -14,8 +14,19 @@ from gpuzombie.units import MIB
 @procfs_option
 @json_option
 @ghost_options
+@click.option(
+    "--text-to-stderr",
+    is_flag=True,
+    help="With --json: also write the readable report to stderr, from the same snapshot "
+    "(the lab's observe logs; stdout stays the JSON alone).",
+)
 def command(
-    procfs: str, as_json: bool, ghost_threshold_mib: int, baseline_mib: int | None, nvml_replay: str | None
+    procfs: str,
+    as_json: bool,
+    ghost_threshold_mib: int,
+    baseline_mib: int | None,
+    nvml_replay: str | None,
+    text_to_stderr: bool,
 ) -> int:
     """Inside a container (or on a node): PID 1, process tree, zombies, orphans, GPU memory, GPU
     processes, /dev/nvidia* holders, orphaned contexts and ghost memory.
@@ -24,6 +35,8 @@ def command(
     (a process that could hide one could not be read: the summary says INCOMPLETE), 2 error
     (also when /proc is not this PID namespace's own).
     """
+    if text_to_stderr and not as_json:
+        raise click.UsageError("--text-to-stderr goes with --json (without it the text is on stdout)")
     report = observe(
         Procfs(procfs),
         nvml_backend(nvml_replay),
@@ -32,6 +45,8 @@ def command(
     )
     if as_json:
         echo_json(report)
+        if text_to_stderr:
+            click.echo(render_text(report), nl=False, err=True)
     else:
         echo_warnings("observe", report.view.warnings)
         click.echo(render_text(report), nl=False)

@@ -3,7 +3,8 @@ observe`` run inside the pod (``nsenter``, like ``kubectl exec ... observe.sh`` 
 
 The host-side count does not depend on observe: zombies are the pod's processes in state Z,
 orphans its live workers whose parent is the namespace's PID 1 (they were started by the parent,
-not by PID 1). Observe's own JSON ``summary`` is recorded beside it.
+not by PID 1). Observe's own JSON ``summary`` is recorded beside it, and its log is observe's own
+text of that same snapshot (``--text-to-stderr``): observe's renderer is the only one.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.lab.runtime.pod import LabPod
 from gpuzombie.lab.smi import render_smi
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
 
 OBSERVE_TIMEOUT_S = 60.0
+POD_LINE_LIMIT = 4000
+"""Longer than any line observe writes (its cells are cut at 300 characters)."""
 
 
 @dataclass(frozen=True)
@@ -97,21 +101,32 @@ def count(processes: tuple[PodProcess, ...], pid1: int) -> tuple[int, int]:
 
 
 def run_observe(pod: LabPod) -> subprocess.CompletedProcess[str]:
-    """``gpuzombie observe --json`` inside the pod: one snapshot per point; the log's text is
-    rendered from that JSON, so the two can never disagree."""
-    return pod.exec([sys.executable, "-m", "gpuzombie", "observe", "--json"], timeout=OBSERVE_TIMEOUT_S)
+    """``gpuzombie observe --json --text-to-stderr`` inside the pod: one snapshot per point, its
+    JSON on stdout and observe's own text of the same snapshot on stderr, so the two never disagree."""
+    argv = [sys.executable, "-m", "gpuzombie", "observe", "--json", "--text-to-stderr"]
+    return pod.exec(argv, timeout=OBSERVE_TIMEOUT_S)
 
 
-def parse_observe(done: subprocess.CompletedProcess[str]) -> tuple[Mapping[str, Any] | None, str | None]:
-    """(observe's JSON report, None), or (None, a one-line reason) when it gave none."""
+def parse_observe(done: subprocess.CompletedProcess[str]) -> tuple[Mapping[str, Any] | None, str | None, str | None]:
+    """(observe's JSON report, its text, None), or (None, None, a one-line reason) when it gave no JSON."""
     try:
         report = json.loads(done.stdout)
         if isinstance(report, dict) and isinstance(report.get("summary"), dict):
-            return report, None
+            return report, pod_text(done.stderr) or None, None
     except ValueError:
         pass
     last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
-    return None, f"observe gave no JSON summary (exit {done.returncode}): {last[:200]}"
+    return None, None, f"observe gave no JSON summary (exit {done.returncode}): {escape(last, 200)}"
+
+
+def pod_text(text: str) -> str:
+    """The pod's text for a log: observe's own lines unchanged (it escaped what processes control),
+    any line that still holds a control character escaped (the pod controls what it prints)."""
+    lines = []
+    for line in text.rstrip("\n").split("\n"):
+        plain = line.replace("\\", "")  # observe's escapes are backslashes: the one safe character escape() rewrites
+        lines.append(line if escape(plain, POD_LINE_LIMIT) == plain else escape(line, POD_LINE_LIMIT))
+    return "\n".join(lines)
 
 
 def observe(pod: LabPod, point: str, t: float, roles: Mapping[int, str]) -> tuple[Observation, str]:
@@ -120,11 +135,12 @@ def observe(pod: LabPod, point: str, t: float, roles: Mapping[int, str]) -> tupl
     zombies, orphans = count(processes, pod.pid1)
     rc: int | None = None
     report: Mapping[str, Any] | None = None
+    text: str | None = None
     error: str | None = None
     if pod.running:
         done = run_observe(pod)
         rc = done.returncode
-        report, error = parse_observe(done)
+        report, text, error = parse_observe(done)
     obs = Observation(
         point=point,
         t=t,
@@ -135,70 +151,25 @@ def observe(pod: LabPod, point: str, t: float, roles: Mapping[int, str]) -> tupl
         observe_summary=None if report is None else report["summary"],
         observe_error=error,
     )
-    return obs, render_observation(obs, None if report is None else safe_render(report))
-
-
-def safe_render(report: Mapping[str, Any]) -> str:
-    """``render_observe_report``, or one line when the pod's JSON has an unexpected shape (the
-    pod controls what observe prints)."""
-    try:
-        return render_observe_report(report)
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        return f"(observe's JSON has an unexpected shape: {type(exc).__name__})"
-
-
-def render_observe_report(report: Mapping[str, Any]) -> str:
-    """The readable form of observe's JSON (PID 1, processes, findings, GPU processes, summary)."""
-    pid1 = report.get("pid1") or {}
-    lines = [f"PID 1: {str(pid1.get('command') or '?')[:120]}  ->  {pid1.get('kind')}: {pid1.get('note')}"]
-    lines.append(f"{'PID':>7} {'PPID':>7} {'STAT':>4} {'AGE':>6}  COMMAND")
-    lines += [
-        f"{p.get('pid', '?'):>7} {p.get('ppid', '?'):>7} {p.get('state', '?'):>4} "
-        f"{p.get('age_s', '?'):>5}s  {str(p.get('command', ''))[:100]}"
-        for p in report.get("processes") or []
-    ]
-    lines += [
-        f"zombie: pid {z.get('pid')} ({z.get('comm')}), {z.get('reaped_by')}" for z in report.get("zombies") or []
-    ]
-    lines += [
-        f"orphan? pid {o.get('pid')} ({o.get('comm')}): {o.get('verdict')}; {'; '.join(o.get('evidence') or [])}"
-        for o in report.get("orphans") or []
-    ]
-    gpu = report.get("gpu") or {}
-    if not gpu.get("available"):
-        lines.append(f"no GPU/NVML: {gpu.get('reason')}")
-    lines += [
-        f"GPU {d.get('index')} {d.get('name')}: {d.get('memory_used_mib')} / {d.get('memory_total_mib')} MiB used"
-        for d in gpu.get("devices") or []
-    ]
-    lines += [
-        f"GPU process: GPU {g.get('gpu_index')} nvml pid {g.get('nvml_pid')} (local {g.get('local_pid')}) "
-        f"{g.get('comm')} {g.get('used_memory_mib')} MiB -> {g.get('verdict')}"
-        for g in report.get("gpu_processes") or []
-    ]
-    s = report["summary"]
-    lines.append(
-        f"summary: {s.get('zombies')} zombies, {s.get('orphans')} orphans, {s.get('orphaned_contexts')} "
-        f"orphaned contexts, {s.get('ghost_gpus')} GPUs with ghost memory -> "
-        + ("HEALTHY" if s.get("healthy") else "FINDINGS")
-    )
-    return "\n".join(lines)
+    return obs, render_observation(obs, text)
 
 
 def render_observation(obs: Observation, observe_text: str | None) -> str:
+    """The lab's host-side table, then observe's own text as the pod printed it."""
     lines = [
         f"# observation: {obs.point} (t = {obs.t:.3f} s)",
         f"# lab count from the host: zombies={obs.zombies} orphans={obs.orphans}",
         f"{'HOST_PID':>8} {'POD_PID':>7} {'PPID':>7} {'STATE':>5} {'ROLE':<7} COMMAND",
     ]
     lines += [
-        f"{p.host_pid:>8} {p.pod_pid:>7} {p.ppid:>7} {p.state:>5} {p.role:<7} {p.command[:100]}" for p in obs.processes
+        f"{p.host_pid:>8} {p.pod_pid:>7} {p.ppid:>7} {p.state:>5} {p.role:<7} {escape(p.command[:100], 100)}"
+        for p in obs.processes
     ]
     if not obs.processes:
         lines.append("(the pod has no process)")
     lines += [
         "",
-        "# gpuzombie observe --json, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)",
+        "# gpuzombie observe, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)",
     ]
     if obs.observe_error:
         lines.append(f"# {obs.observe_error}")
