@@ -81,7 +81,7 @@ def test_s5_share_process_namespace_reaps_and_does_not_wait_the_grace(lab):
 def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
     out, _ = lab
     text = (out / "s1-nofix-containerd" / "observe-after-kill.log").read_text()
-    assert "PID 1: sleep infinity" in text and "summary: 2 zombies" in text
+    assert "[1] PID 1\n  sleep infinity  ->" in text and "summary: 2 zombies" in text  # observe's own text
     namespace, name = entry(lab, "s1-nofix")["pod"]["pod"].split("/")
     zombies = [line.split() for line in (out / "s1-nofix-containerd" / "gpu-pod-trace.log").read_text().splitlines()]
     assert [z[7:10] for z in zombies if name in z] == [[name, namespace, "workload"]] * 2

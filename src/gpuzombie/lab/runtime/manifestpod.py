@@ -271,6 +271,8 @@ class ManifestPod:
                 self.pid1, self.pidns = pid1, ns
                 self.events.add("pod-start", f"PID 1 of {self.main.name}: host pid {pid1}")
                 return
+            if pidns_of(self.main_pid) is None:  # it exited meanwhile: waiting out the 30 s tells nothing
+                break
             time.sleep(0.01)
         if ns is None or pidns_of(self.main_pid) is None:  # gone already: say what it wrote
             last = "\n".join(self.log_text().strip().splitlines()[-10:])
