@@ -75,8 +75,8 @@ def summarise(runs: Sequence[LabRun]) -> dict[str, HookRuns]:
         out[name] = HookRuns(
             hook=hook,
             delete_to_sigterm_s=[first_sigterm_after_delete(r) for r in mine],
-            delete_to_free_s=[r.metrics["release_latency_s"] for r in mine],
-            kill9_to_free_s=[r.metrics["kill9_to_free_s"] for r in mine],
+            delete_to_free_s=[r.metrics.release_latency_s for r in mine],
+            kill9_to_free_s=[r.metrics.kill9_to_free_s for r in mine],
         )
     return out
 
