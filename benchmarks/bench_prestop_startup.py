@@ -24,13 +24,13 @@ from pathlib import Path
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.lab.runner import LabRequest, run_lab
-from gpuzombie.lab.scenarios import LabConfig, ScenarioRun
+from gpuzombie.lab.scenarios import LabConfig, LabRun
 
 HOOKS = {"s4-fullfix": "python3 -m gpuzombie.prestop", "s4-fullfix-fasthook": "python3 -S -I prestop.pyz"}
 GOAL = 1.5
 
 
-def first_sigterm_after_delete(run: ScenarioRun) -> float | None:
+def first_sigterm_after_delete(run: LabRun) -> float | None:
     """Deletion → the hook's first SIGTERM: when its report starts (after the interpreter and its
     imports) plus the first signal's offset in it."""
     try:
@@ -68,15 +68,15 @@ class HookRuns:
     kill9_to_free_s: list[float | None]
 
 
-def summarise(runs: Sequence[ScenarioRun]) -> dict[str, HookRuns]:
+def summarise(runs: Sequence[LabRun]) -> dict[str, HookRuns]:
     out = {}
     for name, hook in HOOKS.items():
-        mine = [r for r in runs if r.scenario.name == name]
+        mine = [r for r in runs if r.subject.name == name]
         out[name] = HookRuns(
             hook=hook,
             delete_to_sigterm_s=[first_sigterm_after_delete(r) for r in mine],
-            delete_to_free_s=[r.metrics["release_latency_s"] for r in mine],
-            kill9_to_free_s=[r.metrics["kill9_to_free_s"] for r in mine],
+            delete_to_free_s=[r.metrics.release_latency_s for r in mine],
+            kill9_to_free_s=[r.metrics.kill9_to_free_s for r in mine],
         )
     return out
 

@@ -130,7 +130,7 @@ def test_observe_inside_the_pod_agrees_with_the_host_count(lab):
 
 def test_results_layout_is_the_seeds_and_labelled(lab):
     out, data = lab
-    assert data["schema"] == "gpuzombie.lab/1"
+    assert data["schema"] == "gpuzombie.lab/2"
     assert data["provenance"]["kernel"].startswith("Linux") and "lab run" in data["provenance"]["command"]
     for name in ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid"):
         for f in SEED_FILES:

@@ -67,6 +67,7 @@ def test_pod_nofix_waits_the_whole_grace(tmp_path, monkeypatch, capsys):
     assert e["init"] == "sleep" and m["waited_whole_grace"] and d["sigkill_at"] is not None
     assert GRACE - 0.2 <= m["release_latency_s"] <= GRACE + 3
     assert d["leftovers"] == [] and e["pod_manifest"]["grace_s"] == GRACE
+    assert "scenario" not in e and "victim_reaped" not in e  # no made-up scenario for a manifest's pod
     before = next(o for o in e["observations"] if o["point"] == "after-spawn")
     assert before["zombies"] == 1 and before["orphans"] == 1  # the parent, never reaped by sleep; its worker
     for name in ("notes.md", "memory.png", "pod.log", "observe-after-spawn.log", "observe-after-delete.log"):
@@ -165,7 +166,7 @@ def test_repeat_runs_the_pod_again_and_json_is_one_line_per_run(tmp_path, monkey
     runs = [json.loads(line) for line in lines]
     key = "pod-gpu-zombie-nofix-shareprocessnamespace-containerd"
     assert [r["run"] for r in runs] == [key, f"{key}-run2"]
-    assert all(r["schema"] == "gpuzombie.labpod/1" and r["deletion"]["leftovers"] == [] for r in runs)
+    assert all(r["schema"] == "gpuzombie.labpod/2" and r["deletion"]["leftovers"] == [] for r in runs)
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data["scenarios"]) == {key, f"{key}-run2"}
     command = data["provenance"]["command"]  # as run, the flag without a value
@@ -198,7 +199,7 @@ def test_the_literal_pipe_frees_like_s2_and_the_unpatched_pod_waits_the_whole_gr
     assert webhook.wait(timeout=10) == 0
     assert pod.returncode == 0, err
     (patched,) = [json.loads(line) for line in out.splitlines()]
-    assert patched["schema"] == "gpuzombie.labpod/1" and patched["init"] == "catatonit"
+    assert patched["schema"] == "gpuzombie.labpod/2" and patched["init"] == "catatonit"
     assert patched["pod_manifest"]["annotations"]["gpuzombie.dev/injected"] == "shareProcessNamespace"
     m = patched["metrics"]
     assert not m["waited_whole_grace"] and m["release_latency_s"] < GRACE / 2

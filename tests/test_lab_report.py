@@ -13,10 +13,11 @@ import pytest
 
 from gpuzombie.lab.records import LabResults
 from gpuzombie.lab.report import build, comparison_md
-from gpuzombie.lab.results import load
+from gpuzombie.lab.results import SCHEMA, load, merge_results
+from gpuzombie.lab.scenarios import PodSubject, ScenarioSubject
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-COMMITTED = [RESULTS, RESULTS / "runtimes"]
+COMMITTED = [RESULTS, RESULTS / "runtimes", RESULTS / "labpod-cpu", RESULTS / "labpod-h200"]
 """Every committed lab results folder that ``lab report`` renders (results/nccl is the NCCL run's own)."""
 
 
@@ -91,7 +92,7 @@ def test_s5_has_its_column_where_it_ran():
 def test_every_committed_results_json_loads_typed():
     """results.load reads every lab results.json in results/ (written by older versions too) into
     typed runs: each run's metrics, deletion and samples are there by name."""
-    folders = [p.parent for p in RESULTS.rglob("results.json") if '"gpuzombie.lab/1"' in p.read_text()[:200]]
+    folders = [p.parent for p in RESULTS.rglob("results.json") if '"gpuzombie.lab/' in p.read_text()[:200]]
     assert len(folders) >= 4, folders
     for folder in folders:
         results = load(folder)
@@ -101,7 +102,31 @@ def test_every_committed_results_json_loads_typed():
             assert run.metrics.grace_s == raw[key]["metrics"]["grace_s"]
             assert run.deletion.leftovers == tuple(raw[key]["deletion"]["leftovers"])
             assert len(run.samples.t) == len(raw[key]["samples"]["t"]) and run.observed("after-spawn") is not None
-            assert run.is_pod == ("pod_manifest" in raw[key])
+            assert isinstance(run.subject, PodSubject) == ("pod_manifest" in raw[key])
+
+
+def test_a_lab_pod_run_is_its_manifests_pod_not_a_made_up_scenario():
+    """gpuzombie.lab/1 gave a ``lab pod`` run a scenario numbered 0 and ``victim_reaped: true``; read
+    back, its subject is the manifest's pod alone, and a scenario's run keeps its scenario."""
+    pods = load(RESULTS / "labpod-cpu")
+    assert pods.runs and not pods.scenario_runs and pods.pod_runs.keys() == pods.runs.keys()
+    run = pods.runs["pod-gpu-zombie-nofix-containerd"]
+    assert run.subject == PodSubject("pod-gpu-zombie-nofix", run.subject.manifest)
+    assert run.subject.title == "lab pod gpu-zombie-test/gpu-zombie-nofix"
+    assert not hasattr(run.subject, "scenario") and not hasattr(run.subject, "victim_reaped")
+    s1 = load(RESULTS / "runtimes").runs["s1-nofix"].subject
+    assert isinstance(s1, ScenarioSubject) and s1.scenario.number == 1 and not s1.victim_reaped
+
+
+def test_a_version_1_results_json_merges_into_the_current_version(tmp_path):
+    """Runs written before the subject split (gpuzombie.lab/1) merge into a file written as the
+    current version, and read back the same."""
+    source = tmp_path / "old"
+    source.mkdir()
+    shutil.copy(RESULTS / "labpod-cpu" / "results.json", source / "results.json")
+    merge_results(tmp_path / "new", [source])
+    assert json.loads((tmp_path / "new" / "results.json").read_text())["schema"] == SCHEMA != "gpuzombie.lab/1"
+    assert comparison_md(load(tmp_path / "new")) == comparison_md(load(source))
 
 
 def test_a_results_json_missing_a_runs_metrics_is_a_value_error(tmp_path):

@@ -16,7 +16,7 @@ from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import PID1_CHOICES
-from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, ScenarioRun
+from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, LabRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
@@ -30,7 +30,7 @@ def command() -> None:
     namespaces or real CRI pods on containerd, and write their results."""
 
 
-def summary_table(runs: list[ScenarioRun]) -> Table:
+def summary_table(runs: list[LabRun]) -> Table:
     """One row per pod deletion: what the original experiment's observe.sh counted and what the grace cost."""
     table = Table(
         title="gpuzombie lab: deletion of each pod",

@@ -15,7 +15,7 @@ from gpuzombie.exitcodes import ExitStatus
 if TYPE_CHECKING:
     from gpuzombie.lab.runtime.manifestpod import HostPathGrant
 
-SCHEMA = "gpuzombie.labpod/1"
+SCHEMA = "gpuzombie.labpod/2"
 DEFAULT_OUT = Path("lab-out")
 
 
@@ -88,7 +88,7 @@ def host_path_grant_of(value: str) -> HostPathGrant:
     help="Let hostPath volumes at or under PATH be bound (repeatable); read-only unless :rw and the "
     "volumeMount is not readOnly. Without it every hostPath is refused: the manifest runs as root.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/1).")
+@click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/2).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

@@ -1,4 +1,4 @@
-"""The report's parts for ``lab pod`` runs (results.json runs with ``pod_manifest``): a table in
+"""The report's parts for ``lab pod`` runs (results.json runs whose subject is a manifest's pod): a table in
 comparison.md and each pod's notes.md. Pure functions over the runs as ``results.load`` reads them."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from gpuzombie.jsonout import dumps
 from gpuzombie.lab.records import RunRecord
+from gpuzombie.lab.scenarios import PodSubject
 
 
 def _seconds(value: float | None) -> str:
@@ -46,10 +47,10 @@ def pods_md(pods: Mapping[str, RunRecord]) -> list[str]:
     return lines
 
 
-def pod_notes(key: str, e: RunRecord) -> str:
+def pod_notes(key: str, e: RunRecord, subject: PodSubject) -> str:
     """A pod's notes.md: what ran, what the lab did differently, what the deletion cost."""
-    pod, m, d = e.pod_manifest or {}, e.metrics, e.deletion
-    lines = [f"# {key}: {e.scenario.title}", ""]
+    pod, m, d = subject.manifest, e.metrics, e.deletion
+    lines = [f"# {key}: {subject.title}", ""]
     if e.cpu_standin:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the pod's host RSS.", ""]
     lines += [

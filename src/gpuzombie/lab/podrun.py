@@ -3,8 +3,9 @@
 
 Memory held is sampled every 10 ms from before the start (NVML above the pre-pod baseline on a GPU,
 the pod's RSS on the CPU stand-in); once the pod's processes and memory have been steady for a
-second it is observed, deleted, and observed again. The run is a ``ScenarioRun``, so results.json,
-comparison.md, notes.md and the plots are written as ``lab run`` writes them.
+second it is observed, deleted, and observed again. The run is a ``LabRun`` whose subject is the
+manifest's pod, so results.json, comparison.md, notes.md and the plots are written as ``lab run``
+writes them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from gpuzombie.lab.runtime.manifestpod import (
     host_path_grant,
 )
 from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion
-from gpuzombie.lab.scenarios import LabConfig, Measurement, Scenario, ScenarioRun
+from gpuzombie.lab.scenarios import LabConfig, LabRun, Measurement, PodSubject
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
@@ -193,19 +194,11 @@ class _PodMeasurement(Measurement):
         self.at_delete = max((s.held_bytes for s in held if s.t <= deletion.requested_at), default=0)
         return max(self.at_delete, 1)
 
-    def run(self) -> ScenarioRun:
+    def run(self) -> LabRun:
         self.say(f"starting {self.manifest.namespace}/{self.manifest.name} on the lab's containerd")
         deletion, metrics = self.measure()
         pod = self.manifest_pod
         hooks = [c.name for c in self.manifest.containers if c.prestop is not None]
-        scenario = Scenario(
-            name=run_key_for(self.manifest),
-            number=0,
-            title=f"lab pod {self.manifest.namespace}/{self.manifest.name}",
-            init=pod.init,
-            prestop=bool(hooks),
-            fixed=False,
-        )
         config = LabConfig(
             grace=float(pod.grace),
             device=self.config.device,
@@ -228,8 +221,8 @@ class _PodMeasurement(Measurement):
             "pid1_comm": pod.init,
             "notes": lab_notes(self.manifest, self.config),
         }
-        return ScenarioRun(
-            scenario=scenario,
+        return LabRun(
+            subject=PodSubject(run_key_for(self.manifest), pod_info),
             config=config,
             init=pod.init,
             pod_command=pod.command_line,
@@ -238,13 +231,11 @@ class _PodMeasurement(Measurement):
             samples=tuple(self.sampler.samples),
             observations=tuple(self.observations),
             deletion=deletion,
-            victim_reaped=True,
             pod_ids=pod.ids,
             metrics=metrics,
             sampler=self.sampler_stats(),
             origin_epoch=self.events.origin_epoch,
             logs=self.logs,
-            manifest=pod_info,
         )
 
 
@@ -258,7 +249,7 @@ def run_lab_pod(
     nvml: NvmlBackend | None = None,
     progress: Progress = lambda _: None,
     repeat: int = 1,
-) -> tuple[list[ScenarioRun], Path]:
+) -> tuple[list[LabRun], Path]:
     """``lab pod`` as a library call: a private containerd, the pod run and measured ``repeat``
     times (``-runN`` folders after the first), OUT/results.json (merged with earlier runs of the
     same kind) and the report. Ctrl-C or SIGTERM removes the pod and the containerd before

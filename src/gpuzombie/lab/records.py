@@ -4,6 +4,8 @@
 named), so the report reads ``run.metrics.release_latency_s`` instead of string keys. The reader
 is lenient where older files are (results/ holds runs written before ``variant``, ``runtime``,
 ``attempt`` and the scenario's ``hook`` existed): a missing key takes the value those runs had.
+A run's subject is what it ran: a scenario (``scenario``, ``victim_reaped``) or, for ``lab pod``, a
+manifest's pod (``pod_manifest``; gpuzombie.lab/1 files also hold a made-up scenario for it, ignored).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from gpuzombie.lab.events import Event
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats
 from gpuzombie.lab.observation import Observation, PodProcess
-from gpuzombie.lab.scenarios import LabConfig, Scenario
+from gpuzombie.lab.scenarios import LabConfig, PodSubject, RunSubject, Scenario, ScenarioSubject
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,8 +73,8 @@ class RunRecord:
     """One run of a scenario (or of ``lab pod``'s manifest), as results.json holds it."""
 
     key: str
-    scenario: Scenario
-    """The scenario the run was (``lab pod``: its run key, number 0, the manifest's pod as title)."""
+    subject: RunSubject
+    """What ran: a scenario, or ``lab pod``'s manifest."""
     config: LabConfig
     """The lab's settings (results.json also holds preStop's two waits, which ``LabConfig`` derives)."""
     memory: str
@@ -82,7 +84,6 @@ class RunRecord:
     probe: str
     metrics: RunMetrics
     sampler: SamplerStats
-    victim_reaped: bool
     pod: Mapping[str, Any]
     observations: tuple[Observation, ...]
     deletion: DeletionRecord
@@ -94,13 +95,6 @@ class RunRecord:
     group: str = ""
     runtime: str = "namespaces"
     attempt: int = 1
-    pod_manifest: Mapping[str, Any] | None = None
-    """``lab pod``: the manifest's pod as it ran (names, grace, the lab's notes)."""
-
-    @property
-    def is_pod(self) -> bool:
-        """A ``lab pod`` run (a manifest), not one of the scenarios."""
-        return bool(self.pod_manifest)
 
     def observed(self, point: str) -> Observation | None:
         return next((o for o in self.observations if o.point == point), None)
@@ -111,7 +105,7 @@ class RunRecord:
             **{
                 **_known(cls, e),
                 "key": key,
-                "scenario": Scenario(**_known(Scenario, e["scenario"])),
+                "subject": _subject(key, e),
                 "config": LabConfig(**_known(LabConfig, e["config"])),
                 "metrics": RunMetrics.from_json(e["metrics"]),
                 "sampler": SamplerStats.from_json(e["sampler"]),
@@ -123,6 +117,12 @@ class RunRecord:
                 "group": e.get("group", key),
             }
         )
+
+
+def _subject(key: str, e: Mapping[str, Any]) -> RunSubject:
+    if e.get("pod_manifest"):
+        return PodSubject(name=e.get("variant", key), manifest=e["pod_manifest"])
+    return ScenarioSubject(Scenario(**_known(Scenario, e["scenario"])), victim_reaped=e["victim_reaped"])
 
 
 def _deletion(d: Mapping[str, Any]) -> DeletionRecord:
@@ -168,12 +168,15 @@ class LabResults:
             nccl=data.get("nccl"),
         )
 
+    def _runs_of(self, subject: type) -> dict[str, RunRecord]:
+        return {k: r for k, r in self.runs.items() if isinstance(r.subject, subject)}
+
     @property
     def pod_runs(self) -> dict[str, RunRecord]:
         """``lab pod``'s runs (manifests), by folder."""
-        return {k: r for k, r in self.runs.items() if r.is_pod}
+        return self._runs_of(PodSubject)
 
     @property
     def scenario_runs(self) -> dict[str, RunRecord]:
         """``lab run``'s runs (the scenarios and their variants), by folder."""
-        return {k: r for k, r in self.runs.items() if not r.is_pod}
+        return self._runs_of(ScenarioSubject)

@@ -15,6 +15,7 @@ from gpuzombie.lab.observation import Observation
 from gpuzombie.lab.podreport import pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.records import LabResults, RunRecord
 from gpuzombie.lab.results import load
+from gpuzombie.lab.scenarios import PodSubject, Scenario, ScenarioSubject
 
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
 SHARE_PID = "s5-sharepid"
@@ -61,7 +62,7 @@ def _orphans(e: RunRecord) -> tuple[str, bool]:
     o = _count(e.observed("after-spawn"), "orphans", 0)
     if not o:
         return "✅ none", False
-    if e.victim_reaped:
+    if isinstance(e.subject, ScenarioSubject) and e.subject.victim_reaped:
         return f"⚠️ {o} (PPID = PID 1), reaped after kill -9", True
     return f"❌ {o} (PPID = PID 1), never reaped", True
 
@@ -235,7 +236,7 @@ def comparison_md(data: LabResults) -> str:
     if len(commands) > 1:
         lines.append("- runs merged here, each with its own command:")
         lines += [f"  - `{cmd}`: {', '.join(keys)}" for cmd, keys in commands.items()]
-    if first is not None and not first.is_pod:
+    if first is not None and isinstance(first.subject, ScenarioSubject):
         c = first.config
         lines.append(
             f"- grace {c.grace:g} s · {c.workers} worker(s) alive at deletion "
@@ -491,12 +492,17 @@ def _differences(groups: Mapping[tuple[str, str], list[RunRecord]]) -> list[str]
 
 
 def notes_for(key: str, e: RunRecord) -> str:
-    """A scenario's notes.md."""
-    if e.is_pod:
-        return pod_notes(key, e)
+    """A run's notes.md: a scenario's, or (``lab pod``) its manifest's pod's."""
+    if isinstance(e.subject, PodSubject):
+        return pod_notes(key, e, e.subject)
+    return scenario_notes(key, e, e.subject.scenario)
+
+
+def scenario_notes(key: str, e: RunRecord, scenario: Scenario) -> str:
+    """A scenario's notes.md: what happened beside what the original experiment found."""
     m, c, d = e.metrics, e.config, e.deletion
-    number = e.scenario.number
-    lines = [f"# {key}: scenario {number}, {e.scenario.title}", ""]
+    number = scenario.number
+    lines = [f"# {key}: scenario {number}, {scenario.title}", ""]
     if e.cpu_standin:
         lines += ["> **CPU STAND-IN**: no GPU was used; memory is the workers' host RSS.", ""]
     lines += [
@@ -505,7 +511,7 @@ def notes_for(key: str, e: RunRecord) -> str:
         f"- grace {c.grace:g} s; preStop: "
         + (
             f"`gpuzombie prestop --timeout {c.prestop_timeout:g} --kill-wait {c.prestop_kill_wait:g}`"
-            if e.scenario.prestop
+            if scenario.prestop
             else "none"
         ),
         f"- command: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}",
@@ -526,7 +532,7 @@ def notes_for(key: str, e: RunRecord) -> str:
     lines += ["", "## Numbers", "", "```json", dumps(m, indent=1), "```", "", f"Sampler: {to_jsonable(e.sampler)}", ""]
     if d.prestop_log:
         lines += ["## preStop log", "", "```", d.prestop_log, "```", ""]
-    if e.init != "sleep" and not e.scenario.prestop and not m.waited_whole_grace:
+    if e.init != "sleep" and not scenario.prestop and not m.waited_whole_grace:
         lines += [
             "## Why the grace was not used up",
             "",

@@ -24,38 +24,43 @@ from gpuzombie import __version__
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.records import LabResults
-from gpuzombie.lab.scenarios import ScenarioRun
+from gpuzombie.lab.scenarios import LabRun, PodSubject, RunSubject
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
-SCHEMA = "gpuzombie.lab/1"
+SCHEMA = "gpuzombie.lab/2"
+"""/2: a ``lab pod`` run holds its manifest's pod only (/1 gave it a made-up scenario, number 0,
+and ``victim_reaped``: true); a scenario's run is as in /1."""
+READABLE = ("gpuzombie.lab/1", SCHEMA)
 RESULTS_JSON = "results.json"
 
 
-def variant_key(run: ScenarioRun) -> str:
+def variant_key(run: LabRun) -> str:
     """The scenario's name, plus what makes this run a variant of the original experiment's."""
-    c = run.config
-    parts = [run.scenario.name]
+    if isinstance(run.subject, PodSubject):
+        return run.subject.name
+    c, scenario = run.config, run.subject.scenario
+    parts = [scenario.name]
     if c.workers != 1:
         parts.append(f"{c.workers}workers")
     if c.uid is not None:
         parts.append(f"uid{c.uid}")
-    if run.init != run.scenario.init:
+    if run.init != scenario.init:
         parts.append(run.init)
-    if c.main != "sleep" and run.scenario.init != "sleep":
+    if c.main != "sleep" and scenario.init != "sleep":
         parts.append("main-worker")
     if c.backend == "ctypes":
         parts.append("ctypes")
     return "-".join(parts)
 
 
-def group_key(run: ScenarioRun) -> str:
+def group_key(run: LabRun) -> str:
     """The variant on its runtime: the repetitions of one group are summarised together."""
     return variant_key(run) + ("" if run.config.runtime == "namespaces" else f"-{run.config.runtime}")
 
 
-def run_key(run: ScenarioRun) -> str:
+def run_key(run: LabRun) -> str:
     """The run's folder: its group, and ``-runN`` for the Nth repetition (the first has none)."""
     return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
@@ -98,7 +103,7 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
     }
 
 
-def run_to_json(run: ScenarioRun) -> dict[str, Any]:
+def run_to_json(run: LabRun) -> dict[str, Any]:
     d = run.deletion
     prestop_report = None
     if d.prestop_stdout.strip():
@@ -107,7 +112,7 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         except ValueError:
             prestop_report = None
     return {
-        "scenario": to_jsonable(run.scenario),
+        **subject_to_json(run.subject),
         "variant": variant_key(run),
         "group": group_key(run),
         "runtime": run.config.runtime,
@@ -126,7 +131,6 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
         "probe": run.probe_source,
         "metrics": to_jsonable(run.metrics),
         "sampler": to_jsonable(run.sampler),
-        "victim_reaped": run.victim_reaped,
         "pod": dict(run.pod_ids),
         "observations": to_jsonable(run.observations),
         "deletion": {
@@ -146,7 +150,6 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
                 else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)
             ),
         },
-        **({"pod_manifest": dict(run.manifest)} if run.manifest is not None else {}),
         "origin_epoch": run.origin_epoch,
         "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
         "samples": {
@@ -155,6 +158,13 @@ def run_to_json(run: ScenarioRun) -> dict[str, Any]:
             "process_mib": [round(s.process_bytes / MIB, 2) for s in run.samples],
         },
     }
+
+
+def subject_to_json(subject: RunSubject) -> dict[str, Any]:
+    """A scenario's run: the scenario and whether its victim was reaped; ``lab pod``'s: the pod."""
+    if isinstance(subject, PodSubject):
+        return {"pod_manifest": dict(subject.manifest)}
+    return {"scenario": to_jsonable(subject.scenario), "victim_reaped": subject.victim_reaped}
 
 
 def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -175,7 +185,7 @@ def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] 
     return out
 
 
-def results_kind(runs: Sequence[ScenarioRun], gpus: GpuSnapshot) -> str:
+def results_kind(runs: Sequence[LabRun], gpus: GpuSnapshot) -> str:
     """What the memory was: ``cpu-standin`` or ``gpu: <names>``; runs of one kind only are merged."""
     standin = (runs[0].config.backend == CPU_STANDIN) if runs else not (gpus.available and gpus.devices)
     if standin:
@@ -192,8 +202,8 @@ def _write(path: Path, data: Mapping[str, Any]) -> Path:
 def load_json(out_dir: Path) -> dict[str, Any]:
     """results.json as JSON, checked to be the lab's (ValueError otherwise, not a crash half-way)."""
     data = json.loads((out_dir / RESULTS_JSON).read_text())
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"not a {SCHEMA} file")
+    if not isinstance(data, dict) or data.get("schema") not in READABLE:
+        raise ValueError(f"not a {' or '.join(READABLE)} file")
     return data
 
 
@@ -204,11 +214,11 @@ def load(out_dir: Path) -> LabResults:
     try:
         return LabResults.from_json(data)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"not a complete {SCHEMA} file ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"not a complete {data['schema']} file ({type(exc).__name__}: {exc})") from exc
 
 
 def write_results(
-    runs: Sequence[ScenarioRun],
+    runs: Sequence[LabRun],
     out_dir: Path,
     *,
     command: Sequence[str],
@@ -229,8 +239,8 @@ def write_results(
             old = json.loads(path.read_text())
         except ValueError:
             old = {}
-        if isinstance(old, dict) and old.get("schema") == SCHEMA and old.get("kind") == kind:
-            data = old
+        if isinstance(old, dict) and old.get("schema") in READABLE and old.get("kind") == kind:
+            data = {**old, "schema": SCHEMA}  # a /1 file's runs read as /2's
     prov = provenance(command, gpus)
     data["provenance"] = prov
     new_groups = {group_key(run) for run in runs}
@@ -269,4 +279,4 @@ def merge_results(dest: Path, sources: Sequence[Path]) -> Path:
         raise ValueError("nothing to merge")
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / RESULTS_JSON
-    return _write(path, data)
+    return _write(path, {**data, "schema": SCHEMA})

@@ -22,7 +22,7 @@ from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
 from gpuzombie.lab.host_memory import fit_to_memory
 from gpuzombie.lab.results import write_results
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioRun, run_scenario
+from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, LabRun, run_scenario
 from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
@@ -113,7 +113,7 @@ class LabRequest:
 
 @dataclass(frozen=True)
 class LabOutcome:
-    runs: tuple[ScenarioRun, ...]
+    runs: tuple[LabRun, ...]
     results_path: Path
     gpus: GpuSnapshot
     standin: bool
@@ -149,7 +149,7 @@ def run_one(
     progress: Progress,
     runtime: CriRuntime | None = None,
     attempt: int = 1,
-) -> ScenarioRun:
+) -> LabRun:
     """One scenario; a pod that cannot start or a workload that fails raises a ``LabError``, which
     the CLI prints as one line."""
     return run_scenario(SCENARIOS[scenario], config, nvml=nvml, progress=progress, runtime=runtime, attempt=attempt)
@@ -245,7 +245,7 @@ def run_lab(
         command = with_option(command, "--size-mib", str(base.size_mib))  # rerunnable as it ran
     steps = len(pods) * request.repeat * len(request.runtimes) + (NCCL in request.scenarios)
     step = 0
-    runs: list[ScenarioRun] = []
+    runs: list[LabRun] = []
     nccl = None
 
     def say(line: str) -> None:

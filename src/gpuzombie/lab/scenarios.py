@@ -120,10 +120,40 @@ class LabConfig:
 
 
 @dataclass(frozen=True)
-class ScenarioRun:
-    """Everything one scenario produced; ``results`` writes it, ``report`` renders it."""
+class ScenarioSubject:
+    """What a ``lab run`` run ran: one of the scenarios, and whether its init reaped the kill -9 victim."""
 
     scenario: Scenario
+    victim_reaped: bool
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+
+@dataclass(frozen=True)
+class PodSubject:
+    """What a ``lab pod`` run ran: a manifest's pod (no scenario number, no kill -9 victim)."""
+
+    name: str
+    """The run's name (``pod-<name>``, and what the webhook did to it)."""
+    manifest: Mapping[str, Any]
+    """The pod as it ran: names, grace, QoS, its containers, the lab's notes."""
+
+    @property
+    def title(self) -> str:
+        return f"lab pod {self.manifest.get('namespace')}/{self.manifest.get('name')}"
+
+
+RunSubject = ScenarioSubject | PodSubject
+
+
+@dataclass(frozen=True)
+class LabRun:
+    """Everything one run produced (a scenario's or a manifest's pod); ``results`` writes it,
+    ``report`` renders it."""
+
+    subject: RunSubject
     config: LabConfig
     init: str
     pod_command: str
@@ -132,7 +162,6 @@ class ScenarioRun:
     samples: tuple[Sample, ...]
     observations: tuple[Observation, ...]
     deletion: Deletion
-    victim_reaped: bool
     pod_ids: Mapping[str, int | str]
     """Host pids (unshare, PID 1, the main process), the PID namespace's inode, and on a CRI runtime
     the pod's name, UID, sandbox and container ids: to check nothing is left."""
@@ -144,8 +173,6 @@ class ScenarioRun:
     """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
     attempt: int = 1
     """Which repetition of the scenario this is (``--repeat``)."""
-    manifest: Mapping[str, Any] | None = None
-    """``lab pod``: the manifest's pod as it ran (names, grace, the lab's notes); None for a scenario."""
 
 
 def _memory_flags(config: LabConfig) -> list[str]:
@@ -533,12 +560,12 @@ class _Run(Measurement):
         time.sleep(0.2)
         return _state(victim) is None
 
-    def run(self) -> ScenarioRun:
+    def run(self) -> LabRun:
         s, c = self.scenario, self.config
         self.say(f"starting the pod on {c.runtime} ({self.init} as PID 1)")
         deletion, metrics = self.measure()
-        return ScenarioRun(
-            scenario=s,
+        return LabRun(
+            subject=ScenarioSubject(s, victim_reaped=self.victim_reaped),
             config=c,
             init=self.init,
             pod_command=self.pod.command_line,
@@ -547,7 +574,6 @@ class _Run(Measurement):
             samples=tuple(self.sampler.samples),
             observations=tuple(self.observations),
             deletion=deletion,
-            victim_reaped=self.victim_reaped,
             pod_ids=self.pod.ids,
             metrics=metrics,
             sampler=self.sampler_stats(),
@@ -565,7 +591,7 @@ def run_scenario(
     progress: Progress = lambda _: None,
     runtime: CriRuntime | None = None,
     attempt: int = 1,
-) -> ScenarioRun:
+) -> LabRun:
     """Run one scenario end to end (as a CRI pod on ``runtime``, else as PID namespaces made here);
     the pod is gone when this returns, whatever happened."""
     with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{scenario.name}-", suffix=".log") as log:
