@@ -85,6 +85,8 @@ def _patch_piece(text: str, policy: mutate.Policy, gpus: podspec.GpuContext) -> 
     result = Patched(text)
     ops: dict[int, list[dict[str, Any]]] = {}
     for ref in list(podspec.pod_templates(documents)):
+        if ref.container is not None:  # its pod is an operator's to write (docs/admission.md)
+            continue
         try:
             mutation = mutate.mutate(ref.pod, ref.namespace, policy, gpus=gpus)
         except ValueError as exc:

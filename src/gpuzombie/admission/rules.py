@@ -23,10 +23,22 @@ TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 INITS = frozenset(
-    {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir", "supervisord", "systemd"}
+    {
+        "tini",
+        "tini-static",
+        "dumb-init",
+        "catatonit",
+        "docker-init",
+        "s6-svscan",
+        "runsvdir",
+        "supervisord",
+        "systemd",
+        "argoexec",
+    }
 )
 """Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
-(podman, docker --init) and a distribution's ``/sbin/init`` by path."""
+(podman, docker --init) and a distribution's ``/sbin/init`` by path. ``argoexec``: Argo's
+``emissary`` before every main container (podspec.ARGO_EXECUTOR)."""
 INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
