@@ -31,6 +31,10 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
     "argo/coreweave_argo-workflow_gpu-say-workflow.yaml": [  # a script template: argoexec is PID 1, an init
         ("spec.templates[1].script", ("main",), PLAIN)
     ],
+    "argo/gke-kueue-dws_workflow-helloworld-cc.yaml": [("spec.templates[0].container", ("main",), PLAIN)],
+    "knative/gke-kueue-dws_llama3-knative-service.yaml": [  # python3 -m vllm... as PID 1
+        ("spec.template", ("vllm",), (("vllm", "GZ002", "warning"),))
+    ],
     "dra-driver/demo_specs_extended-resources_gpu-full.yaml": [
         ("", ("cuda-container",), (("cuda-container", "GZ006", "note"),))
     ],
@@ -169,8 +173,8 @@ def test_the_corpus_totals():
     """The figures of docs/reliability.md's issue-24 sections (before, 7f55d4c: 6 templates, 2 GPU
     containers; 9f9596e: 33 files, 42 templates, 29 GPU containers, 3 GZ007)."""
     reports = [_read(FLEET / name) for name in EXPECTED]
-    assert sum(len(r.pods) for r in reports) == 46
-    assert sum(len(p.gpu_containers) for r in reports for p in r.pods) == 32
+    assert sum(len(r.pods) for r in reports) == 48
+    assert sum(len(p.gpu_containers) for r in reports for p in r.pods) == 34
     assert sum(len(r.unread) for r in reports) == 1
     assert not any(f.rule == "GZ001" for r in reports for _, f in r.findings)
 
