@@ -797,6 +797,8 @@ def _template_pointers(obj: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
             yield _pointer(path), True
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
+"""Programs the admission rules read as shells (``busybox`` as ``busybox sh``)."""
 ARGO_KINDS = frozenset({"Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow"})
 ARGO_EXECUTOR = ("/var/run/argo/argoexec", "emissary", "--")
 """What Argo's controller puts before a main container's command (its ENTRYPOINT looked up when the
@@ -826,7 +828,7 @@ explainer.go): each a container merged into a ServingRuntime's, named ``kserve-c
 KSERVE_CONTAINER = "kserve-container"
 
 
-def mapping_or_empty(value: Any) -> Mapping[str, Any]:
+def _map_or_empty(value: Any) -> Mapping[str, Any]:
     """``value`` where it is a map; an empty one for anything else (a reader that finds no place)."""
     return value if isinstance(value, Mapping) else {}
 
@@ -836,9 +838,9 @@ def _argo_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
     ClusterWorkflowTemplate and CronWorkflow (``spec.workflowSpec.templates``)."""
     if not str(obj.get("apiVersion", "")).startswith("argoproj.io/") or obj.get("kind") not in ARGO_KINDS:
         return
-    spec, prefix = mapping_or_empty(obj.get("spec")), "/spec"
+    spec, prefix = _map_or_empty(obj.get("spec")), "/spec"
     if obj["kind"] == "CronWorkflow":
-        spec, prefix = mapping_or_empty(spec.get("workflowSpec")), "/spec/workflowSpec"
+        spec, prefix = _map_or_empty(spec.get("workflowSpec")), "/spec/workflowSpec"
     templates = spec.get("templates")
     for i, template in enumerate(templates if isinstance(templates, list) else []):
         for field in ("container", "script"):
@@ -854,7 +856,7 @@ def _argo_main(container: Mapping[str, Any], script: bool) -> dict[str, Any]:
     words = [str(w) for w in command] if isinstance(command, list) else []
     if script:
         source = container.get("source")
-        shell = bool(words) and words[0].rsplit("/", 1)[-1] in ("sh", "bash", "dash", "ash", "zsh", "ksh")
+        shell = bool(words) and words[0].rsplit("/", 1)[-1] in SHELLS - {"busybox"}
         words += ["-c", source] if shell and isinstance(source, str) else [ARGO_SCRIPT]
     return {**container, "name": "main", "command": [*ARGO_EXECUTOR, *words]}
 
@@ -863,7 +865,7 @@ def _kserve_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
     """``spec.<component>.<model format>`` of a KServe InferenceService."""
     if not str(obj.get("apiVersion", "")).startswith("serving.kserve.io/") or obj.get("kind") not in KSERVE_KINDS:
         return
-    spec = mapping_or_empty(obj.get("spec"))
+    spec = _map_or_empty(obj.get("spec"))
     for component in ("predictor", "transformer", "explainer"):
         part = spec.get(component)
         for field in KSERVE_MODEL_FORMATS:
