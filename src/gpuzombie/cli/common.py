@@ -82,7 +82,8 @@ gpu_device_class_option = click.option(
     multiple=True,
     metavar="CLASS",
     help="A DRA device class that is a GPU, besides gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com "
-    "and gpu.amd.com (repeat for more).",
+    "and gpu.amd.com (repeat for more). The webhook takes it with --patch only: a pod under review "
+    "names its claims, not their classes, so serving takes every claim for a GPU.",
 )
 tls_reload_option = click.option(
     "--tls-reload-seconds",
