@@ -24,9 +24,17 @@ FLEET = Path(__file__).parent / "fixtures" / "fleet"
 # file -> [(template path, GPU containers, ((container, rule, severity), ...))], by hand after reading
 # each manifest. GZ006: command not set (the operator's or the image's ENTRYPOINT runs). GZ002:
 # PID 1 known and not an init. GZ007: a GPU request where no pod template is (TrainJob's
-# resourcesPerNode, KServe's predictor.tensorflow: the pods come from a runtime not in the file).
+# resourcesPerNode: the pods come from a runtime not in the file). KServe's predictor.tensorflow is
+# one container (kserve-container) whose command the ServingRuntime gives: GZ006.
 PLAIN = ()
 EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str, str], ...]]]] = {
+    "argo/coreweave_argo-workflow_gpu-say-workflow.yaml": [  # a script template: argoexec is PID 1, an init
+        ("spec.templates[1].script", ("main",), PLAIN)
+    ],
+    "argo/gke-kueue-dws_workflow-helloworld-cc.yaml": [("spec.templates[0].container", ("main",), PLAIN)],
+    "knative/gke-kueue-dws_llama3-knative-service.yaml": [  # python3 -m vllm... as PID 1
+        ("spec.template", ("vllm",), (("vllm", "GZ002", "warning"),))
+    ],
     "dra-driver/demo_specs_extended-resources_gpu-full.yaml": [
         ("", ("cuda-container",), (("cuda-container", "GZ006", "note"),))
     ],
@@ -58,11 +66,11 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
         ("spec.rayClusterSpec.headGroupSpec.template", ("ray-head",), (("ray-head", "GZ006", "note"),)),
         ("spec.rayClusterSpec.workerGroupSpecs[0].template", ("ray-worker",), (("ray-worker", "GZ006", "note"),)),
     ],
-    "kserve/samples_accelerators_tensorflow-gpu.yaml": [
-        ("spec.predictor.tensorflow.resources.limits.nvidia.com/gpu", (), ((None, "GZ007", "warning"),))
+    "kserve/samples_accelerators_tensorflow-gpu.yaml": [  # the ServingRuntime's container, its PID 1 not in the file
+        ("spec.predictor.tensorflow", ("kserve-container",), (("kserve-container", "GZ006", "note"),))
     ],
-    "kserve/samples_autoscaling_autoscale_gpu.yaml": [
-        ("spec.predictor.tensorflow.resources.limits.nvidia.com/gpu", (), ((None, "GZ007", "warning"),))
+    "kserve/samples_autoscaling_autoscale_gpu.yaml": [  # the ServingRuntime's container, its PID 1 not in the file
+        ("spec.predictor.tensorflow", ("kserve-container",), (("kserve-container", "GZ006", "note"),))
     ],
     "kserve/samples_llmisvc_agentic-tool-calling_llmisvc-single-gpu.yaml": [  # a bare PodSpec
         ("spec.template", ("main",), (("main", "GZ006", "note"),))
@@ -125,7 +133,9 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
         ("spec.tasks[0].template", (), PLAIN),
         ("spec.tasks[1].template", ("mpiworker",), (("mpiworker", "GZ002", "warning"),)),
     ],
-    "volcano/integrations_argo_mpi_hello-world.yaml": [],  # an embedded Volcano Job, nvidia.com/gpu: 0
+    "volcano/integrations_argo_mpi_hello-world.yaml": [  # kubectl in an Argo container template; an
+        ("spec.templates[1].container", (), PLAIN)  # embedded Volcano Job, nvidia.com/gpu: 0
+    ],
     "volcano/integrations_mpi_mpi-example.yaml": [  # CPU only
         ("spec.tasks[0].template", (), PLAIN),
         ("spec.tasks[1].template", (), PLAIN),
@@ -160,11 +170,12 @@ def test_the_fleet_corpus_findings_by_hand(name):
 
 
 def test_the_corpus_totals():
-    """The figures of docs/reliability.md's issue-24 section (before, 7f55d4c: 6 templates, 2 GPU containers)."""
+    """The figures of docs/reliability.md's issue-24 sections (before, 7f55d4c: 6 templates, 2 GPU
+    containers; 9f9596e: 33 files, 42 templates, 29 GPU containers, 3 GZ007)."""
     reports = [_read(FLEET / name) for name in EXPECTED]
-    assert sum(len(r.pods) for r in reports) == 42
-    assert sum(len(p.gpu_containers) for r in reports for p in r.pods) == 29
-    assert sum(len(r.unread) for r in reports) == 3
+    assert sum(len(r.pods) for r in reports) == 48
+    assert sum(len(p.gpu_containers) for r in reports for p in r.pods) == 34
+    assert sum(len(r.unread) for r in reports) == 1
     assert not any(f.rule == "GZ001" for r in reports for _, f in r.findings)
 
 
@@ -467,3 +478,69 @@ def test_a_document_past_the_search_bound_is_a_finding(tmp_path, monkeypatch):
     report = _read(tmp_path / "big.yaml", f"kind: Big\nmetadata: {{name: b}}\nspec: {{items: [{items}]}}\n")
     (unread,) = report.unread
     assert "not searched to the end" in unread.findings[0].message and report.failed
+
+
+# -- containers standing for a pod: Argo templates, KServe model formats ---------------------------
+
+ARGO_AND_KSERVE = """
+apiVersion: argoproj.io/v1alpha1
+kind: CronWorkflow
+metadata: {name: nightly}
+spec:
+  schedule: "0 2 * * *"
+  workflowSpec:
+    entrypoint: train
+    templates:
+    - name: train
+      container:
+        image: pytorch/pytorch
+        command: [python, train.py]
+        resources: {limits: {nvidia.com/gpu: 1}}
+    - name: eval
+      script:
+        image: pytorch/pytorch
+        command: [bash]
+        source: |
+          python serve.py &
+          python eval.py
+        resources: {limits: {nvidia.com/gpu: 1}}
+---
+apiVersion: serving.kserve.io/v1beta1
+kind: InferenceService
+metadata: {name: llm}
+spec:
+  predictor:
+    model:
+      modelFormat: {name: huggingface}
+      command: [sh, -c, "python -m server & sleep infinity"]
+      resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+def test_argo_templates_and_kserve_model_formats_are_read_as_containers(tmp_path):
+    """Argo runs a template's command behind argoexec (PID 1: it reaps and forwards signals to the
+    process group, an init), so a bash script with a job gets no finding; a KServe model format is
+    the ServingRuntime's container (kserve-container) with the manifest's command, when it has one."""
+    report = _read(tmp_path / "both.yaml", ARGO_AND_KSERVE)
+    assert _summary(report) == [
+        ("spec.workflowSpec.templates[0].container", ("main",), PLAIN),
+        ("spec.workflowSpec.templates[1].script", ("main",), PLAIN),
+        ("spec.predictor.model", ("kserve-container",), (("kserve-container", "GZ001", "error"),)),
+    ]
+    assert report.unread == []  # their GPUs were read: no GZ007
+    templates = list(podspec.pod_templates(podspec.load_documents(ARGO_AND_KSERVE)))
+    (script,) = rules.read(templates[1].spec).every_container
+    assert rules.pid1(script).program == "argoexec" and "python serve.py &" in script.words[-1]
+    (finding,) = report.to_sarif()["runs"][0]["results"]
+    assert finding["locations"][0]["physicalLocation"]["region"] == {"startLine": 29}  # model:
+    # --patch leaves both alone: Argo's PID 1 is an init, KServe's pod is the operator's to write
+    (tmp_path / "both.yaml").write_text(ARGO_AND_KSERVE)
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", "webhook", "--patch", str(tmp_path / "both.yaml"), "--image", "x/y:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == ARGO_AND_KSERVE, done.stderr

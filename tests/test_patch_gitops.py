@@ -219,3 +219,19 @@ def test_a_json_manifest_stays_json_indented_as_it_was(tmp_path):
     removed, _ = changes(source.read_text(), after)
     assert all(line.strip() in ("}", "]") for line in removed), removed  # only a closing bracket gains a comma
     assert patch("-", "--image", IMAGE, stdin=after) == after
+
+
+def test_patch_takes_the_gpu_device_classes_check_takes(tmp_path):
+    """JobSet's DRA example asks for gpu.example.com: no GPU class by default, so nothing to fix;
+    with --gpu-device-class the same claim is a GPU and its worker is fixed, as `check` counts it."""
+    jobset = pathlib.Path(__file__).parent / "fixtures" / "fleet" / "jobset"
+    both = tmp_path / "both.yaml"
+    both.write_text("\n---\n".join(p.read_text() for p in sorted(jobset.glob("*.yaml"))))
+    assert patch(both, "--image", IMAGE) == both.read_text()
+    fixed = patch(both, "--image", IMAGE, "--gpu-device-class", "gpu.example.com")
+    assert fixed != both.read_text() and "tini" in fixed and IMAGE in fixed
+    # serving sees a pod alone, which names no device class: the flag is refused there, not ignored
+    done = gpuzombie(
+        "webhook", "--image", IMAGE, "--gpu-device-class", "gpu.example.com", "--tls-cert", "c", "--tls-key", "k"
+    )
+    assert "goes with --patch" in one_line_error(done)

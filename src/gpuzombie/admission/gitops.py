@@ -55,12 +55,16 @@ def documents_text(text: str) -> list[str]:
     return ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds) if b > a] or [text]
 
 
-def patch_text(text: str, policy: mutate.Policy) -> Patched:
-    """``text`` with every pod template fixed as the webhook would fix the pod. Raises
-    ManifestError for input that is not a manifest, PatchError where the fix cannot be written."""
+def patch_text(
+    text: str, policy: mutate.Policy, gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
+) -> Patched:
+    """``text`` with every pod template fixed as the webhook would fix the pod; a DRA claim is a GPU
+    where its device class is one of ``gpu_device_classes``. Raises ManifestError for input that is
+    not a manifest, PatchError where the fix cannot be written."""
     # DRA claim templates are looked up across the whole input: a pod and its claims are often in
     # documents of their own.
-    gpus = podspec.GpuContext(claim_classes=podspec.claim_classes(podspec.load_documents(text)))
+    claims = podspec.claim_classes(podspec.load_documents(text))
+    gpus = podspec.GpuContext(claim_classes=claims, gpu_device_classes=gpu_device_classes)
     try:
         pieces = documents_text(text)
         results = [_patch_piece(piece, policy, gpus) for piece in pieces]
@@ -81,6 +85,8 @@ def _patch_piece(text: str, policy: mutate.Policy, gpus: podspec.GpuContext) -> 
     result = Patched(text)
     ops: dict[int, list[dict[str, Any]]] = {}
     for ref in list(podspec.pod_templates(documents)):
+        if ref.container is not None:  # its pod is an operator's to write (docs/admission.md)
+            continue
         try:
             mutation = mutate.mutate(ref.pod, ref.namespace, policy, gpus=gpus)
         except ValueError as exc:

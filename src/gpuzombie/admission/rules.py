@@ -17,18 +17,29 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.k8s.podspec import SHELLS, Container, GpuContext, PodSpec, read_pod_spec
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 INITS = frozenset(
-    {"tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir", "supervisord", "systemd"}
+    {
+        "tini",
+        "tini-static",
+        "dumb-init",
+        "catatonit",
+        "docker-init",
+        "s6-svscan",
+        "runsvdir",
+        "supervisord",
+        "systemd",
+        "argoexec",
+    }
 )
 """Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
-(podman, docker --init) and a distribution's ``/sbin/init`` by path."""
+(podman, docker --init) and a distribution's ``/sbin/init`` by path. ``argoexec``: Argo's
+``emissary`` before every main container (podspec.ARGO_EXECUTOR)."""
 INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
-SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 MAX_SCRIPT_CHARS = 64 * 1024
 """A ``sh -c`` script longer than this is not read: PID 1 is "cannot tell", said so. Inline scripts

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from gpuzombie.cli.common import gpu_device_class_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -154,14 +155,7 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     show_default=True,
     help="The least severity that makes the check exit 1.",
 )
-@click.option(
-    "--gpu-device-class",
-    "gpu_device_classes",
-    multiple=True,
-    metavar="CLASS",
-    help="A DRA device class that is a GPU, besides gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com "
-    "and gpu.amd.com (repeat for more).",
-)
+@gpu_device_class_option
 def command(
     paths: tuple[str, ...],
     as_json: bool,

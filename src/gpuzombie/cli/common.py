@@ -76,6 +76,15 @@ trust_runtime_option = click.option(
     "(a runtime that is not the kubelet's then makes its live pods look stale). Never overrides a "
     "kubelet that answers.",
 )
+gpu_device_class_option = click.option(
+    "--gpu-device-class",
+    "gpu_device_classes",
+    multiple=True,
+    metavar="CLASS",
+    help="A DRA device class that is a GPU, besides gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com "
+    "and gpu.amd.com (repeat for more). The webhook takes it with --patch only: a pod under review "
+    "names its claims, not their classes, so serving takes every claim for a GPU.",
+)
 tls_reload_option = click.option(
     "--tls-reload-seconds",
     type=click.FloatRange(min=0.1),

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
-from gpuzombie.cli.common import stopped, tls_reload_option
+from gpuzombie.cli.common import gpu_device_class_option, stopped, tls_reload_option
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -76,13 +76,15 @@ def _configured_image(image: str | None, config: str | None) -> str | None:
     return chosen
 
 
-def _patch(sources: tuple[str, ...], policy: Any, in_place: bool) -> int:
+def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_classes: tuple[str, ...]) -> int:
     """Each input's fix: printed (one input), or written back to the files it changes (--in-place)."""
     from gpuzombie.cli.check import input_files, read_input, require_admission_extra
 
     require_admission_extra("yaml", "ruamel.yaml")
     from gpuzombie.admission.gitops import PatchError, patch_text
-    from gpuzombie.k8s.podspec import ManifestError
+    from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES, ManifestError
+
+    classes = GPU_DEVICE_CLASSES | set(gpu_device_classes)
 
     files = input_files(sources)
     if not in_place and len(files) != 1:
@@ -94,7 +96,7 @@ def _patch(sources: tuple[str, ...], policy: Any, in_place: bool) -> int:
         shown = "stdin" if path == "-" else path
         text = read_input(path)
         try:
-            result = patch_text(text, policy)
+            result = patch_text(text, policy, classes)
         except (ManifestError, PatchError) as exc:
             raise GpuzombieError(f"{shown}: {exc}") from exc
         if result.needs_image and not policy.image:
@@ -229,6 +231,7 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     help="A namespace's default for the pod annotation gpuzombie.dev/KEY: prestop=true, grace-seconds=N, "
     "torchrun-shutdown=true (repeatable; a pod's annotation wins).",
 )
+@gpu_device_class_option
 @tls_reload_option
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, metavar="N")
@@ -276,6 +279,7 @@ def command(
     max_body_bytes: int,
     review_seconds: float,
     max_reviews: int,
+    gpu_device_classes: tuple[str, ...],
     **serving: Any,
 ) -> int:
     """Serve the mutating admission webhook that fixes GPU pods nobody rebuilt: a container with
@@ -286,6 +290,8 @@ def command(
     and --namespace, pods annotated gpuzombie.dev/inject: "false" or already mutated. Never denies
     a pod. With --patch FILE|- it prints the manifests with the fix instead (GitOps): comments, key
     order, quoting, block scalars and anchors are kept, and only the fixed lines change.
+    A DRA claim is a GPU there when its claim or template in the input has a GPU device class
+    (--gpu-device-class adds classes); serving, every claim is taken for one (a pod names no class).
 
     Exit 0 when stopped by SIGTERM (or --patch done), 2 on a bad flag, no image where one is needed,
     unreadable, encrypted or expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
@@ -295,7 +301,12 @@ def command(
     if in_place and not patch_sources:
         raise click.UsageError("--in-place goes with --patch")
     if patch_sources:
-        return _patch(patch_sources, policy, in_place)
+        return _patch(patch_sources, policy, in_place, gpu_device_classes)
+    if gpu_device_classes:
+        raise click.UsageError(
+            "--gpu-device-class goes with --patch: a pod under review names its DRA claims, not their "
+            "device classes, so the serving webhook takes every claim for a GPU (docs/admission.md)"
+        )
     if not serving["tls_cert"] or not serving["tls_key"]:
         raise click.UsageError("serving needs --tls-cert and --tls-key (the API server calls webhooks over HTTPS)")
     if not chosen:

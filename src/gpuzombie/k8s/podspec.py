@@ -659,6 +659,18 @@ class PodTemplate:
     bare: bool = False
     object_pointer: str = ""
     """JSON pointer to the object that holds it (an item of a List)."""
+    container: Mapping[str, Any] | None = None
+    """A container standing for a pod whose other parts an operator writes (an Argo Workflow's
+    ``container`` or ``script`` template, a KServe model-format predictor): its map; then ``pod``
+    is the one-container pod made of it (``single_container_pods``) and the pointer the map's.
+    ``--patch`` leaves it alone."""
+
+    @property
+    def node(self) -> Any:
+        """What it stands for in its document: the pod-shaped map, the bare spec, Argo's container."""
+        if self.container is not None:
+            return self.container
+        return self.spec if self.bare else self.pod
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -685,6 +697,9 @@ class PodTemplate:
     def locate(self, pod_pointer: str) -> str | None:
         """A pointer into the pod (``/spec/containers/0``) as one into the document; None where a
         bare spec has no such place (its pod's metadata)."""
+        if self.container is not None:
+            inside = pod_pointer.removeprefix(SINGLE_CONTAINER_POINTER)
+            return self.pointer + inside if inside != pod_pointer else None
         if not self.bare:
             return self.pointer + pod_pointer
         if pod_pointer == "/spec" or pod_pointer.startswith("/spec/"):
@@ -782,6 +797,93 @@ def _template_pointers(obj: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
             yield _pointer(path), True
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
+"""Programs the admission rules read as shells (``busybox`` as ``busybox sh``)."""
+ARGO_KINDS = frozenset({"Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow"})
+ARGO_EXECUTOR = ("/var/run/argo/argoexec", "emissary", "--")
+"""What Argo's controller puts before a main container's command (its ENTRYPOINT looked up when the
+template has none): argoexec is PID 1, starts the command in a process group of its own, forwards
+every signal to that group and reaps every child (``wait4(-1)``) until the command exits, as an
+init does (argo-workflows workflow/controller/workflowpod.go, workflow/executor/osspecific)."""
+ARGO_SCRIPT = "/argo/staging/script"
+"""Where Argo writes a ``script`` template's ``source``, the last argument of its ``command``."""
+SINGLE_CONTAINER_POINTER = "/spec/containers/0"
+KSERVE_KINDS = frozenset({"InferenceService"})
+KSERVE_MODEL_FORMATS = (
+    "sklearn",
+    "xgboost",
+    "tensorflow",
+    "pytorch",
+    "triton",
+    "onnx",
+    "huggingface",
+    "pmml",
+    "lightgbm",
+    "paddle",
+    "model",
+    "art",
+)
+"""InferenceService components' model-format fields (kserve pkg/apis/serving/v1beta1 predictor.go,
+explainer.go): each a container merged into a ServingRuntime's, named ``kserve-container``."""
+KSERVE_CONTAINER = "kserve-container"
+
+
+def _map_or_empty(value: Any) -> Mapping[str, Any]:
+    """``value`` where it is a map; an empty one for anything else (a reader that finds no place)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _argo_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
+    """``spec.templates[i].container`` and ``.script`` of an Argo Workflow, WorkflowTemplate,
+    ClusterWorkflowTemplate and CronWorkflow (``spec.workflowSpec.templates``)."""
+    if not str(obj.get("apiVersion", "")).startswith("argoproj.io/") or obj.get("kind") not in ARGO_KINDS:
+        return
+    spec, prefix = _map_or_empty(obj.get("spec")), "/spec"
+    if obj["kind"] == "CronWorkflow":
+        spec, prefix = _map_or_empty(spec.get("workflowSpec")), "/spec/workflowSpec"
+    templates = spec.get("templates")
+    for i, template in enumerate(templates if isinstance(templates, list) else []):
+        for field in ("container", "script"):
+            if isinstance(template, Mapping) and isinstance(template.get(field), Mapping):
+                yield f"{prefix}/templates/{i}/{field}"
+
+
+def _argo_main(container: Mapping[str, Any], script: bool) -> dict[str, Any]:
+    """The main container Argo runs for a ``container`` or ``script`` template: its command
+    behind argoexec; a script's ``source`` is the file its command runs (a shell's ``-c`` script
+    here, so the shell reading sees it)."""
+    command = container.get("command")
+    words = [str(w) for w in command] if isinstance(command, list) else []
+    if script:
+        source = container.get("source")
+        shell = bool(words) and words[0].rsplit("/", 1)[-1] in SHELLS - {"busybox"}
+        words += ["-c", source] if shell and isinstance(source, str) else [ARGO_SCRIPT]
+    return {**container, "name": "main", "command": [*ARGO_EXECUTOR, *words]}
+
+
+def _kserve_pointers(obj: Mapping[str, Any]) -> Iterator[str]:
+    """``spec.<component>.<model format>`` of a KServe InferenceService."""
+    if not str(obj.get("apiVersion", "")).startswith("serving.kserve.io/") or obj.get("kind") not in KSERVE_KINDS:
+        return
+    spec = _map_or_empty(obj.get("spec"))
+    for component in ("predictor", "transformer", "explainer"):
+        part = spec.get(component)
+        for field in KSERVE_MODEL_FORMATS:
+            if isinstance(part, Mapping) and isinstance(part.get(field), Mapping):
+                yield f"/spec/{component}/{field}"
+
+
+def single_container_pods(obj: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """The containers of ``obj`` that stand for a pod an operator writes around them, each as
+    (pointer, the one-container pod): Argo's ``container``/``script`` templates (PID 1 argoexec, an
+    init) and KServe's model formats (PID 1 the ServingRuntime's, which the file does not show)."""
+    for pointer in _argo_pointers(obj):
+        main = _argo_main(resolve(obj, pointer), pointer.endswith("/script"))
+        yield pointer, {"spec": {"containers": [main]}}
+    for pointer in _kserve_pointers(obj):
+        yield pointer, {"spec": {"containers": [{**resolve(obj, pointer), "name": KSERVE_CONTAINER}]}}
+
+
 def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
     """Every pod template of ``documents``, in order."""
     for obj in objects(documents):
@@ -790,6 +892,17 @@ def pod_templates(documents: Sequence[Document]) -> Iterator[PodTemplate]:
             continue
         meta = data["metadata"] if isinstance(data.get("metadata"), Mapping) else {}
         name = meta.get("name") or meta.get("generateName") or "(unnamed)"
+        for pointer, pod in single_container_pods(data):
+            yield PodTemplate(
+                obj.document,
+                data["kind"],
+                str(name),
+                obj.namespace,
+                obj.pointer + pointer,
+                pod,
+                object_pointer=obj.pointer,
+                container=resolve(data, pointer),
+            )
         for pointer, bare in _template_pointers(data):
             found = resolve(data, pointer)
             pod = {"spec": found} if bare else found
@@ -811,7 +924,7 @@ def unread_gpu_requests(
     every template read: (document, JSON pointer, what). A file whose GPUs no reader understood is
     a finding, never a silent pass."""
     for doc in documents:
-        search = _Search(doc.data, {id(t.spec if t.bare else t.pod) for t in templates if t.document == doc.index})
+        search = _Search(doc.data, {id(t.node) for t in templates if t.document == doc.index})
         reported: set[str] = set()
         for path, value in search:
             items = value.items() if isinstance(value, Mapping) else enumerate(value)
