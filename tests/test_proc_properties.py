@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fakeproc import make_fake_proc, make_fake_root
@@ -100,6 +100,7 @@ def test_any_file_contents_spoil_at_most_their_process(tmp_path_factory, stat, s
 
 
 @given(st.characters(codec="utf-8") | st.text(min_size=2, max_size=3))
+@example("P ")  # found beside load (issue 29's last suite run): two spaces were read as one
 def test_only_the_kernels_state_letters_parse(state):
     text = f"7 (x) {state} 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 10 0"
     try:

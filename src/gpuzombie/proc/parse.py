@@ -98,8 +98,9 @@ def parse_stat(text: str) -> StatFields:
         raise ValueError("no (comm) in stat")
     comm = text[open_paren + 1 : close_paren]
     # rest[0] is field 3 (state); field N is rest[N - 3]. Fields past 24 (rss) are never used:
-    # leave them unsplit (half the cost of splitting all ~50).
-    rest = text[close_paren + 2 :].split(None, 22)
+    # leave them unsplit (half the cost of splitting all ~50). One space between fields, as the
+    # kernel writes them: "P  1" is no state P (an empty field follows), not a lenient read.
+    rest = text[close_paren + 2 :].rstrip("\n").split(" ", 22)
     if len(rest) < 22:
         raise ValueError(f"stat has {len(rest) + 2} fields, fewer than 24")
     state = rest[0]
