@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Write deploy/mutating-admission-policy.yaml: the chart's MutatingAdmissionPolicy and its binding as
+# Write deploy/admission/mutating-admission-policy.yaml: the chart's MutatingAdmissionPolicy and its binding as
 # plain manifests (release gpuzombie in namespace gpuzombie, REGISTRY.example.com as the image's
 # registry, helm-only labels left out). tests/cluster/test_cluster_policy.py checks the file is this.
 # Usage: scripts/render-policy.sh
@@ -13,11 +13,11 @@ HELM=$(scripts/get-helm.sh)
 # helm-only labels left out); tests/cluster/test_cluster_policy.py keeps the two equal.
 # The webhook's fix as a MutatingAdmissionPolicy, with no server to run (docs/admission.md says when
 # to choose it). Kubernetes >= 1.36. Apply without Helm:
-#   kubectl apply -f deploy/mutating-admission-policy.yaml
+#   kubectl apply -f deploy/admission/mutating-admission-policy.yaml
 # PLACEHOLDER: REGISTRY.example.com/gpu-zombie/gpuzombie-node (the init container's image, which
 # ships /usr/bin/tini-static). The namespaces kube-system and gpuzombie are left alone.
 HEADER
   "$HELM" template gpuzombie charts/gpuzombie --namespace gpuzombie --set policy.enabled=true \
     --set image.registry=REGISTRY.example.com --show-only templates/mutating-admission-policy.yaml |
     grep -v -E '^# Source:|^ *(helm\.sh/chart|app\.kubernetes\.io/managed-by):' | sed '1{/^---$/d}'
-} > deploy/mutating-admission-policy.yaml
+} > deploy/admission/mutating-admission-policy.yaml

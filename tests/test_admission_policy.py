@@ -1,4 +1,4 @@
-"""The MutatingAdmissionPolicy (deploy/mutating-admission-policy.yaml, the chart's policy.enabled
+"""The MutatingAdmissionPolicy (deploy/admission/mutating-admission-policy.yaml, the chart's policy.enabled
 rendered) against the webhook. Its CEL is evaluated by cel-python, a STAND-IN for the API server's
 cel-go (tests/cel_standin.py says what it adds and what it does not check), on the fleet corpus and on
 pods as the API server sends them; the JSONPatch it returns is applied with jsonpatch, and each pod is
@@ -26,7 +26,7 @@ from gpuzombie.admission import mutate  # noqa: E402
 from gpuzombie.k8s import podspec  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-MANIFEST = REPO / "deploy" / "mutating-admission-policy.yaml"
+MANIFEST = REPO / "deploy" / "admission" / "mutating-admission-policy.yaml"
 FLEET = REPO / "tests" / "fixtures" / "fleet"
 IMAGE = "REGISTRY.example.com/gpu-zombie/gpuzombie-node:0.1.0"
 """The manifest's init container image, given to the webhook too."""
@@ -42,7 +42,7 @@ DIFFERENCES = {
     "argv: bash -c 'exec dumb-init ...'": SHELL_PARSING,
     "opt-in: prestop": "opt-ins are the webhook's: the policy makes the fix without the hook",
     "opt-in: grace-seconds": "opt-ins are the webhook's: the policy leaves the grace as it is",
-    "fleet jobset/site_static_examples_workload-aware-scheduling_dra_jobset.yaml:/spec/replicatedJobs/0/template/spec/template": (
+    "fleet jobset/site_static_examples_workload-aware-scheduling_dra_jobset.yaml#0:/spec/replicatedJobs/0/template/spec/template": (
         "--patch reads the claim template beside it (device class gpu.example.com: no GPU); the policy sees the "
         "pod alone and takes a DRA claim for a GPU, as the serving webhook does"
     ),
@@ -155,7 +155,7 @@ def fleet_cases() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
                 continue
             metadata = {**(ref.pod.get("metadata") or {}), "namespace": ref.namespace or "default"}
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": copy.deepcopy(ref.pod["spec"])}
-            pods[f"fleet {path.parent.name}/{path.name}:{ref.pointer}"] = pod
+            pods[f"fleet {path.parent.name}/{path.name}#{ref.document}:{ref.pointer}"] = pod
     return pods, claims
 
 
