@@ -193,6 +193,12 @@ def test_the_policy_makes_the_webhooks_fix_where_cel_can(compared):
     )
     changed = [name for name, (pod, mine, _) in compared.items() if mine != pod]
     assert len(changed) >= 40, changed  # the comparison is not of pods left alone
+    fleet = sum(name.startswith("fleet ") for name in compared)
+    told = " ".join((REPO / "docs" / "admission.md").read_text().split())
+    said = f"on {len(compared)} pods: the {fleet} pod templates of the fleet corpus"
+    assert (
+        said in told and f"the same for {len(compared) - len(DIFFERENCES)}, and the {len(DIFFERENCES)} others" in told
+    )
 
 
 def test_what_differs_is_what_the_reason_says(compared):

@@ -99,6 +99,12 @@ def test_refused_beside_the_webhook(helm_binary):
     assert "policy.enabled and webhook.enabled: choose one" in got.stderr
 
 
+def test_the_audit_alert_comes_with_the_policy(helm_binary):
+    values = {"policy": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    (rule,) = [o for o in render(helm_binary, values, namespace=NAMESPACE) if o["kind"] == "PrometheusRule"]
+    assert "gpuzombie-admission" in {g["name"] for g in rule["spec"]["groups"]}
+
+
 def _without_helm_labels(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _without_helm_labels(v) for k, v in obj.items() if k not in HELM_ONLY_LABELS}
