@@ -240,3 +240,13 @@ def test_the_stand_in_checks_initializer_names_as_the_api_server_does(policy):
     assert cel_standin.to_json(evaluator.evaluate(good)) == {"volumeMounts": [{"name": "a"}]}
     with pytest.raises(cel_standin.PolicyError, match="unexpected type name"):
         evaluator.evaluate("Object.spec.containers{volumeMounts: [Object.spec.containers.volumeMountsZ{name: 'a'}]}")
+
+
+def test_the_policy_knows_the_gpu_resources_podspec_knows(policy):
+    """podspec's table is the one list of GPU resources: a name added there and not to the policy fails here."""
+    gpu_names = [*podspec._GPU_NAMES, *(f"{prefix}1g.10gb" for prefix in podspec._GPU_PREFIXES)]
+    others = ["cpu", "nvidia.com/gpux", "nvidia.com/mig", "amd.com/gpu.shared", "gpu.intel.com/i915", "habana.ai/gaudi"]
+    for name in gpu_names + others:
+        pod = api_server_pod(_container(S1, resources={"limits": {name: "1"}}))
+        fixed = cel_standin.admit(*policy, copy.deepcopy(pod), "ml-train") != pod
+        assert fixed is (podspec.gpu_resource(name) is not None), name
