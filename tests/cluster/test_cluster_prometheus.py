@@ -45,6 +45,8 @@ pytestmark = pytest.mark.slow  # a real Prometheus server scrapes the exporter
 NODE = "fake-gpu-node"
 JOB = "kubernetes-pods"  # the community chart's annotation job: the rules must not need job="gpuzombie"
 D_STATE_PID = 95
+AGENT_POD = {"namespace": "gpuzombie", "pod": "gpuzombie-7xk2p"}
+"""The target labels an annotation job gives the exporter: never a finding's (its own labels, even empty, win)."""
 # The dashboard's template variables, set to "All" as Grafana sends them (allValue .*).
 VARIABLES = {"$node": ".*", "$namespace": ".*"}
 # Alerts whose condition the fake node does not have: their expressions must parse and be empty.
@@ -234,8 +236,10 @@ def prometheus_scraping(tmp_path_factory):
             "rule_files": [str(ALERTS)],
             "scrape_configs": [
                 {
+                    # As the community chart's pod job: honor_labels, and the agent's own pod as target labels.
                     "job_name": JOB,
-                    "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": NODE}}],
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": NODE, **AGENT_POD}}],
                 },
                 {"job_name": "kube-state-metrics", "honor_labels": True, "static_configs": [{"targets": [ksm]}]},
                 {"job_name": "dcgm-exporter", "static_configs": [{"targets": [dcgm]}]},
@@ -314,6 +318,9 @@ def test_every_dashboard_query_and_variable_parses_and_returns_data(prometheus):
         if not result:
             empty.append(title)
     assert not empty, f"no data for: {empty}"
+    # The host process in D: outside any pod, not in the agent's (the scrape's target labels).
+    (host,) = api(base, "query", query='gpuzombie_dstate_seconds{pod_uid=""}')["result"]
+    assert "namespace" not in host["metric"] and "pod" not in host["metric"], host
     # Each variable's label_values query answers and the node is listed. (Namespaces and pod names
     # are empty on this node: without a container runtime to ask, the exporter knows pods by uid.)
     for variable in json.loads(DASHBOARD.read_text())["templating"]["list"]:
