@@ -145,14 +145,16 @@ def kube_state_series(test_exporter, deleted: float) -> str:
 
 
 def dcgm_series() -> str:
-    """dcgm-exporter's default GPU_UTIL (%) and FB_USED (MiB) for the fake node's GPUs, its labels."""
+    """dcgm-exporter's default GPU_UTIL (%) and FB_USED (MiB) for the fake node's GPUs, with its labels,
+    and a GPU no offender holds (OTHER_GPU)."""
     lines = []
-    for gpu, uuid, util, used in (("0", "GPU-0000", 0, 4273), ("1", "GPU-1111", 35, 3615)):
+    for gpu, uuid, util, used in (("0", "GPU-0000", 0, 4273), ("1", "GPU-1111", 35, 3615), ("2", OTHER_GPU, 90, 70000)):
         labels = f'gpu="{gpu}",UUID="{uuid}",device="nvidia{gpu}",modelName="NVIDIA H200",Hostname="{NODE}"'
         lines += [f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util}", f"DCGM_FI_DEV_FB_USED{{{labels}}} {used}"]
     return "\n".join(lines) + "\n"
 
 
+OTHER_GPU = "GPU-2222"
 HANDOVER = {
     "gpuzombie_gpu_handover_clean": [('gpu="0",UUID="GPU-0000"', 0), ('gpu="1",UUID="GPU-1111"', 0)],
     "gpuzombie_gpu_held_memory_bytes": [
@@ -318,6 +320,11 @@ def test_every_dashboard_query_and_variable_parses_and_returns_data(prometheus):
         if not result:
             empty.append(title)
     assert not empty, f"no data for: {empty}"
+    # The dcgm-exporter panels show the GPUs offenders hold, not the others.
+    for title, expr in dashboard_queries():
+        if "DCGM_" in expr:
+            uuids = {series["metric"]["UUID"] for series in api(base, "query", query=expr)["result"]}
+            assert uuids == {"GPU-0000", "GPU-1111"}, (title, uuids)
     # The host process in D: outside any pod, not in the agent's (the scrape's target labels).
     (host,) = api(base, "query", query='gpuzombie_dstate_seconds{pod_uid=""}')["result"]
     assert "namespace" not in host["metric"] and "pod" not in host["metric"], host
