@@ -368,7 +368,7 @@ def test_every_alert_expression_parses_and_finds_the_fake_nodes_conditions_and_t
 def test_an_exporter_that_stops_answering_under_an_annotation_job_is_down_not_absent(tmp_path_factory):
     """Under "kubernetes-pods" (no job="gpuzombie"), the exporter known by what it served: once it
     stops answering, GpuzombieExporterDown's expression finds its target, Absent's does not, and the
-    "Exporters up" panel shows it at 0. (241ae16's rules, up{job="gpuzombie"}, saw nothing here.)"""
+    "Exporters up" panel shows it at 0. (a884539's rules, up{job="gpuzombie"}, saw nothing here.)"""
     with prometheus_scraping(tmp_path_factory) as (base, _, exporter):
         wait_until(lambda: api(base, "query", query="gpuzombie:exporter_target")["result"], timeout=30)
         stop(exporter)
