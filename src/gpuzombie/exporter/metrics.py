@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
-from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.gpu.nvml import GpuDevice, MigInstance
+from gpuzombie.handover.verdict import GpuReading, judge
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.trace.model import GpuMemory
 from gpuzombie.trace.scan import NodeScan, PodLabels
@@ -129,6 +130,21 @@ GAUGES = {
             "no NVML); their text goes to stderr each time it changes.",
         ),
         Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
+        # Whether each GPU is clean to hand to the next pod (issue 25): preflight's verdict, judged on the node.
+        Gauge(
+            "gpuzombie_gpu_handover_clean",
+            (*GPU, *MIG),
+            "1 when the GPU (or MIG instance) is clean to hand to the next pod, 0 when not (a process listed "
+            "on it, or memory held beyond the driver's reservation): the verdict preflight gives in the pod; "
+            "absent when NVML could not be read (gpuzombie_nvml_available).",
+        ),
+        Gauge(
+            "gpuzombie_gpu_held_memory_bytes",
+            (*GPU, *MIG, "holder"),
+            "GPU memory held where it keeps the GPU from being handed out, by holder: stale (a pod the runtime "
+            "no longer runs), foreign (a pod the kubelet did not give that GPU), dstate (a process in state D: "
+            "reap cannot free it) or ghost (unexplained above the threshold); a series only while above 0.",
+        ),
         # Dirty GPUs (trace.stale): holders in a pod the runtime no longer runs, or not given that GPU.
         Gauge(
             "gpuzombie_dirty_gpu_holders",
@@ -273,6 +289,29 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     return out
 
 
+def _reading(device: GpuDevice) -> GpuReading:
+    return GpuReading(device.memory_used, device.memory_reserved, len(device.processes), device.processes_read)
+
+
+def handover_metrics(scan: NodeScan) -> dict[str, Values]:
+    """Each GPU's handover verdict (``handover.verdict.judge`` on NVML's reading, the ``--baseline-mib``
+    where the driver reports no reservation) and the memory its stale, foreign, D-state and ghost
+    holders keep: each byte under one holder, a D-state process's as dstate whatever its pod."""
+    out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
+    held = out["gpuzombie_gpu_held_memory_bytes"]
+    for row in scan.trace.rows:
+        holder = "dstate" if row.state == "D" else row.dirty
+        if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign"):
+            held[(str(row.gpu_index), row.gpu_uuid, scan.node_name, *_mig(row.mig), holder)] += row.gpu_memory
+    for device, memory in zip(scan.gpus.devices, scan.trace.gpus, strict=True):
+        key = (str(memory.index), memory.uuid, scan.node_name, *_mig(memory.mig))
+        verdict = judge(_reading(device), baseline_bytes=memory.baseline)
+        out["gpuzombie_gpu_handover_clean"][key] = float(verdict.clean)
+        if memory.flagged and memory.unexplained > 0:
+            held[(*key, "ghost")] = memory.unexplained
+    return out
+
+
 def unreadable_metrics(scan: NodeScan) -> Values:
     """Processes of the node that could not be read where that could hide a finding (the same ones
     that keep trace from saying healthy), access-denied told apart."""
@@ -330,6 +369,7 @@ def node_metrics(scan: NodeScan) -> Iterator[Metric]:
         **gpu_metrics(scan),
         **dstate_metrics(scan),
         **dirty_metrics(scan),
+        **handover_metrics(scan),
     }
     values["gpuzombie_scan_warnings"] = {(): float(len(scan.trace.warnings) + len(scan.namespaces.warnings))}
     values["gpuzombie_pid_namespaces"] = {(): float(len(scan.namespaces.namespaces))}
