@@ -1,6 +1,7 @@
 """docs/examples/devicetaintrule-*.yaml (issue 25 item 4): the DRA device taints docs/handover.md
 ships validate strictly against Kubernetes' own resource.k8s.io schemas, for every release that serves
-their API version (kubernetes-validate 1.37.0 carries them: v1alpha3 from 1.33, v1 from 1.37), and
+their API version (kubernetes-validate 1.37.0 carries them: v1alpha3 from 1.33, v1beta2 from 1.36, v1
+from 1.37), and
 the validation is not vacuous (a misspelt field or a missing taint fails)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kuberne
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 RELEASES = {
     "resource.k8s.io/v1alpha3": ("1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"),
+    "resource.k8s.io/v1beta2": ("1.36.0", "1.37.0"),
     "resource.k8s.io/v1": ("1.37.0",),
 }
 
