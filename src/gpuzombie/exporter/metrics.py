@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
-from gpuzombie.gpu.nvml import GpuDevice, MigInstance
-from gpuzombie.handover.verdict import GpuReading, judge
+from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.handover.node import node_verdicts
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.trace.model import GpuMemory
 from gpuzombie.trace.scan import NodeScan, PodLabels
@@ -289,23 +289,18 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     return out
 
 
-def _reading(device: GpuDevice) -> GpuReading:
-    return GpuReading(device.memory_used, device.memory_reserved, len(device.processes), device.processes_read)
-
-
 def handover_metrics(scan: NodeScan) -> dict[str, Values]:
-    """Each GPU's handover verdict (``handover.verdict.judge`` on NVML's reading, the ``--baseline-mib``
-    where the driver reports no reservation) and the memory its stale, foreign, D-state and ghost
-    holders keep: each byte under one holder, a D-state process's as dstate whatever its pod."""
+    """Each GPU's handover verdict (``handover.node``: preflight's, on the node's NVML reading) and the
+    memory its stale, foreign, D-state and ghost holders keep: each byte under one holder, a D-state
+    process's as dstate whatever its pod."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     held = out["gpuzombie_gpu_held_memory_bytes"]
     for row in scan.trace.rows:
         holder = "dstate" if row.state == "D" else row.dirty
         if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign"):
             held[(str(row.gpu_index), row.gpu_uuid, scan.node_name, *_mig(row.mig), holder)] += row.gpu_memory
-    for device, memory in zip(scan.gpus.devices, scan.trace.gpus, strict=True):
+    for memory, verdict in node_verdicts(scan):
         key = (str(memory.index), memory.uuid, scan.node_name, *_mig(memory.mig))
-        verdict = judge(_reading(device), baseline_bytes=memory.baseline)
         out["gpuzombie_gpu_handover_clean"][key] = float(verdict.clean)
         if memory.flagged and memory.unexplained > 0:
             held[(*key, "ghost")] = memory.unexplained
