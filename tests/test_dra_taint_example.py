@@ -10,9 +10,9 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the 'chart' extra")
+yaml = pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 RELEASES = {
