@@ -9,7 +9,9 @@ only where nothing can be stale (no kubelet to agree)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +35,9 @@ from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.k8s.podresources import list_pod_resources
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.reap import run_reap
+from test_daemonset_capabilities import TENANT_UID, _agent, chart_capabilities
 from test_exporter import scrape
-from test_stale import alive
+from test_stale import alive, start_survivor
 
 kubelet, pods = test_stale.kubelet, test_stale.pods  # the stand-in kubelet and the stale pod's fixtures
 
@@ -209,3 +212,45 @@ def test_reap_stale_after_is_off_by_default_and_in_the_help(capsys):
     assert main(["exporter", "--help"]) == 0
     text = capsys.readouterr().out
     assert "--reap-stale-after D" in text and "Off unless given" in text
+
+
+TENANT_SURVIVOR = test_stale.SURVIVOR.replace(
+    "os.execvp(", f"os.setgid({TENANT_UID})\nos.setgroups([])\nos.setuid({TENANT_UID})\nos.execvp("
+)
+"""The survivor, become the tenant's uid once it joined the pod's cgroup and opened the device."""
+
+
+@needs_containerd
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
+@pytest.mark.parametrize("reaping", [False, True], ids=["chart-default", "chart-with-reapStaleAfter"])
+def test_signalling_another_uids_stale_process_needs_the_kill_capability(
+    reaping, containerd, pods, kubelet, monkeypatch
+):
+    """Why the chart adds KILL with exporter.reapStaleAfter: reap as the DaemonSet runs it (uid 0,
+    host PID namespace, only the chart's capabilities) ends a root survivor either way, a uid-1000
+    one only with KILL; without it the signal is refused, counted, and the process left alive."""
+    doomed, root_survivor = pods["doomed"], pods["survivor"]
+    monkeypatch.setattr(test_stale, "SURVIVOR", TENANT_SURVIVOR)
+    tenant = start_survivor(doomed.spec)
+    pods["more"].append(tenant)  # the fixture kills it if the reap did not
+    del kubelet["ml", "gone-0"]
+    containerd.stop_pod(doomed)
+    argv = ("reap", "--yes", "--json", "--no-nvml", "--cri-socket", containerd.socket, "--timeout", "1")
+    done = _agent(
+        chart_capabilities(reaping=reaping),
+        sys.executable,
+        "-m",
+        "gpuzombie",
+        *argv,
+        "--kill-wait",
+        "1",
+        "--pod-uid",
+        doomed.spec.uid,
+    )
+    outcomes = {r["target"]["pid"]: r["outcome"] for r in json.loads(done.stdout)["results"]}
+    assert outcomes[root_survivor.pid] == "exited_after_sigterm", done.stderr
+    if reaping:
+        assert outcomes[tenant.pid] == "exited_after_sigterm" and done.returncode == 0, done.stderr
+    else:
+        assert outcomes[tenant.pid] == "permission_denied" and done.returncode == 1, done.stderr
+        assert alive(tenant.pid)
