@@ -285,7 +285,8 @@ def command(
 
     /metrics is the exposition, /healthz the liveness probe, /readyz the readiness probe.
     Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use,
-    an unreadable TLS file or /proc, 130 on Ctrl-C.
+    an unreadable TLS file or /proc, a bad --reap-stale-after or one where reap could not act (not the
+    host PID namespace's mounted procfs), 130 on Ctrl-C.
     """
     exporter = _import_exporter()
     from prometheus_client import CollectorRegistry, generate_latest
