@@ -56,7 +56,8 @@ def build_node(root: Path) -> None:
 
 def nvml() -> GpuSnapshot:
     """GPU 0: the stale holder; 1: trainer and intruder; 2: the D-state process; 3: idle; 4: 2000 MiB
-    nobody lists (a ghost); 5: MIG mode, one idle instance; 6: NVML would not list its processes."""
+    nobody lists (a ghost); 5: MIG mode, one idle instance; 6: NVML would not list its processes; 7:
+    700 MiB NVML lists for pid 999, which no longer exists (gone: the seed's orphaned context)."""
     return gpu_snapshot(
         gpu_device(0, processes=[gpu_process(500, mib=2000)]),
         gpu_device(1, processes=[gpu_process(600, mib=500), gpu_process(700, mib=1000)]),
@@ -65,6 +66,7 @@ def nvml() -> GpuSnapshot:
         gpu_device(4, used=(615 + 2000) * MIB),
         dataclasses.replace(gpu_device(5, total=71 * 1024 * MIB), mig_mode=True, mig=MIG_3G),
         dataclasses.replace(gpu_device(6), processes_read=False),
+        gpu_device(7, processes=[gpu_process(999, mib=700)]),
     )
 
 
@@ -127,12 +129,14 @@ def test_each_gpu_has_one_verdict_and_held_memory_only_where_found(served):
         gpu(4): 0.0,  # 2000 MiB nobody lists
         gpu(5, **mig): 1.0,  # the MIG instance, with dcgm-exporter's labels
         gpu(6): 0.0,  # its processes could not be listed: never clean
+        gpu(7): 0.0,
     }
     assert m["gpuzombie_gpu_held_memory_bytes"] == {
         gpu(0, holder="stale"): 2000 * MIB,
         gpu(1, holder="foreign"): 1000 * MIB,
         gpu(2, holder="dstate"): 3000 * MIB,
         gpu(4, holder="ghost"): 2000 * MIB,
+        gpu(7, holder="ghost"): 700 * MIB,
     }
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
+from gpuzombie.gpu.attribution import Verdict
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.handover.node import node_verdicts
 from gpuzombie.observe.orphans import ORPHAN
@@ -143,7 +144,8 @@ GAUGES = {
             (*GPU, *MIG, "holder"),
             "GPU memory held where it keeps the GPU from being handed out, by holder: stale (a pod the runtime "
             "no longer runs), foreign (a pod the kubelet did not give that GPU), dstate (a process in state D: "
-            "reap cannot free it) or ghost (unexplained above the threshold); a series only while above 0.",
+            "reap cannot free it) or ghost (unexplained above the threshold, or listed for a pid that exited); "
+            "a series only while above 0.",
         ),
         # Dirty GPUs (trace.stale): holders in a pod the runtime no longer runs, or not given that GPU.
         Gauge(
@@ -292,12 +294,15 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
 def handover_metrics(scan: NodeScan) -> dict[str, Values]:
     """Each GPU's handover verdict (``handover.node``: preflight's, on the node's NVML reading) and the
     memory its stale, foreign, D-state and ghost holders keep: each byte under one holder, a D-state
-    process's as dstate whatever its pod."""
+    process's as dstate whatever its pod; ghost both the unexplained memory and what NVML lists for a
+    pid that has exited (zombie) or is gone."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     held = out["gpuzombie_gpu_held_memory_bytes"]
     for row in scan.trace.rows:
         holder = "dstate" if row.state == "D" else row.dirty
-        if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign"):
+        if row.verdict in (Verdict.GONE.value, Verdict.ZOMBIE.value) and holder is None:
+            holder = "ghost"  # NVML's memory of a pid that exited: the seed's orphaned context
+        if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign", "ghost"):
             held[(str(row.gpu_index), row.gpu_uuid, scan.node_name, *_mig(row.mig), holder)] += row.gpu_memory
     for memory, verdict in node_verdicts(scan):
         key = (str(memory.index), memory.uuid, scan.node_name, *_mig(memory.mig))
