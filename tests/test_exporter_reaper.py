@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 import test_stale
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
+from gpuzombie.errors import GpuzombieError
 from gpuzombie.exporter import NodeCollector, PrometheusExporter, StaleReaper, parse_listen, scan_node
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.gpu.nvml import NO_GPU, FakeNvml
@@ -254,3 +256,33 @@ def test_signalling_another_uids_stale_process_needs_the_kill_capability(
     else:
         assert outcomes[tenant.pid] == "permission_denied" and done.returncode == 1, done.stderr
         assert alive(tenant.pid)
+
+
+def test_a_failed_scan_restarts_every_clock_and_a_reap_is_tried_again_only_after_another_d():
+    """The clock logic alone, on recorded results (a scan as the little stale_pod_uids reads of it): a
+    scan that failed breaks the continuity like one where the pod is not stale; after an attempt the
+    pod waits another D."""
+    from gpuzombie.exporter import ScanResult
+
+    row = SimpleNamespace(dirty="stale", pod_uid="uid-a", pid=4242)
+    stale_scan = SimpleNamespace(trace=SimpleNamespace(checks=SimpleNamespace(stale=True), rows=[row]))
+    now = [0.0]
+    asked: list[frozenset[str]] = []
+
+    def reap(uids, on_event):
+        asked.append(uids)
+        raise GpuzombieError("refusing to reap: test")
+
+    reaper = StaleReaper(D, reap, log=lambda line: None, clock=lambda: now[0])
+    for t, scan in ((0, stale_scan), (30, None), (31, stale_scan)):
+        reaper.observe(ScanResult(t, t, scan, None if scan else "OSError: gone"))
+    now[0] = 31 + D - 0.1
+    assert reaper.reap_due() is None and asked == []  # stale since 31, not since 0
+    now[0] = 31 + D
+    assert reaper.reap_due() is None and asked == [frozenset({"uid-a"})] and reaper.refusals == 1
+    reaper.observe(ScanResult(now[0] + 1, 0, stale_scan, None))
+    now[0] = 31 + 2 * D - 0.1
+    assert reaper.reap_due() is None and len(asked) == 1  # the attempt restarted its clock
+    now[0] = 31 + 2 * D
+    reaper.reap_due()
+    assert len(asked) == 2
