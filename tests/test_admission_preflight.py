@@ -6,6 +6,7 @@ validated strictly, as test_admission.py does."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,17 @@ def test_patch_with_the_preflight_flag(tmp_path: Path):
     assert CONTAINER not in plain.stdout
     no_image = subprocess.run([*run[:-2], "--preflight"], capture_output=True, text=True, timeout=60, check=False)
     assert no_image.returncode == 2 and "--image" in no_image.stderr
+
+
+def test_the_lab_runs_the_patched_pod_and_gives_only_the_node_name():
+    """lab pod reads the gate's NODE_NAME (fieldRef spec.nodeName) as this host's name; any other
+    downward-API field is refused by name, as every field the lab cannot apply."""
+    from gpuzombie.lab.handover import gated, pod_b
+    from gpuzombie.lab.manifest import ManifestError, parse_pod
+
+    patched = gated(pod_b("b", size_mib=32, device="cpu"))
+    gate = next(c for c in parse_pod(patched).init_containers if c.name == CONTAINER)
+    assert dict(gate.env)["NODE_NAME"] == os.uname().nodename
+    patched["spec"]["initContainers"][0]["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] = "status.podIP"
+    with pytest.raises(ManifestError, match=r"fieldPath: 'status.podIP' not supported .*only spec.nodeName"):
+        parse_pod(patched)
