@@ -37,8 +37,7 @@ from gpuzombie.k8s.cri import PodSpec
 from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import parse_pod
-from gpuzombie.lab.runtime.containerd import Containerd
-from gpuzombie.lab.runtime.cri import CriRuntime
+from gpuzombie.lab.runtime.cri import CriRuntime, PodMaker
 from gpuzombie.lab.runtime.manifestpod import HostPathGrant, ManifestPod, PodRunConfig
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
@@ -151,7 +150,7 @@ class StaleHolder:
 
 
 @contextlib.contextmanager
-def stale_holder(ctd: Containerd, *, size_mib: int, device: str, log: Path) -> Iterator[StaleHolder]:
+def stale_holder(ctd: PodMaker, *, size_mib: int, device: str, log: Path) -> Iterator[StaleHolder]:
     """Pod A's worker, left holding ``size_mib`` after its pod is removed; killed at the end."""
     doomed = ctd.start_pod(PodSpec(name="handover-a", namespace="gpu-test"))
     roots = [r for r in cgroup_roots() if os.path.isdir(r + doomed.spec.cgroup_parent)]
