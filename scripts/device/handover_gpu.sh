@@ -23,8 +23,8 @@ unpack || exit 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 {
   date -u +"run at %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit /'
-  git status --short 2>/dev/null | head -20 | sed 's/^/changed /'
+  # COMMIT: written where the tree was exported (git archive) rather than checked out
+  { cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null; } | sed 's/^/commit /'
   nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.reserved,memory.total --format=csv 2>&1
   python3 -c 'import sys, torch, pynvml; print("python", sys.version.split()[0], sys.executable, "torch", torch.__version__)' 2>&1
   python3 -m pip show nvidia-ml-py 2>/dev/null | grep -i '^version' | sed 's/^/nvidia-ml-py /'
