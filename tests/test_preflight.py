@@ -229,3 +229,18 @@ def test_the_zipapp_runs_with_python_s_i_and_imports_nothing_else(tmp_path: Path
     assert "2048 MiB held" in log.read_text()
     loaded = done.stderr.strip().splitlines()[-1]
     assert "click" not in loaded and "gpuzombie.cli" not in loaded and "gpuzombie.handover.preflight" in loaded
+
+
+def test_the_zipapp_finds_nvidia_ml_py_in_the_venv_without_running_its_pth_files(tmp_path: Path) -> None:
+    """Under ``-S -I`` the gate adds the image's site-packages (this venv's) for pynvml alone: the
+    .pth files there (setuptools' distutils hack, an editable install) are not run, as ``site`` would."""
+    archive = build(tmp_path / "preflight.pyz", app="preflight")
+    probe = (
+        "import runpy, sys; sys.argv = sys.argv[1:]\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n    print(sorted(m for m in sys.modules if m in ('pynvml', '_distutils_hack')), file=sys.stderr)\n"
+    )
+    argv = [sys.executable, "-S", "-I", "-c", probe, str(archive), "--wait", "0", "--termination-log", ""]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert "is not installed" not in done.stdout, done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "['pynvml']", done.stderr

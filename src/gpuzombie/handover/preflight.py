@@ -243,13 +243,25 @@ class SnapshotFile:
             return GpuSnapshot(available=False, reason=f"NVML stand-in {self.path}: {type(exc).__name__}: {exc}")
 
 
+def site_packages() -> list[str]:
+    """The image's site-packages (its venv's when ``python3`` is one), as ``site`` would find them,
+    without running their .pth files: a training image's (torch's, setuptools') are most of what
+    ``site`` costs, and nvidia-ml-py (one module, ``pynvml.py``) needs none of them."""
+    import site
+
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    venvs = [d for d in (bin_dir, os.path.dirname(bin_dir)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))]
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    found = [os.path.join(v, lib, version, "site-packages") for v in venvs[:1] for lib in ("lib", "lib64")]
+    real = {os.path.realpath(p): p for p in reversed([*found, *site.getsitepackages()]) if os.path.isdir(p)}
+    return list(reversed(real.values()))
+
+
 def nvml_backend() -> NvmlBackend:
     """NVML through nvidia-ml-py; under ``python3 -S`` (the zipapp) the image's own site-packages are
-    added first, the one place outside the standard library it looks."""
+    appended, the one place outside the standard library it looks."""
     if sys.flags.no_site and "pynvml" not in sys.modules:
-        import site
-
-        site.main()
+        sys.path.extend(p for p in site_packages() if p not in sys.path)
     from gpuzombie.gpu.nvml import default_backend
 
     return default_backend()

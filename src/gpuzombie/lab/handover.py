@@ -311,10 +311,10 @@ def _plain_run(
     while time.monotonic() < deadline and starter.is_alive():
         time.sleep(POLL_S)
     result.workload_started_while_dirty = bool(pod.pids_by_name) and holder.process.poll() is None
-    while nvml and time.monotonic() < deadline:  # B's worker allocates after its start: wait for it in NVML
+    while nvml and time.monotonic() < deadline:  # B's worker allocates after its start: wait for all of it
         listed = listed_pids(nvml)
         others = {p: b for p, b in listed.items() if p != pid}
-        if pid in listed and others and all(b > 0 for b in others.values()):
+        if pid in listed and sum(others.values()) >= holder.size_mib * MIB:  # B asks A's size
             result.both_holders = {
                 f"stale {pid}": listed[pid] // MIB,
                 **{f"B {p}": b // MIB for p, b in others.items()},
