@@ -5,8 +5,9 @@ alternative, ``nvidia-smi`` asking the same questions (memory used and reserved,
 
 Each command is run as a fresh process (as an init container runs it), alternating, ``--repeat``
 times after one untimed warm-up of each: the gate as the webhook injects it (``python3 -S -I
-preflight.pyz --wait 0``, built here), the gate through the full CLI (``python3 -m gpuzombie
-preflight``), and ``nvidia-smi --query-gpu=memory.used,memory.reserved`` plus ``nvidia-smi
+preflight.pyz --wait 0``, built here), the same with ``site`` (``python3 -I``: every .pth file of
+the image run, as the zipapp did before it looked up site-packages itself), the gate through the
+full CLI (``python3 -m gpuzombie preflight``), and ``nvidia-smi --query-gpu=memory.used,memory.reserved`` plus ``nvidia-smi
 --query-compute-apps=pid,used_memory``. Prints each one's median and spread (min-max, and the
 quartiles) and the ratio of the gate's median to nvidia-smi's; the goal on the H200 is ≤ 0.3 s.
 Writes OUT/bench-preflight.json. The gate must say clean (exit 0) at every run: a dirty or
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     gate = ["--wait", "0", "--termination-log", ""]
     commands = {
         "preflight.pyz (python3 -S -I)": [[sys.executable, "-S", "-I", str(archive), *gate]],
+        "preflight.pyz with site (python3 -I)": [[sys.executable, "-I", str(archive), *gate]],
         "gpuzombie preflight (full CLI)": [[sys.executable, "-m", "gpuzombie", "preflight", *gate]],
         "nvidia-smi (memory + processes)": [SMI_GPU, SMI_APPS],
     }
