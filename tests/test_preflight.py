@@ -96,7 +96,7 @@ def test_memory_held_by_no_listed_process_waits_then_fails_with_a_termination_me
     assert outcome.polls == 6 and len(lines) == 6  # 0, 2, ... 10 s
     message = outcome.message
     assert message is not None and "\n" not in message
-    assert f"GPU 0 ({UUID}): 2048 MiB held after 10 s" in message
+    assert f"GPU 0 ({UUID}): 2048 MiB held with no process listed (another namespace's or gone), after 10 s" in message
     assert "stale holder" in message and "`gpuzombie reap` on gpu-node-7" in message
     assert "GpuzombieStaleGpuHolder" in message
 
@@ -117,7 +117,7 @@ def test_a_listed_process_is_dirty_whatever_it_holds() -> None:
 def test_the_worst_of_several_gpus_is_named_and_the_rest_counted() -> None:
     second = dataclasses.replace(h200(used_mib=615 + 4096), index=1, uuid="GPU-two")
     outcome, _ = gate([snapshot(h200(used_mib=615 + 100), second)], Options(wait_s=0))
-    assert outcome.message is not None and "GPU 1 (GPU-two): 4096 MiB" in outcome.message
+    assert outcome.message is not None and "GPU 1 (GPU-two): 4096 MiB held" in outcome.message
     assert "(+1 more not clean)" in outcome.message
 
 
@@ -244,3 +244,11 @@ def test_the_zipapp_finds_nvidia_ml_py_in_the_venv_without_running_its_pth_files
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert "is not installed" not in done.stdout, done.stdout
     assert done.stderr.strip().splitlines()[-1] == "['pynvml']", done.stderr
+
+
+def test_without_the_drivers_reservation_an_idle_gpu_is_dirty_unless_its_baseline_is_given() -> None:
+    """A driver without NVML's v2 memory info: nothing to subtract, so fail-closed, until the team
+    gives its idle GPU's measured use (--baseline-mib)."""
+    idle = snapshot(dataclasses.replace(h200(), memory_reserved=None))
+    assert gate([idle], Options(wait_s=0))[0].status == DIRTY
+    assert gate([idle], Options(wait_s=0, baseline_bytes=615 * MIB))[0].status == CLEAN

@@ -70,16 +70,18 @@ class GpuCheck:
         return f"{where} ({self.uuid})"
 
 
-def checks_of(snapshot: GpuSnapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES) -> tuple[GpuCheck, ...]:
+def checks_of(
+    snapshot: GpuSnapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, baseline_bytes: int = 0
+) -> tuple[GpuCheck, ...]:
     """Each device of ``snapshot`` judged; an unreadable snapshot, or one without a GPU, is one
     unreadable check (never clean)."""
     if not snapshot.available or not snapshot.devices:
         error = snapshot.reason or "NVML unavailable" if not snapshot.available else NO_GPU
         return (GpuCheck(None, None, None, 0, None, 0, judge(None, error=error), UNREADABLE),)
-    return tuple(_check(d, tolerance_bytes) for d in snapshot.devices)
+    return tuple(_check(d, tolerance_bytes, baseline_bytes) for d in snapshot.devices)
 
 
-def _check(device: GpuDevice, tolerance_bytes: int) -> GpuCheck:
+def _check(device: GpuDevice, tolerance_bytes: int, baseline_bytes: int) -> GpuCheck:
     reading = GpuReading(
         used_bytes=device.memory_used,
         reserved_bytes=device.memory_reserved,
@@ -91,7 +93,7 @@ def _check(device: GpuDevice, tolerance_bytes: int) -> GpuCheck:
     if device.mig is not None:
         instance = f"MIG {device.mig.profile} GI {device.mig.gpu_instance_id}"
         uuid = device.mig.uuids[0] if device.mig.uuids else uuid
-    verdict = judge(reading, tolerance_bytes=tolerance_bytes)
+    verdict = judge(reading, tolerance_bytes=tolerance_bytes, baseline_bytes=baseline_bytes)
     if verdict.clean:
         state = CLEAN
     elif device.processes or verdict.held_bytes > tolerance_bytes:
@@ -110,6 +112,8 @@ class Options:
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     fail_open: bool = False
     node: str | None = None
+    baseline_bytes: int = 0
+    """Subtracted where NVML reports no reservation (no v2 memory info): an idle GPU's measured use."""
 
 
 @dataclass(frozen=True)
@@ -143,15 +147,16 @@ def run_preflight(
     start = clock()
     polls = 0
     while True:
-        checks = checks_of(read(), options.tolerance_bytes)
+        checks = checks_of(read(), options.tolerance_bytes, options.baseline_bytes)
         polls += 1
         elapsed = clock() - start
         progress(poll_line(elapsed, checks))
         if all(c.verdict.clean for c in checks):
             return Outcome(CLEAN, ExitStatus.OK, polls, round(elapsed, 3), checks, None)
-        if elapsed + options.interval_s > options.wait_s:
+        next_at = polls * options.interval_s  # on a fixed grid: a slow read does not cost a poll
+        if next_at > options.wait_s:
             break
-        sleep(options.interval_s)
+        sleep(max(0.0, start + next_at - clock()))
     status = DIRTY if any(c.state == DIRTY for c in checks) else UNREADABLE
     if status == UNREADABLE and options.fail_open:
         message = failure_message(checks, elapsed, options, passed_open=True)
@@ -171,10 +176,7 @@ def failure_message(
     if passed_open:
         head = f"gpuzombie preflight: PASSED OPEN (--fail-open): {worst.label}: {worst.verdict.reason}"
         return escape(head + more, MESSAGE_LIMIT)
-    if worst.state == UNREADABLE:
-        held = f"{worst.label}: not readable after {elapsed_s:.0f} s ({worst.verdict.reason})"
-    else:
-        held = f"{worst.label}: {worst.verdict.held_bytes / MIB:.0f} MiB held after {elapsed_s:.0f} s ({worst.verdict.reason})"
+    held = f"{worst.label}: {worst.verdict.reason}, after {elapsed_s:.0f} s"
     if worst.state == UNREADABLE:
         cause = "the gate fails closed on a GPU it cannot read"
         fix = f"check the NVIDIA driver and device plugin on {node} (alert GpuzombieNvmlUnavailable)"
@@ -312,6 +314,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help=f"memory held beyond the driver's reservation that is still clean (default {DEFAULT_TOLERANCE_BYTES // MIB})",
     )
     ap.add_argument(
+        "--baseline-mib",
+        type=_mib,
+        default=0,
+        metavar="MIB",
+        help="where the driver reports no reservation (no NVML v2 memory info): what an idle GPU shows "
+        "used, subtracted (default 0: such an idle GPU is dirty, fail-closed)",
+    )
+    ap.add_argument(
         "--fail-open",
         action="store_true",
         help="let an UNREADABLE GPU (NVML error, no GPU visible) pass with a warning; a GPU read as dirty "
@@ -343,7 +353,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "gpuzombie preflight"
     if args.interval <= 0:
         print(f"gpuzombie: usage error: --interval must be above 0 (see '{prog} --help')", file=err)
         return ExitStatus.ERROR
-    options = Options(args.wait, args.interval, args.tolerance_mib, args.fail_open, os.environ.get(NODE_ENV) or None)
+    options = Options(
+        args.wait,
+        args.interval,
+        args.tolerance_mib,
+        args.fail_open,
+        os.environ.get(NODE_ENV) or None,
+        args.baseline_mib,
+    )
     backend: NvmlBackend = SnapshotFile(args.nvml_standin) if args.nvml_standin else nvml_backend()
     progress_to = err if args.json else out
 
