@@ -142,7 +142,7 @@ class StandinNvml:
         self._thread.join()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StaleHolder:
     pod_uid: str
     process: subprocess.Popen[bytes]
@@ -204,6 +204,8 @@ def listed_pids(nvml: NvmlBackend | None) -> dict[int, int]:
 
 @dataclasses.dataclass
 class HandoverRun:
+    """What one pod B run showed; filled in as the run goes (returned once it is over)."""
+
     gated: bool
     stale_mib: int
     workload_started_while_dirty: bool
