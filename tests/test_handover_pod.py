@@ -30,6 +30,10 @@ pytestmark = [needs_containerd, pytest.mark.slow]
 REAP_AFTER_S = 6.0
 """Three polls of the gate (every 2 s) before the reap."""
 FREE_TO_RUNNING_BOUND_S = 20.0
+"""Measured here (2026-12-02 06:41-06:43 UTC, 2 cores shared with other helpers' test runs, load 3-5,
+4 runs at d3234ca): 1.34, 1.69, 1.38, 1.33 s free → B's workload running (the gate's 2 s poll, its
+exit, the container's start); the bound is for a loaded machine. reap → free took 5.4-5.7 s: pod A's
+worker ignores SIGTERM, so reap's 5 s --timeout passes before its SIGKILL."""
 """Measured here (2026-12-02, 2 cores shared with other test runs, 3 runs): 1.43, 1.95, 2.64 s free →
 B's workload running (the gate's 2 s poll, its exit, the container's start); the bound is for a
 loaded machine. reap → free took 6.0-6.6 s: pod A's worker ignores SIGTERM, so reap's 5 s
