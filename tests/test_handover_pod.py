@@ -34,10 +34,6 @@ FREE_TO_RUNNING_BOUND_S = 20.0
 4 runs at d3234ca): 1.34, 1.69, 1.38, 1.33 s free → B's workload running (the gate's 2 s poll, its
 exit, the container's start); the bound is for a loaded machine. reap → free took 5.4-5.7 s: pod A's
 worker ignores SIGTERM, so reap's 5 s --timeout passes before its SIGKILL."""
-"""Measured here (2026-12-02, 2 cores shared with other test runs, 3 runs): 1.43, 1.95, 2.64 s free →
-B's workload running (the gate's 2 s poll, its exit, the container's start); the bound is for a
-loaded machine. reap → free took 6.0-6.6 s: pod A's worker ignores SIGTERM, so reap's 5 s
---timeout passes before its SIGKILL."""
 
 
 def test_the_gate_holds_b_until_reap_frees_the_stale_holder(containerd, tmp_path: Path):  # noqa: F811
