@@ -111,7 +111,7 @@ def test_a_gpu_freed_while_waiting_passes_at_the_next_poll() -> None:
 def test_a_listed_process_is_dirty_whatever_it_holds() -> None:
     held = h200(processes=(GpuProcess(pid=7, used_memory=None, kind="compute"),))
     outcome, _ = gate([snapshot(held)], Options(wait_s=0))
-    assert outcome.status == DIRTY and "process of this pod" in (outcome.message or "")
+    assert outcome.status == DIRTY and "a process this container can see holds it" in (outcome.message or "")
 
 
 def test_the_worst_of_several_gpus_is_named_and_the_rest_counted() -> None:

@@ -181,8 +181,8 @@ def failure_message(
         cause = "the gate fails closed on a GPU it cannot read"
         fix = f"check the NVIDIA driver and device plugin on {node} (alert GpuzombieNvmlUnavailable)"
     elif worst.processes:
-        cause = "a process of this pod holds it before the workload started"
-        fix = "look at this pod's other init containers and sidecars"
+        cause = "a process this container can see holds it (from a pod: one of the pod's own, started before the gate)"
+        fix = f"look at this pod's init containers and sidecars; `gpuzombie trace` on {node} names the holder"
     else:
         cause = "likely a stale holder of a deleted pod (or a foreign or D-state process) on the node"
         fix = f"run `gpuzombie reap` on {node} (alerts {ALERTS})"
