@@ -221,6 +221,8 @@ def test_node_image_ships_what_the_webhooks_init_container_copies():
     install = next(i for i, r in enumerate(runs) if "pip install" in r)
     hook = next(i for i, r in enumerate(runs) if "gpuzombie.prestop.zipapp /opt/gpuzombie/prestop.pyz" in r)
     assert install < hook and re.search(r"apt-get install .*\btini\b", runs[hook])
+    gate = next(i for i, r in enumerate(runs) if "zipapp --app preflight /opt/gpuzombie/preflight.pyz" in r)
+    assert install < gate  # the handover gate the webhook's preflight container runs (docs/handover.md)
     assert importlib.util.find_spec("gpuzombie.prestop.zipapp") is not None
 
 
@@ -299,3 +301,6 @@ def test_the_node_images_commands_run_and_lab_is_no_command(node_tree):
     hook = run_in(node_tree, "-m", "gpuzombie.prestop.zipapp", str(node_tree / "prestop.pyz"))
     assert hook.returncode == 0, hook.stderr
     assert run_in(node_tree, "-S", "-I", str(node_tree / "prestop.pyz"), "--help").returncode == 0
+    gate = run_in(node_tree, "-m", "gpuzombie.prestop.zipapp", "--app", "preflight", str(node_tree / "preflight.pyz"))
+    assert gate.returncode == 0, gate.stderr
+    assert run_in(node_tree, "-S", "-I", str(node_tree / "preflight.pyz"), "--help").returncode == 0

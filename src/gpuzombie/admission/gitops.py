@@ -30,8 +30,8 @@ from gpuzombie.k8s import podspec
 DOCUMENT_MARKER = re.compile(r"^---(?=[ \t\r\n]|$)")
 """A line that starts a document: ``---`` at column 0 followed by a blank or the end (YAML 1.2 §9.1.4:
 it cannot start a content line, so splitting there never cuts a scalar)."""
-NEEDS_IMAGE = ("tini:", "prestop:")
-"""Actions that add the install init container, and so need its image."""
+NEEDS_IMAGE = ("tini:", "prestop:", "preflight")
+"""Actions that add an init container of gpuzombie's image (the install one, the preflight gate)."""
 
 
 class PatchError(ValueError):

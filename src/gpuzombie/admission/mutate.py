@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuzombie import __version__
-from gpuzombie.admission import rules
+from gpuzombie.admission import preflight, rules
 from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
 INJECTED = f"{DOMAIN}/injected"
-OPT_INS = ("prestop", "grace-seconds", "torchrun-shutdown")
+OPT_INS = ("prestop", "grace-seconds", "torchrun-shutdown", "preflight")
 """Opt-in keys: the pod annotation ``gpuzombie.dev/<key>``, or a namespace default (--opt-in)."""
 VOLUME = "gpuzombie-bin"
 MOUNT = "/.gpuzombie"
@@ -59,6 +59,8 @@ class Policy:
     """kube-system, and the webhook's own namespace (the CLI adds it)."""
     namespace_opt_ins: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """namespace -> {opt-in key: value}, the defaults of the pod annotations."""
+    preflight: bool = False
+    """The handover gate for every GPU pod (--preflight); ``gpuzombie.dev/preflight: "false"`` opts out."""
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,9 @@ def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) 
     if isinstance(volumes, list) and any(isinstance(v, Mapping) and v.get("name") == VOLUME for v in volumes):
         return f"already mutated (volume {VOLUME})"
     every = _every_container(spec)
-    if any(isinstance(c, Mapping) and c.get("name") == INIT_CONTAINER for c in every):
-        return f"a container is named {INIT_CONTAINER} already"
+    for ours in (INIT_CONTAINER, preflight.CONTAINER):
+        if any(isinstance(c, Mapping) and c.get("name") == ours for c in every):
+            return f"a container is named {ours} already"
     os_name = spec.get("os", {}).get("name") if isinstance(spec.get("os"), Mapping) else None
     if os_name == "windows":
         return "a Windows pod"
@@ -194,6 +197,7 @@ class _Plan:
     wrap: list[Container] = field(default_factory=list)
     hooks: list[Container] = field(default_factory=list)
     torchrun: list[tuple[Container, int]] = field(default_factory=list)
+    gate: preflight.GateGpus | None = None
     actions: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -215,9 +219,14 @@ def _own_wait(c: Container) -> float:
     return hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
 
 
-def _plan(pod: PodSpec, opt_ins: Mapping[str, str], mode: Mode, budget: rules.Budget) -> _Plan:
+def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rules.Budget) -> _Plan:
+    mode = policy.mode
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
     plan = _Plan(grace=pod.grace_seconds)
+    if opt_ins.get("preflight", "true" if policy.preflight else "").lower() == "true":
+        plan.gate, why_not = preflight.gate_gpus(pod)
+        plan.actions += ["preflight"] if plan.gate else []
+        plan.warnings += [why_not] if why_not else []
     gpu = pod.gpu_containers
     longest_wait = max((_own_wait(c) for c in gpu), default=0.0)
     if grace is not None and grace <= longest_wait:  # GZ004: the kubelet would kill the pod's own hook
@@ -293,12 +302,18 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
-    inserted = bool(plan.wrap or plan.hooks)  # the install container went in at initContainers/0
+    if plan.gate is not None:  # first of all: nothing of the pod runs before the GPU is known clean
+        gate = preflight.gate_container(image, plan.gate)
+        if (isinstance(spec.get("initContainers"), list) and spec["initContainers"]) or plan.wrap or plan.hooks:
+            ops.append({"op": "add", "path": "/spec/initContainers/0", "value": gate})
+        else:
+            ops.append({"op": "add", "path": "/spec/initContainers", "value": [gate]})
+    inserted = int(bool(plan.wrap or plan.hooks)) + int(plan.gate is not None)  # at initContainers/0
 
     def where(c: Container) -> str:
-        """The container's pointer once the install container is in (an init container's moves)."""
-        if inserted and c.kind.field == "initContainers":
-            return f"/spec/initContainers/{c.index + 1}"
+        """The container's pointer once ours are in (an init container's moves)."""
+        if c.kind.field == "initContainers":
+            return f"/spec/initContainers/{c.index + inserted}"
         return c.pointer
 
     wrapped, hooked = {c.pointer for c in plan.wrap}, {c.pointer for c in plan.hooks}
@@ -344,7 +359,7 @@ def mutate(
     spec = rules.read(pod["spec"], budget, annotations=_annotations(pod), context=gpus)
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
-    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy.mode, budget)
+    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy, budget)
     if not plan.actions:
         return _none(*plan.warnings)
     described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]
@@ -417,4 +432,5 @@ def _describe(action: str) -> str:
         "prestop": f"add the gpuzombie preStop hook to container {detail}",
         "torchrun-shutdown": f"set {rules.TORCHRUN_SHUTDOWN_ENV} in container {detail} below the grace",
         "grace": f"set terminationGracePeriodSeconds: {detail}",
+        "preflight": f"add the preflight gate ({preflight.CONTAINER}) first: the pod waits until its GPUs are clean",
     }[what]

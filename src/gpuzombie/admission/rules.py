@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.admission import preflight
 from gpuzombie.k8s.podspec import SHELLS, Container, GpuContext, PodSpec, read_pod_spec
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
@@ -644,7 +645,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1) -> Finding | None:
 
 
 def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
-    if pod.share_process_namespace or pod.host_pid:
+    if pod.share_process_namespace or pod.host_pid or preflight.is_gate(c):
         return  # PID 1 is the pod's pause (or the host's init): it reaps, and SIGTERM reaches the workload
     if c.argv_known:
         pid1 = analyse_argv(c.words)

@@ -42,11 +42,19 @@ def _opt_ins(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
     return out
 
 
-def _policy(mode: str, image: str, namespace: str | None, skip: tuple[str, ...], opt_ins: Any) -> Any:
+def _policy(
+    mode: str, image: str, namespace: str | None, skip: tuple[str, ...], opt_ins: Any, preflight: bool = False
+) -> Any:
     from gpuzombie.admission.mutate import ALWAYS_SKIPPED_NAMESPACES, Mode, Policy
 
     skipped = ALWAYS_SKIPPED_NAMESPACES | set(skip) | ({namespace} if namespace else set())
-    return Policy(image=image, mode=Mode(mode), skip_namespaces=frozenset(skipped), namespace_opt_ins=opt_ins)
+    return Policy(
+        image=image,
+        mode=Mode(mode),
+        skip_namespaces=frozenset(skipped),
+        namespace_opt_ins=opt_ins,
+        preflight=preflight,
+    )
 
 
 def _configured_image(image: str | None, config: str | None) -> str | None:
@@ -101,7 +109,7 @@ def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_cla
             raise GpuzombieError(f"{shown}: {exc}") from exc
         if result.needs_image and not policy.image:
             raise GpuzombieError(
-                f"{shown}: {result.needs_image[0]}: the fix adds the init container that copies tini: "
+                f"{shown}: {result.needs_image[0]}: the fix adds an init container of gpuzombie's image: "
                 "give its image with --image, GPUZOMBIE_WEBHOOK_IMAGE or --config FILE (image: ...)"
             )
         results.append((path, text, result))
@@ -213,7 +221,8 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     "--image",
     envvar="GPUZOMBIE_WEBHOOK_IMAGE",
     metavar="IMAGE",
-    help="Image of the injected init container (ships /usr/bin/tini-static and /opt/gpuzombie/prestop.pyz): "
+    help="Image of the injected init containers (ships /usr/bin/tini-static, /opt/gpuzombie/prestop.pyz and "
+    "/opt/gpuzombie/preflight.pyz): "
     "required to serve, and for a --patch that adds it; no default. Env: GPUZOMBIE_WEBHOOK_IMAGE.",
 )
 @click.option(
@@ -229,7 +238,14 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     callback=_opt_ins,
     metavar="NS:KEY=VALUE",
     help="A namespace's default for the pod annotation gpuzombie.dev/KEY: prestop=true, grace-seconds=N, "
-    "torchrun-shutdown=true (repeatable; a pod's annotation wins).",
+    "torchrun-shutdown=true, preflight=true (repeatable; a pod's annotation wins).",
+)
+@click.option(
+    "--preflight",
+    is_flag=True,
+    help="Inject the handover gate (gpuzombie preflight, first init container) into every GPU pod, not "
+    'only those opted in; a pod annotated gpuzombie.dev/preflight: "false" is left out; shared GPUs never '
+    "(docs/handover.md).",
 )
 @gpu_device_class_option
 @tls_reload_option
@@ -276,6 +292,7 @@ def command(
     namespace: str | None,
     skip_namespace: tuple[str, ...],
     opt_in: dict[str, dict[str, str]],
+    preflight: bool,
     max_body_bytes: int,
     review_seconds: float,
     max_reviews: int,
@@ -297,7 +314,7 @@ def command(
     unreadable, encrypted or expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
     """
     chosen = _configured_image(image, config)
-    policy = _policy(mode, chosen or "", namespace, skip_namespace, opt_in)
+    policy = _policy(mode, chosen or "", namespace, skip_namespace, opt_in, preflight)
     if in_place and not patch_sources:
         raise click.UsageError("--in-place goes with --patch")
     if patch_sources:

@@ -5,7 +5,8 @@ this module says which fields the lab applies and turns the spec into what the l
 
 Every field of the manifest is one of three kinds, and nothing is skipped silently:
 
-* applied: containers and init containers (command, args, env values), emptyDir (also medium
+* applied: containers and init containers (command, args, env values and ``spec.nodeName`` from
+  the downward API: this host's name), emptyDir (also medium
   Memory, with sizeLimit) and hostPath volumes, volumeMounts (readOnly), shareProcessNamespace,
   ``lifecycle.preStop`` exec and sleep, terminationGracePeriodSeconds, the securityContext fields a
   runtime enforces (runAsUser, runAsGroup, runAsNonRoot, readOnlyRootFilesystem,
@@ -22,6 +23,7 @@ its ENTRYPOINT is empty, so a container's argv is ``command + args``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,9 +288,35 @@ def _check_tree(data: object, where: str, applied: Mapping[str, Any], seen: list
         _check_tree(value, f"{where}.{key}", applied[key], seen)
 
 
+NODE_FIELD = "spec.nodeName"
+"""The one downward-API field the lab gives (the webhook's preflight gate names the node with it):
+this host's name, the lab node's."""
+
+
 def _check_env(data: object, where: str, seen: list[str]) -> None:
     for i, item in enumerate(sequence(data, where)):
-        _check_keys(mapping(item, f"{where}[{i}]"), f"{where}[{i}]", {"name", "value"}, set(), seen)
+        here = f"{where}[{i}]"
+        entry = mapping(item, here)
+        _check_keys(entry, here, {"name", "value", "valueFrom"}, set(), seen)
+        if "valueFrom" in entry:
+            source = mapping(entry["valueFrom"], f"{here}.valueFrom")
+            _check_keys(source, f"{here}.valueFrom", {"fieldRef"}, set(), seen)
+            ref = mapping(source["fieldRef"], f"{here}.valueFrom.fieldRef")
+            _check_keys(ref, f"{here}.valueFrom.fieldRef", {"fieldPath", "apiVersion"}, set(), seen)
+            if ref.get("fieldPath") != NODE_FIELD:
+                raise ManifestError(
+                    f"{here}.valueFrom.fieldRef.fieldPath: {ref.get('fieldPath')!r} not supported by gpuzombie "
+                    f"lab pod (only {NODE_FIELD})"
+                )
+
+
+def _node_fields(data: object, node: str) -> dict[str, str]:
+    """The variables set from ``spec.nodeName`` (checked by ``_check_env``)."""
+    return {
+        item["name"]: node
+        for item in sequence(data, "env")
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str) and "valueFrom" in item
+    }
 
 
 def _mounts(data: object, where: str, volumes: set[str], seen: list[str]) -> tuple[Mount, ...]:
@@ -329,7 +357,7 @@ def _container(c: podspec.Container, volumes: set[str], pod_security: Security, 
         image=str(c.raw.get("image", "")),
         argv=argv,
         command_given=c.argv_known,
-        env=tuple(c.env.items()),
+        env=tuple({**c.env, **_node_fields(c.raw.get("env"), os.uname().nodename)}.items()),
         mounts=_mounts(c.raw.get("volumeMounts"), f"{where}.volumeMounts", volumes, seen),
         prestop=c.prestop,
         resources=_resources(c.raw.get("resources"), f"{where}.resources", seen),

@@ -28,6 +28,7 @@ from gpuzombie.lab.runtime.cri import (
 from gpuzombie.lab.runtime.manifestpod import (
     HOOK_PATH,
     LAB_PYTHON_BIN,
+    PREFLIGHT_PATH,
     TINI_STATIC,
     ManifestPod,
     PodRunConfig,
@@ -76,7 +77,9 @@ def lab_notes(manifest: PodManifest, config: PodRunConfig) -> list[str]:
     notes = [IMAGE_NOTE, ENTRYPOINT_NOTE, NETWORK_NOTE, DEFAULTS_NOTE]
     python3 = shutil.which("python3", path=LAB_PYTHON_BIN) or shutil.which("python3", path="/usr/local/bin:/usr/bin")
     notes.append(f"python3 in a container is the lab's ({python3}, as the scenarios run it), the project on PYTHONPATH")
-    notes.append(f"the fast preStop hook is built fresh and mounted read-only at {HOOK_PATH}")
+    notes.append(
+        f"the fast preStop hook and the preflight gate are built fresh, read-only at {HOOK_PATH}, {PREFLIGHT_PATH}"
+    )
     gpus = sum(c.resources.gpus for c in manifest.containers)
     if gpus:
         notes.append(

@@ -1,6 +1,7 @@
 """Build the fast preStop hook: a self-contained, stdlib-only zipapp of ``gpuzombie.prestop``.
 
     python -m gpuzombie.prestop.zipapp OUT.pyz
+    python -m gpuzombie.prestop.zipapp --app preflight OUT.pyz   # the handover gate, the same way
 
 The admission webhook's init container copies it beside tini, and the injected hook runs it as
 ``python3 -S -I <dir>/prestop.pyz``: no site (a training image's site-packages with torch's .pth
@@ -32,17 +33,30 @@ OPTIONAL = frozenset({"pynvml"})
 """Imported lazily and only when NVML is asked (a missing one is a reported state, not an error)."""
 OLDEST = (3, 10)
 """The oldest Python the hook's sources run on (a training image's python3 may be older than ours)."""
-MAIN = f"""\
+_VERSION_CHECK = f"""\
 import sys
 
 if sys.version_info < {OLDEST!r}:
-    print("gpuzombie: error: prestop.pyz needs Python >= {".".join(map(str, OLDEST))}, this is "
+    print("gpuzombie: error: this archive needs Python >= {".".join(map(str, OLDEST))}, this is "
           + sys.version.split()[0], file=sys.stderr)
     sys.exit(2)
-from gpuzombie.prestop.hook import main
+"""
+MAIN = (
+    _VERSION_CHECK
+    + """from gpuzombie.prestop.hook import main
 
 sys.exit(main(prog="python3 -S -I prestop.pyz", nvml_default="undecided"))
 """
+)
+PREFLIGHT_MAIN = (
+    _VERSION_CHECK
+    + """from gpuzombie.handover.preflight import main
+
+sys.exit(main(prog="python3 -S -I preflight.pyz"))
+"""
+)
+APPS = {"prestop": (ENTRY, MAIN), "preflight": ("gpuzombie.handover.preflight", PREFLIGHT_MAIN)}
+"""The archives this builds: the preStop hook, and the handover gate's preflight (docs/handover.md)."""
 
 
 class ZipappError(Exception):
@@ -136,15 +150,17 @@ def _entries(modules: dict[str, Path]) -> Iterable[tuple[str, bytes]]:
         yield name + "c", _bytecode(path, name)
 
 
-def build(out: str | os.PathLike[str], *, interpreter: str | None = None) -> Path:
-    """Write the archive to ``out`` (atomically: a half-written hook is never run); its path."""
-    modules = hook_modules()
+def build(out: str | os.PathLike[str], *, interpreter: str | None = None, app: str = "prestop") -> Path:
+    """Write the archive of ``app`` (one of APPS) to ``out`` (atomically: a half-written hook is never
+    run); its path."""
+    entry, main = APPS[app]
+    modules = hook_modules(entry)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, data in _entries(modules):
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
             zf.writestr(info, data)
-        zf.writestr(zipfile.ZipInfo("__main__.py", date_time=(1980, 1, 1, 0, 0, 0)), MAIN)
+        zf.writestr(zipfile.ZipInfo("__main__.py", date_time=(1980, 1, 1, 0, 0, 0)), main)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -160,14 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuzombie.prestop.zipapp", description=__doc__.split("\n")[0])
     ap.add_argument("out", help="the archive to write, e.g. /opt/gpuzombie/prestop.pyz")
     ap.add_argument("--list", action="store_true", help="print the modules put in it")
+    ap.add_argument("--app", choices=sorted(APPS), default="prestop", help="which archive (default prestop)")
     args = ap.parse_args(argv)
     try:
-        path = build(args.out)
+        path = build(args.out, app=args.app)
     except (ZipappError, OSError, SyntaxError) as exc:
         print(f"gpuzombie: error: {exc}", file=sys.stderr)
         return 2
     if args.list:
-        print("\n".join(sorted(hook_modules())))
+        print("\n".join(sorted(hook_modules(APPS[args.app][0]))))
     print(f"{path} ({path.stat().st_size} bytes)")
     return 0
 

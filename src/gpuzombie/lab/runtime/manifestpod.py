@@ -12,8 +12,8 @@ Every image is the lab's (busybox with the host's directories mounted read-only,
 whose ENTRYPOINT is empty. ``python3`` in a container is the lab's own (its directory is on PATH
 after the image's /bin), with the project on PYTHONPATH, as the scenarios run it. The fast preStop
 hook is built fresh and mounted read-only at ``/opt/gpuzombie/prestop.pyz`` in every container, as
-the gpuzombie node image ships it, so a manifest patched by ``gpuzombie webhook --patch`` runs
-unchanged.
+the gpuzombie node image ships it (and the preflight gate at ``/opt/gpuzombie/preflight.pyz``), so
+a manifest patched by ``gpuzombie webhook --patch`` runs unchanged.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ from gpuzombie.prestop.zipapp import build as build_hook
 
 HOOK_PATH = "/opt/gpuzombie/prestop.pyz"
 """Where the node image has the fast hook; lab pod mounts a fresh build there."""
+PREFLIGHT_PATH = "/opt/gpuzombie/preflight.pyz"
+"""Where the node image has the handover gate (the webhook's injected init container runs it); lab
+pod mounts a fresh build there too."""
 TINI_STATIC = "/usr/bin/tini-static"
 """Debian's tini package: the webhook's init container copies it from the node image."""
 LAB_PYTHON_BIN = os.path.dirname(sys.executable)
@@ -170,6 +173,7 @@ class ManifestPod:
         self.workdir = Path(tempfile.mkdtemp(prefix="pod-", dir=runtime.state_dir))
         try:
             self.hook = str(build_hook(self.workdir / "hook" / "prestop.pyz"))
+            self.preflight = str(build_hook(self.workdir / "hook" / "preflight.pyz", app="preflight"))
             os.chmod(self.workdir, 0o755)
             os.chmod(self.workdir / "hook", 0o755)
             self.volumes = PodVolumes(self.workdir, manifest.volumes, config.host_paths)
@@ -201,6 +205,7 @@ class ManifestPod:
         taken = {m.container_path for m in base}
         base += [BindMount(p, p, readonly=True) for p in _opt_children() if p not in taken]
         base.append(BindMount(self.hook, HOOK_PATH, readonly=True))
+        base.append(BindMount(self.preflight, PREFLIGHT_PATH, readonly=True))
         base += self.extra_mounts
         base += [BindMount(self.volumes.paths[m.volume], m.path, readonly=self.read_only(m)) for m in c.mounts]
         return tuple(base)
