@@ -31,6 +31,8 @@ if [ "$base" = "$LOCAL_BASE" ] && ! "${PODMAN[@]}" image exists "$LOCAL_BASE"; t
     "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" \
     || { tail -5 "$work/debootstrap.log" >&2; exit 1; }
   rm -f "$work"/rootfs/usr/lib/python3*/EXTERNALLY-MANAGED
+  # debootstrap leaves its .debs (44 MB) and apt's caches behind; an image has no use for them.
+  rm -rf "$work"/rootfs/var/cache/apt/archives/*.deb "$work"/rootfs/var/cache/apt/*.bin "$work"/rootfs/var/lib/apt/lists/*
   cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
   tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$LOCAL_BASE" >/dev/null
 fi
@@ -39,7 +41,12 @@ LIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)  # what this sandbox
   -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
   --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
   -t "$IMAGE" .
-# The two files the webhook's init container copies (ADMISSION-CONTRACT.md) must be in the image.
-"${PODMAN[@]}" run --rm "${LIMITS[@]}" --entrypoint /bin/sh "$IMAGE" -c 'test -x /usr/bin/tini-static && python3 -S -I /opt/gpuzombie/prestop.pyz --help >/dev/null' \
-  || { echo "build-image: $IMAGE lacks /usr/bin/tini-static or a working /opt/gpuzombie/prestop.pyz" >&2; exit 1; }
+# The smoke test: a container of the image starts, and has the two files the webhook's init container
+# copies (ADMISSION-CONTRACT.md). Each failure says which: a runtime that cannot start a container is
+# the machine's problem, not the image's.
+smoke() { "${PODMAN[@]}" run --rm "${LIMITS[@]}" --entrypoint /bin/sh "$IMAGE" -c "$1" 2>&1; }
+out=$(smoke 'exit 0') || { echo "build-image: $IMAGE was built, but podman cannot start a container of it here: $(echo "$out" | tail -1)" >&2; exit 1; }
+out=$(smoke 'test -x /usr/bin/tini-static') || { echo "build-image: $IMAGE lacks an executable /usr/bin/tini-static" >&2; exit 1; }
+out=$(smoke 'python3 -S -I /opt/gpuzombie/prestop.pyz --help >/dev/null') \
+  || { echo "build-image: $IMAGE: /opt/gpuzombie/prestop.pyz --help fails: $(echo "$out" | tail -1)" >&2; exit 1; }
 echo "built $IMAGE (base $base); push: podman tag $IMAGE REGISTRY/gpu-zombie/gpuzombie-node:$version && podman push ..." >&2
