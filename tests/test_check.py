@@ -275,4 +275,4 @@ def test_the_readmes_prevent_it_commands_run_as_shown():
 def test_without_the_admission_extra_one_line_says_what_to_install(argv):
     probe = f"import sys; sys.modules['yaml'] = None\nfrom gpuzombie.cli.main import main\nsys.exit(main({argv!r}))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert "pip install 'gpuzombie[admission]'" in one_line_error(done)
+    assert ".venv/bin/pip install -e '.[admission]'" in one_line_error(done)

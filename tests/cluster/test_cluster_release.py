@@ -87,7 +87,9 @@ def test_the_injected_image_follows_the_image_values(helm_binary):
     (deployment,) = [o for o in render(helm_binary, values) if o["kind"] == "Deployment"]
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     command = c["command"]
-    assert command[command.index("--image") + 1] == c["image"] == "harbor.example.org/gpu-zombie/gpuzombie-node:0.1.0-abc"
+    assert (
+        command[command.index("--image") + 1] == c["image"] == "harbor.example.org/gpu-zombie/gpuzombie-node:0.1.0-abc"
+    )
 
 
 def test_the_review_bounds_reach_the_cli(helm_binary):
@@ -96,7 +98,9 @@ def test_the_review_bounds_reach_the_cli(helm_binary):
     from gpuzombie.cli.webhook import command
 
     bounds = {"reviewSeconds": 0.8, "maxReviews": 4, "maxBodyBytes": 8388608, "maxBodyBytesHeld": 33554432}
-    (deployment,) = [o for o in render(helm_binary, {"webhook": {"enabled": True, **bounds}}) if o["kind"] == "Deployment"]
+    (deployment,) = [
+        o for o in render(helm_binary, {"webhook": {"enabled": True, **bounds}}) if o["kind"] == "Deployment"
+    ]
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     argv = [a.replace("$(POD_IP)", "10.0.0.7") for a in c["command"][2:]]
     params = command.make_context("webhook", argv).params

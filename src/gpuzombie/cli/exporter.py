@@ -21,7 +21,7 @@ from gpuzombie.cli.common import (
     tls_reload_option,
     trust_runtime_option,
 )
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.liveness import PodLister
@@ -40,9 +40,7 @@ def _import_exporter() -> Any:
     try:
         from gpuzombie import exporter
     except ImportError as exc:
-        raise GpuzombieError(
-            f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' ({exc})"
-        ) from exc
+        raise GpuzombieError(needs_extra("the exporter", "exporter", exc)) from exc
     return exporter
 
 

@@ -22,21 +22,18 @@ from gpuzombie.cli.common import (
     procfs_option,
     trust_runtime_option,
 )
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.units import MIB
-
-INSTALL_HINT = (
-    "the full-screen view needs Textual: in the gpuzombie clone run .venv/bin/pip install -e '.[top]' "
-    "(--once prints one frame without it)"
-)
 
 
 def _app_module() -> Any:
     try:
         from gpuzombie.top import app
     except ImportError as exc:
-        raise GpuzombieError(f"{INSTALL_HINT} ({exc})") from exc
+        raise GpuzombieError(
+            needs_extra("the full-screen view (--once prints one frame without it)", "top", exc)
+        ) from exc
     return app
 
 
