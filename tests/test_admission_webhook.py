@@ -240,6 +240,9 @@ def test_the_cli_serves_https_and_stops_on_sigterm(pki):
 def test_the_cli_refuses_to_serve_without_tls_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpuzombie", "webhook"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--tls-cert" in done.stderr and "Traceback" not in done.stderr
+    alone = [sys.executable, "-m", "gpuzombie", "webhook", "--tls-cert", str(tmp_path / "no.pem")]
+    done = subprocess.run(alone, capture_output=True, text=True, timeout=60)  # common.server_options, as the exporter
+    assert done.returncode == 2 and "give --tls-cert and --tls-key together" in done.stderr
     missing = [str(tmp_path / "no.pem"), str(tmp_path / "no.key")]
     done = subprocess.run(
         webhook_argv(missing[0], missing[1]),
