@@ -66,3 +66,32 @@ def test_a_missing_extra_names_the_install_from_the_clone(tmp_path, argv, hidden
     pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation"]
     resolved = subprocess.run([*pip, *install[2:]], capture_output=True, text=True, timeout=240, cwd=REPO)
     assert resolved.returncode == 0 and "does not provide the extra" not in resolved.stderr, resolved.stderr
+
+
+def _every_command(group=None, path=()):
+    """(path, click command) of every command and subcommand, as `gpuzombie ... --help` reaches them."""
+    import click
+
+    from gpuzombie.cli.main import cli
+
+    group = group or cli
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _every_command(command, (*path, name))
+
+
+def test_every_command_the_help_texts_name_exists():
+    """A `gpuzombie X Y` in any --help text (or an install line in one) names a command there is."""
+    import click
+
+    commands = dict(_every_command())
+    for path, command in commands.items():
+        text = command.get_help(click.Context(command, info_name=" ".join(("gpuzombie", *path))))
+        assert "gpuzombie[" not in text, path
+        for named in re.findall(r"\bgpuzombie((?: [a-z][a-z-]*)+)", text):
+            words = tuple(named.split())
+            known = [words[:n] for n in range(len(words), 0, -1) if words[:n] in commands]
+            assert known, f"gpuzombie {' '.join(path)} --help names 'gpuzombie{named}', which is no command"
