@@ -106,3 +106,13 @@ def test_the_review_bounds_reach_the_cli(helm_binary):
     params = command.make_context("webhook", argv).params
     assert (params["review_seconds"], params["max_reviews"]) == (0.8, 4)
     assert (params["max_body_bytes"], params["max_body_bytes_held"]) == (8388608, 33554432)
+
+
+def test_the_library_default_image_is_the_charts_default(helm_binary):
+    """mutate.Policy() (a library caller's) injects what the chart's image values render by default
+    (what `make image` tags), so the two never name different images."""
+    from gpuzombie.admission.mutate import Policy
+
+    (deployment,) = [o for o in render(helm_binary, {"webhook": {"enabled": True}}) if o["kind"] == "Deployment"]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert Policy().image == command[command.index("--image") + 1] == "localhost/gpu-zombie/gpuzombie-node:0.1.0"
