@@ -135,11 +135,9 @@ def tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     return value
 
 
-def server_options(
-    *, cert_help: str, read_timeout: float, max_connections: int, max_connections_help: str
-) -> Callable[[CommandFn], CommandFn]:
-    """The options every HTTPS server of gpuzombie shares (the exporter, the webhook): its certificate
-    and key (given together), the hidden reload interval, and its two connection bounds."""
+def server_options(*, cert_help: str, read_timeout: float, max_connections: int) -> Callable[[CommandFn], CommandFn]:
+    """The options every server of gpuzombie (serving.Server: the exporter, the webhook) shares: its
+    certificate and key (given together), the hidden reload interval, and its two connection bounds."""
     pem = click.Path(dir_okay=False)
 
     def decorate(fn: CommandFn) -> CommandFn:
@@ -165,7 +163,8 @@ def server_options(
                     default=max_connections,
                     show_default=True,
                     metavar="N",
-                    help=max_connections_help,
+                    help="Serve at most N connections at once; at the bound a new one evicts the oldest "
+                    "still sending its request.",
                 ),
             ),
         )

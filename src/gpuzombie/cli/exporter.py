@@ -113,8 +113,6 @@ def serving_options(fn: Any) -> Any:
         cert_help="Serve HTTPS with this certificate.",
         read_timeout=10.0,
         max_connections=32,
-        max_connections_help="Serve at most N connections at once; at the bound a new one evicts the oldest "
-        "still sending its request.",
     )
     client_ca = click.option(
         "--tls-client-ca",

@@ -232,7 +232,6 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     cert_help="Server certificate (required to serve).",
     read_timeout=5.0,
     max_connections=64,
-    max_connections_help="Serve at most N connections at once (the API server retries past it).",
 )
 @click.option(
     "--max-body-bytes",
