@@ -47,9 +47,11 @@ TENANT_UID = 1000
 PODS = {"uid1000": TENANT_UID, "root": 0}
 
 
-def chart_capabilities() -> tuple[str, ...]:
-    """The capabilities the chart's DaemonSet adds after dropping ALL, lower case as setpriv takes them."""
+def chart_capabilities(*, reaping: bool = False) -> tuple[str, ...]:
+    """The capabilities the chart's DaemonSet adds after dropping ALL, lower case as setpriv takes them;
+    ``reaping``: with ``exporter.reapStaleAfter`` set (the template's one conditional capability)."""
     (added,) = re.findall(r"^\s*add: \[(.*)\]$", CHART_DAEMONSET.read_text(), re.MULTILINE)
+    added = re.sub(r"\{\{ if [^}]*\}\}(.*?)\{\{ end \}\}", r"\1" if reaping else "", added)
     return tuple(sorted(json.loads(f"[{added}]")))
 
 

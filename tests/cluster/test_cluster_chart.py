@@ -167,6 +167,16 @@ def test_agent_pod_is_least_privilege_and_reads_the_host_read_only(helm_binary):
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
 
 
+def test_reap_stale_after_is_off_by_default_and_on_adds_the_flag_and_kill(helm_binary):
+    (off,) = pod_spec(render(helm_binary))["containers"]
+    assert "--reap-stale-after" not in off["args"] and "KILL" not in off["securityContext"]["capabilities"]["add"]
+    (on,) = pod_spec(render(helm_binary, {"exporter": {"reapStaleAfter": "10m"}}))["containers"]
+    assert on["args"][on["args"].index("--reap-stale-after") + 1] == "10m"
+    assert on["securityContext"]["capabilities"]["add"] == ["DAC_READ_SEARCH", "SYS_PTRACE", "KILL"]
+    refused = helm(helm_binary, "template", "x", str(CHART), values={"exporter": {"reapStaleAfter": "ten minutes"}})
+    assert refused.returncode != 0 and "reapStaleAfter" in refused.stderr
+
+
 def test_agent_pod_probes_placement_and_priority(helm_binary):
     objects = render(helm_binary)
     ds = by_kind(objects)["DaemonSet"]

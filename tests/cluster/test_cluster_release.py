@@ -65,10 +65,21 @@ def test_one_release_runs_the_exporter_the_webhook_or_both(helm_binary, run, ope
         assert ("gpuzombie" in groups) is (run != "webhook"), groups
 
 
+def test_a_release_of_the_policy_alone_has_no_agent(helm_binary):
+    """policy.enabled (the MutatingAdmissionPolicy) with the exporter off: the policy, its binding and
+    the admission audit alert; no DaemonSet."""
+    values = {"exporter": {"enabled": False}, "policy": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    objects = render(helm_binary, values, namespace="gpuzombie")
+    kinds = {o["kind"] for o in objects}
+    assert "DaemonSet" not in kinds and "MutatingAdmissionPolicy" in kinds, kinds
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuzombie-admission"]
+
+
 def test_a_release_of_nothing_fails_with_one_line(helm_binary):
     got = helm(helm_binary, "template", "gpuzombie", str(CHART), values={"exporter": {"enabled": False}})
     assert got.returncode != 0
-    assert "nothing to install: exporter.enabled and webhook.enabled are both false" in got.stderr
+    assert "nothing to install: exporter.enabled, webhook.enabled and policy.enabled are all false" in got.stderr
 
 
 @pytest.mark.parametrize("run", list(RUNS))

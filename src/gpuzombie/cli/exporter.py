@@ -3,6 +3,7 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -33,6 +34,21 @@ def _listen(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) 
         raise click.BadParameter(str(exc)) from exc
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smh]?)")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """``90``, ``90s``, ``10m``, ``1h`` as seconds (at least 1)."""
+    if value is None:
+        return None
+    match = _DURATION.fullmatch(value.strip())
+    seconds = float(match.group(1)) * _SECONDS[match.group(2)] if match else 0.0
+    if seconds < 1:
+        raise click.BadParameter(f"{value!r} is no duration of 1 s or more (e.g. 90s, 10m, 1h)")
+    return seconds
+
+
 def _import_exporter() -> Any:
     try:
         from gpuzombie import exporter
@@ -56,6 +72,44 @@ def _warn_on_change(exporter: Any, echo: Any, *, errors: bool) -> Any:
             echo(f"gpuzombie exporter: {line}")
 
     return on_result
+
+
+def _both(first: Any, second: Any) -> Any:
+    def both(result: Any) -> None:
+        first(result)
+        second(result)
+
+    return both
+
+
+def _reaper(
+    exporter: Any,
+    after: float,
+    procfs: str,
+    nvml: Any,
+    echo: Any,
+    cri_socket: str | None,
+    cri_timeout: float,
+    pod_resources_socket: str,
+    trust_runtime: bool,
+) -> Any:
+    """The StaleReaper, reaping as ``gpuzombie reap --yes --pod-uid`` does (``run_reap``: the host PID
+    namespace's mounted procfs, checked each time, and the runtime and kubelet asked again), with its
+    own runtime and kubelet channels (the scans' are used from the scrape threads)."""
+    from gpuzombie.proc.procfs import Procfs
+    from gpuzombie.reap import reaping_pid, run_reap
+
+    reaping_pid(Procfs(procfs))  # refused at the start (exit 2), not at the first due pod
+    pods = PodLister(cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime)
+    names = RuntimeNames(cri_socket, timeout=cri_timeout)
+
+    def reap(uids: frozenset[str], on_event: Any) -> Any:
+        return run_reap(
+            procfs=Procfs(procfs), pods=pods, names=names, nvml=nvml, only=uids, dry_run=False, on_event=on_event
+        )
+
+    echo(f"gpuzombie exporter: reaping pods stale for {after:g} s or more (--reap-stale-after)")
+    return exporter.StaleReaper(after, reap, log=lambda line: echo(f"gpuzombie exporter: {line}"))
 
 
 def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any], min_interval: float) -> int:
@@ -148,6 +202,17 @@ def serving_options(fn: Any) -> Any:
 @node_source_options
 @node_name_option("The Hostname label of the GPU series (dcgm-exporter's label for the node).")
 @ghost_options
+@click.option(
+    "--reap-stale-after",
+    "reap_after",
+    default=None,
+    callback=_duration,
+    metavar="D",
+    help="Off unless given. Reap a pod's processes once its GPU holders have been stale for D "
+    "(90s, 10m, 1h) in every scan: as `gpuzombie reap --yes --pod-uid`, through pidfds only, refused "
+    "while the runtime and the kubelet cannot tell stale from unknown; each action logged, each "
+    "process counted in gpuzombie_reaped_processes_total. Needs the KILL capability.",
+)
 def command(
     procfs: str,
     min_interval: float,
@@ -161,6 +226,7 @@ def command(
     ghost_threshold_mib: int,
     baseline_mib: int | None,
     nvml_replay: str | None,
+    reap_after: float | None,
     **serving: Any,
 ) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
@@ -168,7 +234,8 @@ def command(
 
     /metrics is the exposition, /healthz the liveness probe, /readyz the readiness probe.
     Exit 0 when stopped by SIGTERM (or --once read the node), 2 on a bad address, a port in use,
-    an unreadable TLS file or /proc, 130 on Ctrl-C.
+    an unreadable TLS file or /proc, a bad --reap-stale-after or one where reap could not act (not the
+    host PID namespace's mounted procfs), 130 on Ctrl-C.
     """
     exporter = _import_exporter()
     from prometheus_client import CollectorRegistry, generate_latest
@@ -179,6 +246,8 @@ def command(
     from gpuzombie.proc.procfs import Procfs
 
     check_node_inputs(procfs, who="the exporter")
+    if reap_after is not None and once:
+        raise GpuzombieError("--reap-stale-after times stale pods across scans: not with --once")
     nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
     names = RuntimeNames(cri_socket, timeout=cri_timeout)  # one for the process: names are kept across scans
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
@@ -203,14 +272,24 @@ def command(
     def echo(line):
         return click.echo(line, err=True)
 
+    on_result = _warn_on_change(exporter, echo, errors=not once)
+    reaper = None
+    if reap_after is not None:
+        reaper = _reaper(
+            exporter, reap_after, procfs, nvml, echo, cri_socket, cri_timeout, pod_resources_socket, trust_runtime
+        )
+        on_result = _both(on_result, reaper.observe)
     collector = exporter.NodeCollector(
         scan,
         min_interval=float("inf") if once else min_interval,
-        on_result=_warn_on_change(exporter, echo, errors=not once),
+        on_result=on_result,
         unhealthy_after=serving["unhealthy_after"],
     )
     registry = CollectorRegistry()
     registry.register(collector)
+    if reaper is not None:
+        registry.register(reaper)
+        reaper.start(collector.latest, every=max(min_interval, 1.0))
     if once:
         result = collector.latest()
         if result.scan is None:

@@ -5,6 +5,7 @@ Needs the ``exporter`` extra (prometheus-client); the only package that imports 
 """
 
 from gpuzombie.exporter.collector import DEFAULT_MIN_INTERVAL, NodeCollector, ScanResult
+from gpuzombie.exporter.reaper import StaleReaper
 from gpuzombie.exporter.server import (
     DEFAULT_LISTEN,
     DEFAULT_PORT,
@@ -28,6 +29,7 @@ __all__ = [
     "PodLabels",
     "PrometheusExporter",
     "ScanResult",
+    "StaleReaper",
     "TlsFileError",
     "TlsFiles",
     "WarningLog",

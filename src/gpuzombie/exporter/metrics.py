@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
+from gpuzombie.gpu.attribution import Verdict
 from gpuzombie.gpu.nvml import MigInstance
+from gpuzombie.handover.node import node_verdicts
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.trace.model import GpuMemory
 from gpuzombie.trace.scan import NodeScan, PodLabels
@@ -129,6 +131,22 @@ GAUGES = {
             "no NVML); their text goes to stderr each time it changes.",
         ),
         Gauge("gpuzombie_pid_namespaces", (), "PID namespaces below the node's that were judged."),
+        # Whether each GPU is clean to hand to the next pod (issue 25): preflight's verdict, judged on the node.
+        Gauge(
+            "gpuzombie_gpu_handover_clean",
+            (*GPU, *MIG),
+            "1 when the GPU (or MIG instance) is clean to hand to the next pod, 0 when not (a process listed "
+            "on it, or memory held beyond the driver's reservation): the verdict preflight gives in the pod; "
+            "absent when NVML could not be read (gpuzombie_nvml_available).",
+        ),
+        Gauge(
+            "gpuzombie_gpu_held_memory_bytes",
+            (*GPU, *MIG, "holder"),
+            "GPU memory held where it keeps the GPU from being handed out, by holder: stale (a pod the runtime "
+            "no longer runs), foreign (a pod the kubelet did not give that GPU), dstate (a process in state D: "
+            "reap cannot free it) or ghost (unexplained above the threshold, or listed for a pid that exited); "
+            "a series only while above 0.",
+        ),
         # Dirty GPUs (trace.stale): holders in a pod the runtime no longer runs, or not given that GPU.
         Gauge(
             "gpuzombie_dirty_gpu_holders",
@@ -273,6 +291,27 @@ def gpu_metrics(scan: NodeScan) -> dict[str, Values]:
     return out
 
 
+def handover_metrics(scan: NodeScan) -> dict[str, Values]:
+    """Each GPU's handover verdict (``handover.node``: preflight's, on the node's NVML reading) and the
+    memory its stale, foreign, D-state and ghost holders keep: each byte under one holder, a D-state
+    process's as dstate whatever its pod; ghost both the unexplained memory and what NVML lists for a
+    pid that has exited (zombie) or is gone."""
+    out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
+    held = out["gpuzombie_gpu_held_memory_bytes"]
+    for row in scan.trace.rows:
+        holder = "dstate" if row.state == "D" else row.dirty
+        if row.verdict in (Verdict.GONE.value, Verdict.ZOMBIE.value) and holder is None:
+            holder = "ghost"  # NVML's memory of a pid that exited: the seed's orphaned context
+        if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign", "ghost"):
+            held[(str(row.gpu_index), row.gpu_uuid, scan.node_name, *_mig(row.mig), holder)] += row.gpu_memory
+    for memory, verdict in node_verdicts(scan):
+        key = (str(memory.index), memory.uuid, scan.node_name, *_mig(memory.mig))
+        out["gpuzombie_gpu_handover_clean"][key] = float(verdict.clean)
+        if memory.flagged and memory.unexplained > 0:
+            held[(*key, "ghost")] = memory.unexplained
+    return out
+
+
 def unreadable_metrics(scan: NodeScan) -> Values:
     """Processes of the node that could not be read where that could hide a finding (the same ones
     that keep trace from saying healthy), access-denied told apart."""
@@ -330,6 +369,7 @@ def node_metrics(scan: NodeScan) -> Iterator[Metric]:
         **gpu_metrics(scan),
         **dstate_metrics(scan),
         **dirty_metrics(scan),
+        **handover_metrics(scan),
     }
     values["gpuzombie_scan_warnings"] = {(): float(len(scan.trace.warnings) + len(scan.namespaces.warnings))}
     values["gpuzombie_pid_namespaces"] = {(): float(len(scan.namespaces.namespaces))}

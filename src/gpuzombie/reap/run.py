@@ -109,6 +109,24 @@ def plan_reap(
     return plan, pins, report.sources.cri_socket
 
 
+def reaping_pid(procfs: Procfs) -> int:
+    """This process's pid, once ``procfs`` is the mounted procfs of its own PID namespace and that is
+    the host's; else GpuzombieError (exit 2): pids read from any other tree are not the node's."""
+    me = own_pid_in(procfs.root)
+    if me != os.getpid():
+        raise GpuzombieError(
+            f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are {os.getpid()})",
+            ExitStatus.ERROR,
+        )
+    if not is_root_pidns(reader_pidns(procfs.root)):
+        raise GpuzombieError(
+            "reap runs in the host's PID namespace (a node shell or a hostPID pod): stale pods' processes "
+            "are not visible from here",
+            ExitStatus.ERROR,
+        )
+    return me
+
+
 def run_reap(
     *,
     procfs: Procfs | None = None,
@@ -127,18 +145,7 @@ def run_reap(
     Must run in the host's PID namespace with its own procfs (a node shell, a hostPID pod), and
     with a runtime that answers: else GpuzombieError (exit 2) before anything is read or signalled."""
     procfs = procfs or Procfs()
-    me = own_pid_in(procfs.root)
-    if me != os.getpid():
-        raise GpuzombieError(
-            f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are {os.getpid()})",
-            ExitStatus.ERROR,
-        )
-    if not is_root_pidns(reader_pidns(procfs.root)):
-        raise GpuzombieError(
-            "reap runs in the host's PID namespace (a node shell or a hostPID pod): stale pods' processes "
-            "are not visible from here",
-            ExitStatus.ERROR,
-        )
+    me = reaping_pid(procfs)
     first = pods()
     if first.problem is not None:
         raise GpuzombieError(f"refusing to reap: no pod can be told stale: {first.problem}", ExitStatus.ERROR)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
 from gpuzombie.gpu.dstate import DStateTracker
-from gpuzombie.gpu.nvml import NvmlBackend, read_gpus
+from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
@@ -70,6 +70,9 @@ class NodeScan:
     d_state_seconds: Mapping[tuple[int, int], float] = field(default_factory=dict)
     """Seconds each D-state GPU holder of ``trace.d_state`` has been seen in D, by (pid, start ticks),
     on the tracker's monotonic clock."""
+    gpus: GpuSnapshot = NO_GPU
+    """NVML's reading the trace was built from (``trace.gpus`` in the same order): the handover verdict
+    judges it as preflight does."""
 
     def labels(self, ns: NamespaceScan) -> PodLabels:
         return PodLabels.of_namespace(ns, self.names)
@@ -132,4 +135,5 @@ def scan_node(
         table=table,
         node_name=node_name,
         d_state_seconds=in_d,
+        gpus=gpus,
     )
