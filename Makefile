@@ -37,8 +37,11 @@ $(PYTHON):
 
 venv: $(PYTHON)  ## make the project venv
 
+# The extras every command of the README needs after `make lab`: the lab's (plot, init, labpod), exporter,
+# check and webhook (admission), top's full screen (top). tests/test_readme_commands.py runs them.
+LAB_EXTRAS ?= plot,init,labpod,exporter,admission,top
 lab: debian venv  ## the main job: the four scenarios on the embedded runtime, into lab-out/
-	$(PYTHON) -m pip install -q -e '.[plot,init]'
+	$(PYTHON) -m pip install -q -e '.[$(LAB_EXTRAS)]'
 	$(PYTHON) -m gpuzombie lab run $(LAB_ARGS)
 
 test: debian venv  ## lint, types, the import contracts and the tests

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
-from admission_requests import admission_review, api_server_pod, container  # the API server's shape
+from admission_requests import admission_review, api_server_pod, container, webhook_argv  # the API server's shape
 from pki import make_pki  # tests/pki.py: the CA and server certificate, made by openssl
 
 S1 = ["sh", "-c", "python3 train.py & exec sleep infinity"]
@@ -139,19 +139,7 @@ def main() -> int:
         pki = make_pki(Path(tmp), ecdsa=True)  # the chart's Certificate: ECDSA P-256
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         server = subprocess.Popen(
-            [
-                *[
-                    sys.executable,
-                    "-m",
-                    "gpuzombie",
-                    "webhook",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--image",
-                    "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-                ],
-                *["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
-            ],
+            webhook_argv(pki / "server.pem", pki / "server.key"),
             stderr=subprocess.PIPE,
             text=True,
             env=env,

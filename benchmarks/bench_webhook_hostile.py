@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests")]
 
-from admission_requests import admission_review, api_server_pod, container, many_containers_review
+from admission_requests import admission_review, api_server_pod, container, many_containers_review, webhook_argv
 from pki import make_pki
 
 MAX_BODY = 4 * 1024 * 1024
@@ -100,19 +100,7 @@ class Webhook:
 
     def __init__(self, src: Path, pki: Path) -> None:
         self.proc = subprocess.Popen(
-            [
-                *[
-                    sys.executable,
-                    "-m",
-                    "gpuzombie",
-                    "webhook",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--image",
-                    "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-                ],
-                *["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")],
-            ],
+            webhook_argv(pki / "server.pem", pki / "server.key"),
             stderr=subprocess.PIPE,
             text=True,
             env=_env(src),

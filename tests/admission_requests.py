@@ -11,10 +11,21 @@ stand-in, named as such.
 from __future__ import annotations
 
 import copy
+import sys
 import uuid
+from os import PathLike
 from typing import Any
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+INJECT_IMAGE = "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0"
+"""The init container's image the tests and the benchmarks serve the webhook with."""
+
+
+def webhook_argv(cert: str | PathLike[str], key: str | PathLike[str], *flags: str) -> list[str]:
+    """The real `gpuzombie webhook` serving HTTPS on 127.0.0.1 (a free port: its first line names it),
+    as the tests and benchmarks/bench_webhook*.py start it."""
+    served = ["--listen", "127.0.0.1:0", "--image", INJECT_IMAGE, "--tls-cert", str(cert), "--tls-key", str(key)]
+    return [sys.executable, "-m", "gpuzombie", "webhook", *served, *flags]
 
 
 def container(name: str = "train", *, gpu: bool = True, **fields: Any) -> dict[str, Any]:

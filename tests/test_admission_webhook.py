@@ -22,7 +22,7 @@ import tracemalloc
 
 import pytest
 
-from admission_requests import many_containers_review
+from admission_requests import many_containers_review, webhook_argv
 from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 from gpuzombie.admission.app import make_app
 from gpuzombie.admission.mutate import MAX_CONTAINERS, Policy
@@ -214,22 +214,7 @@ def test_a_pod_with_250_containers_is_answered_in_bounded_time_and_memory(webhoo
 
 def test_the_cli_serves_https_and_stops_on_sigterm(pki):
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuzombie",
-            "webhook",
-            "--image",
-            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-            "--listen",
-            "127.0.0.1:0",
-            "--namespace",
-            "gpuzombie",
-            "--tls-cert",
-            str(pki / "server.pem"),
-            "--tls-key",
-            str(pki / "server.key"),
-        ],
+        webhook_argv(pki / "server.pem", pki / "server.key", "--namespace", "gpuzombie"),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -255,22 +240,12 @@ def test_the_cli_serves_https_and_stops_on_sigterm(pki):
 def test_the_cli_refuses_to_serve_without_tls_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gpuzombie", "webhook"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--tls-cert" in done.stderr and "Traceback" not in done.stderr
+    alone = [sys.executable, "-m", "gpuzombie", "webhook", "--tls-cert", str(tmp_path / "no.pem")]
+    done = subprocess.run(alone, capture_output=True, text=True, timeout=60)  # common.server_options, as the exporter
+    assert done.returncode == 2 and "give --tls-cert and --tls-key together" in done.stderr
     missing = [str(tmp_path / "no.pem"), str(tmp_path / "no.key")]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuzombie",
-            "webhook",
-            "--image",
-            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            missing[0],
-            "--tls-key",
-            missing[1],
-        ],
+        webhook_argv(missing[0], missing[1]),
         capture_output=True,
         text=True,
         timeout=60,
@@ -300,22 +275,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
     make_pki(new, ecdsa=True)
     _atomic_writer_swap(live, old, "..v1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuzombie",
-            "webhook",
-            "--image",
-            "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-reload-seconds",
-            "0.2",
-            "--tls-cert",
-            str(live / "server.pem"),
-            "--tls-key",
-            str(live / "server.key"),
-        ],
+        webhook_argv(live / "server.pem", live / "server.key", "--tls-reload-seconds", "0.2"),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -373,24 +333,12 @@ def test_one_escaped_log_line_per_pod_changed():
 # Issue 29, items 7, 8 and 10: the real CLI, served over TLS on 127.0.0.1.
 
 
-WEBHOOK = [
-    sys.executable,
-    "-m",
-    "gpuzombie",
-    "webhook",
-    "--listen",
-    "127.0.0.1:0",
-    "--image",
-    "registry.example.com/gpu-zombie/gpuzombie-node:0.1.0",
-]
-
-
 class Served:
     """``gpuzombie webhook`` in its own process, its port read from its first line."""
 
     def __init__(self, cert, key, *flags: str) -> None:
         self.proc = subprocess.Popen(
-            [*WEBHOOK, "--tls-cert", str(cert), "--tls-key", str(key), *flags],
+            webhook_argv(cert, key, *flags),
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -535,7 +483,7 @@ def test_an_expired_certificate_is_refused_at_start_and_not_served_on_reload(pki
     (tmp_path / "old").mkdir()
     cert, key = make_dated_certificate(tmp_path / "old", "20200101000000Z", "20200102000000Z")
     done = subprocess.run(
-        [*WEBHOOK, "--tls-cert", str(cert), "--tls-key", str(key)],
+        webhook_argv(cert, key),
         capture_output=True,
         text=True,
         timeout=60,

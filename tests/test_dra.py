@@ -30,6 +30,7 @@ from test_trace import RECORDED, build_node, gpus
 CLAIM_B = "77f4d1b2-0c8e-4a57-9d3e-2b6a1c9e8f10"
 POD_A = ("gpu-zombie-test", "gpu-zombie-nofix")
 POD_B = ("training", "nccl-rank1")
+PODS = (POD_A[1], POD_B[1])
 
 
 def dra_gpus():
@@ -172,3 +173,16 @@ def test_cdi_dirs_from_the_environment(node, monkeypatch, capsys):
     assert main(["trace", "--json", *argv(node)]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert [r["dirty"] for r in doc["rows"] if r["nsmi"] and r["pid"] == 200] == [None]
+
+
+def test_top_takes_the_cdi_dirs_trace_and_the_exporter_take(node, tmp_path, capsys):
+    """top judges DRA pods from the CDI specs it is pointed at (--cdi-dir, shared with trace and the
+    exporter): with the driver's, pod B's holder is foreign and pod A's is not; with none, neither."""
+
+    def marks(*cdi_dirs) -> dict[str, object]:
+        assert main(["top", "--once", "--json", *argv(node, *cdi_dirs)]) == 0
+        frame = json.loads(capsys.readouterr().out)
+        return {p["pod"]: p["dirty"] for g in frame["groups"] for p in g["pods"] if p["pod"] in PODS}
+
+    assert marks(node["cdi"]) == {"gpu-zombie-nofix": None, "nccl-rank1": "foreign"}
+    assert set(marks(tmp_path / "empty").values()) == {None}

@@ -101,10 +101,11 @@ def _crd_validator(kind: str) -> Any:
 
 
 def validate_strictly(obj: dict[str, Any]) -> None:
-    """Fail on any schema violation or unknown field."""
+    """Fail on any schema violation or unknown field (prometheus-operator's and cert-manager's objects
+    against their CRD schemas)."""
     import kubernetes_validate
 
-    if obj["apiVersion"] == "monitoring.coreos.com/v1":
+    if obj["apiVersion"] in ("monitoring.coreos.com/v1", "cert-manager.io/v1"):
         errors = sorted(_crd_validator(obj["kind"]).iter_errors(obj), key=str)
         assert not errors, f"{obj['kind']}: " + "; ".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
         return

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_fleet  # noqa: E402
 import fleet_node  # noqa: E402
+
+yaml = pytest.importorskip("yaml")
 
 NODES = 50
 SERIES_PER_CLEAN_NODE = 100

@@ -12,7 +12,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-from functools import cache
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the 'chart' extra")
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 
-from cluster_support import CHART, CRDS, EXPERIMENT_CHART, REPO, _strict, render  # noqa: E402
+from cluster_support import CHART, EXPERIMENT_CHART, REPO, _crd_validator, render  # noqa: E402
 
 ADMISSION_ALERTS = CHART / "files" / "gpuzombie-admission-alerts.yaml"
 ADMISSION_TESTS = pathlib.Path(__file__).resolve().parent / "promtool" / "gpuzombie-admission-alerts.test.yaml"
@@ -54,19 +53,9 @@ TOGGLES: dict[str, dict[str, Any]] = {
 }
 
 
-@cache
-def _cert_manager_validator(kind: str) -> Any:
-    import jsonschema
-
-    spec = json.loads((CRDS / f"{kind.lower()}.json").read_text())
-    schema = _strict(spec["openAPIV3Schema"])
-    schema["properties"]["metadata"] = {"type": "object"}
-    return jsonschema.Draft7Validator(schema)
-
-
 def validate(obj: dict[str, Any], kube_version: str) -> None:
     if obj["apiVersion"] == "cert-manager.io/v1":
-        errors = sorted(_cert_manager_validator(obj["kind"]).iter_errors(obj), key=str)
+        errors = sorted(_crd_validator(obj["kind"]).iter_errors(obj), key=str)
         assert not errors, f"{obj['kind']}: " + "; ".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
         return
     if obj["apiVersion"] == "monitoring.coreos.com/v1":

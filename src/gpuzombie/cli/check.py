@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from gpuzombie.cli.common import gpu_device_class_option
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
@@ -26,7 +26,7 @@ def require_admission_extra(*modules: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise GpuzombieError(f"this needs {module}: pip install 'gpuzombie[admission]' ({exc})") from exc
+            raise GpuzombieError(needs_extra(f"this ({module})", "admission", exc)) from exc
 
 
 def input_files(paths: tuple[str, ...]) -> list[str]:

@@ -95,13 +95,91 @@ tls_reload_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
 
 
+def _apply(fn: CommandFn, options: Iterable[Callable[[CommandFn], CommandFn]]) -> CommandFn:
+    """``fn`` decorated with ``options`` as if stacked in that order above it (--help keeps the order)."""
+    for option in reversed(tuple(options)):
+        fn = option(fn)
+    return fn
+
+
+def node_source_options(fn: CommandFn) -> CommandFn:
+    """Where a node command learns whose the processes are: the CRI runtime (pod and container names),
+    the kubelet's PodResources (live pods, their GPUs) and the DRA driver's CDI specs; trace, top and
+    the exporter take the same five options."""
+    return _apply(
+        fn, (cri_socket_option, cri_timeout_option, pod_resources_socket_option, cdi_dir_option, trust_runtime_option)
+    )
+
+
+def node_name_option(help_text: str) -> Callable[[CommandFn], CommandFn]:
+    """--node-name (the host name unless NODE_NAME, which a DaemonSet sets from spec.nodeName)."""
+    import socket
+
+    return click.option(
+        "--node-name",
+        default=socket.gethostname,
+        show_default="the host name",
+        envvar="NODE_NAME",
+        metavar="NAME",
+        help=f"{help_text} Env: NODE_NAME.",
+    )
+
+
+def tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A callback: --tls-cert and --tls-key come together; --tls-client-ca needs them."""
+    params = ctx.params
+    if param.name == "tls_client_ca" and value is not None and params.get("tls_cert") is None:
+        raise click.BadParameter("needs --tls-cert and --tls-key")
+    if param.name == "tls_key" and (value is None) != (params.get("tls_cert") is None):
+        raise click.BadParameter("give --tls-cert and --tls-key together")
+    return value
+
+
+def server_options(*, cert_help: str, read_timeout: float, max_connections: int) -> Callable[[CommandFn], CommandFn]:
+    """The options every server of gpuzombie (serving.Server: the exporter, the webhook) shares: its
+    certificate and key (given together), the hidden reload interval, and its two connection bounds."""
+    pem = click.Path(dir_okay=False)
+
+    def decorate(fn: CommandFn) -> CommandFn:
+        return _apply(
+            fn,
+            (
+                click.option("--tls-cert", type=pem, default=None, metavar="PEM", help=cert_help),
+                click.option(
+                    "--tls-key", type=pem, default=None, metavar="PEM", callback=tls_pair, help="Its private key."
+                ),
+                tls_reload_option,
+                click.option(
+                    "--read-timeout",
+                    type=click.FloatRange(min=0.1),
+                    default=read_timeout,
+                    show_default=True,
+                    metavar="S",
+                    help="A connection must send its whole request within S seconds (slow senders are cut).",
+                ),
+                click.option(
+                    "--max-connections",
+                    type=click.IntRange(min=1),
+                    default=max_connections,
+                    show_default=True,
+                    metavar="N",
+                    help="Serve at most N connections at once; at the bound a new one evicts the oldest "
+                    "still sending its request.",
+                ),
+            ),
+        )
+
+    return decorate
+
+
 def ghost_options(fn: CommandFn) -> CommandFn:
     """--ghost-threshold-mib, --baseline-mib and the hidden --nvml-replay: the GPU-memory options
     every command that judges ghost memory shares (observe, trace)."""
     from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
     from gpuzombie.units import MIB
 
-    for option in reversed(
+    return _apply(
+        fn,
         (
             click.option(
                 "--ghost-threshold-mib",
@@ -123,10 +201,8 @@ def ghost_options(fn: CommandFn) -> CommandFn:
                 hidden=True,
                 help="Read NVML state from a JSON snapshot instead of the driver (tests, replays).",
             ),
-        )
-    ):
-        fn = option(fn)
-    return fn
+        ),
+    )
 
 
 def nvml_backend(replay: str | None) -> NvmlBackend:

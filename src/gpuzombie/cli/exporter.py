@@ -4,25 +4,22 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 from __future__ import annotations
 
 import re
-import socket
 from typing import Any
 
 import click
 
 from gpuzombie.cli.common import (
-    cdi_dir_option,
     check_node_inputs,
-    cri_socket_option,
-    cri_timeout_option,
     ghost_options,
+    node_name_option,
+    node_source_options,
     nvml_backend,
-    pod_resources_socket_option,
     procfs_option,
+    server_options,
     stopped,
-    tls_reload_option,
-    trust_runtime_option,
+    tls_pair,
 )
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.liveness import PodLister
@@ -56,9 +53,7 @@ def _import_exporter() -> Any:
     try:
         from gpuzombie import exporter
     except ImportError as exc:
-        raise GpuzombieError(
-            f"the exporter needs prometheus-client: pip install 'gpuzombie[exporter]' ({exc})"
-        ) from exc
+        raise GpuzombieError(needs_extra("the exporter", "exporter", exc)) from exc
     return exporter
 
 
@@ -155,76 +150,41 @@ def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any]
     return stopped("exporter", received)
 
 
-def _tls_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--tls-cert and --tls-key come together; --tls-client-ca needs them."""
-    params = ctx.params
-    if param.name == "tls_client_ca" and value is not None and params.get("tls_cert") is None:
-        raise click.BadParameter("needs --tls-cert and --tls-key")
-    if param.name == "tls_key" and (value is None) != (params.get("tls_cert") is None):
-        raise click.BadParameter("give --tls-cert and --tls-key together")
-    return value
-
-
 def serving_options(fn: Any) -> Any:
     """Where and how /metrics, /healthz and /readyz are served."""
-    pem = click.Path(dir_okay=False)
-    for option in reversed(
-        (
-            click.option(
-                "--listen",
-                multiple=True,
-                default=lambda: (_import_exporter().DEFAULT_LISTEN,),
-                show_default="127.0.0.1:9844",  # the exporter's DEFAULT_LISTEN; --help must work without the extra
-                callback=_listen,
-                metavar="HOST:PORT",
-                envvar="GPUZOMBIE_EXPORTER_LISTEN",
-                help="Address to serve on, repeatable (loopback unless asked; a pod: its pod IP and "
-                "127.0.0.1, for kubectl port-forward). Env: GPUZOMBIE_EXPORTER_LISTEN, space-separated.",
-            ),
-            click.option(
-                "--read-timeout",
-                type=click.FloatRange(min=0.1),
-                default=10.0,
-                show_default=True,
-                metavar="S",
-                help="A connection must send its whole request within S seconds (slow senders are cut).",
-            ),
-            click.option(
-                "--max-connections",
-                type=click.IntRange(min=1),
-                default=32,
-                show_default=True,
-                metavar="N",
-                help="Serve at most N connections at once; at the bound a new one evicts the oldest "
-                "still sending its request.",
-            ),
-            click.option(
-                "--tls-cert", type=pem, default=None, metavar="PEM", help="Serve HTTPS with this certificate."
-            ),
-            click.option(
-                "--tls-key", type=pem, default=None, metavar="PEM", callback=_tls_pair, help="Its private key."
-            ),
-            click.option(
-                "--tls-client-ca",
-                type=pem,
-                default=None,
-                metavar="PEM",
-                callback=_tls_pair,
-                help="Require client certificates signed by this CA (mutual TLS).",
-            ),
-            tls_reload_option,
-            click.option(
-                "--unhealthy-after",
-                type=click.IntRange(min=1),
-                default=5,
-                show_default=True,
-                metavar="N",
-                help="/healthz answers 503 after N failed scans in a row (/readyz: 503 while the last failed).",
-            ),
-        )
-    ):
-        fn = option(fn)
-    return fn
+    listen = click.option(
+        "--listen",
+        multiple=True,
+        default=lambda: (_import_exporter().DEFAULT_LISTEN,),
+        show_default="127.0.0.1:9844",  # the exporter's DEFAULT_LISTEN; --help must work without the extra
+        callback=_listen,
+        metavar="HOST:PORT",
+        envvar="GPUZOMBIE_EXPORTER_LISTEN",
+        help="Address to serve on, repeatable (loopback unless asked; a pod: its pod IP and "
+        "127.0.0.1, for kubectl port-forward). Env: GPUZOMBIE_EXPORTER_LISTEN, space-separated.",
+    )
+    server = server_options(
+        cert_help="Serve HTTPS with this certificate.",
+        read_timeout=10.0,
+        max_connections=32,
+    )
+    client_ca = click.option(
+        "--tls-client-ca",
+        type=click.Path(dir_okay=False),
+        default=None,
+        metavar="PEM",
+        callback=tls_pair,
+        help="Require client certificates signed by this CA (mutual TLS).",
+    )
+    unhealthy_after = click.option(
+        "--unhealthy-after",
+        type=click.IntRange(min=1),
+        default=5,
+        show_default=True,
+        metavar="N",
+        help="/healthz answers 503 after N failed scans in a row (/readyz: 503 while the last failed).",
+    )
+    return listen(server(client_ca(unhealthy_after(fn))))
 
 
 @click.command()
@@ -239,19 +199,8 @@ def serving_options(fn: Any) -> Any:
     help="Reuse the last node scan for scrapes within S seconds of it.",
 )
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
-@cri_socket_option
-@cri_timeout_option
-@click.option(
-    "--node-name",
-    default=socket.gethostname,
-    show_default="the host name",
-    envvar="NODE_NAME",
-    metavar="NAME",
-    help="The Hostname label of the GPU series (dcgm-exporter's label for the node). Env: NODE_NAME.",
-)
-@pod_resources_socket_option
-@cdi_dir_option
-@trust_runtime_option
+@node_source_options
+@node_name_option("The Hostname label of the GPU series (dcgm-exporter's label for the node).")
 @ghost_options
 @click.option(
     "--reap-stale-after",

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuzombie.cli.common import exact_command
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
@@ -318,7 +318,7 @@ def images_command(directory: Path) -> int:
         from gpuzombie.lab.runtime.containerd import ContainerdError
         from gpuzombie.lab.runtime.cri import write_image_archives
     except ImportError as exc:
-        raise GpuzombieError(f"lab images needs the cri extra ({exc})") from exc
+        raise GpuzombieError(needs_extra("lab images", "node", exc)) from exc
     try:
         written = write_image_archives(directory)
     except (OSError, ContainerdError) as exc:

@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def load_manifest(stream: IO[str]) -> Any:
     try:
         import yaml  # noqa: F401 -- the labpod extra
     except ImportError as exc:
-        raise GpuzombieError(f"lab pod needs PyYAML ({exc})") from exc
+        raise GpuzombieError(needs_extra("lab pod", "labpod", exc)) from exc
     from gpuzombie.lab.manifest import ManifestError, load_pod
 
     try:
@@ -146,7 +146,7 @@ def pod_command(
         from gpuzombie.lab.errors import LabError
         from gpuzombie.lab.podrun import PodRunConfig, check_runnable, lab_notes, run_lab_pod
     except ImportError as exc:
-        raise GpuzombieError(f"lab pod needs the node extra ({exc})") from exc
+        raise GpuzombieError(needs_extra("lab pod", "labpod", exc)) from exc
     nvml = default_backend()
     gpus = nvml.read()
     resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))

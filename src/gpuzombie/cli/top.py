@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import sys
 from typing import Any
 
@@ -13,30 +12,25 @@ import click
 
 from gpuzombie.cli.common import (
     check_node_inputs,
-    cri_socket_option,
-    cri_timeout_option,
     echo_json,
     ghost_options,
+    node_name_option,
+    node_source_options,
     nvml_backend,
-    pod_resources_socket_option,
     procfs_option,
-    trust_runtime_option,
 )
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.units import MIB
-
-INSTALL_HINT = (
-    "the full-screen view needs Textual: in the gpuzombie clone run .venv/bin/pip install -e '.[top]' "
-    "(--once prints one frame without it)"
-)
 
 
 def _app_module() -> Any:
     try:
         from gpuzombie.top import app
     except ImportError as exc:
-        raise GpuzombieError(f"{INSTALL_HINT} ({exc})") from exc
+        raise GpuzombieError(
+            needs_extra("the full-screen view (--once prints one frame without it)", "top", exc)
+        ) from exc
     return app
 
 
@@ -81,18 +75,8 @@ def _app_module() -> Any:
     help="Let keys k / K signal the selected process and r reap the selected stale pod, each after a "
     "confirmation, through pidfds (as prestop and reap). Off: top is read-only.",
 )
-@cri_socket_option
-@cri_timeout_option
-@pod_resources_socket_option
-@trust_runtime_option
-@click.option(
-    "--node-name",
-    default=socket.gethostname,
-    show_default="the host name",
-    envvar="NODE_NAME",
-    metavar="NAME",
-    help="The node's name in the header. Env: NODE_NAME.",
-)
+@node_source_options
+@node_name_option("The node's name in the header.")
 @ghost_options
 def command(
     procfs: str,
@@ -108,6 +92,7 @@ def command(
     cri_socket: str | None,
     cri_timeout: float,
     pod_resources_socket: str,
+    cdi_dirs: tuple[str, ...],
     trust_runtime: bool,
     node_name: str,
     ghost_threshold_mib: int,
@@ -147,7 +132,7 @@ def command(
             nvml=nvml,
             view=current_view(),
             names=names,
-            resources=lambda: list_pod_resources(pod_resources_socket),
+            resources=lambda: list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
             pods=pods,
             node_name=node_name,
             baseline=None if baseline_mib is None else baseline_mib * MIB,

@@ -7,18 +7,14 @@ import time
 import click
 
 from gpuzombie.cli.common import (
-    cdi_dir_option,
     check_node_inputs,
-    cri_socket_option,
-    cri_timeout_option,
     echo_json,
     echo_warnings,
     ghost_options,
     json_option,
+    node_source_options,
     nvml_backend,
-    pod_resources_socket_option,
     procfs_option,
-    trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
@@ -35,11 +31,7 @@ from gpuzombie.units import MIB
 @click.command()
 @procfs_option
 @json_option
-@cri_socket_option
-@cri_timeout_option
-@pod_resources_socket_option
-@cdi_dir_option
-@trust_runtime_option
+@node_source_options
 @ghost_options
 def command(
     procfs: str,

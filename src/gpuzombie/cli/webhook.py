@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
-from gpuzombie.cli.common import gpu_device_class_option, stopped, tls_reload_option
+from gpuzombie.cli.common import gpu_device_class_option, server_options, stopped
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -207,10 +207,6 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     help="Address to serve HTTPS on (in a pod: its pod IP). Env: GPUZOMBIE_WEBHOOK_LISTEN.",
 )
 @click.option(
-    "--tls-cert", type=click.Path(dir_okay=False), metavar="PEM", help="Server certificate (required to serve)."
-)
-@click.option("--tls-key", type=click.Path(dir_okay=False), metavar="PEM", help="Its private key.")
-@click.option(
     "--mode",
     type=click.Choice(["mutate", "warn"]),
     default="mutate",
@@ -248,9 +244,11 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     "(docs/handover.md).",
 )
 @gpu_device_class_option
-@tls_reload_option
-@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, metavar="S")
-@click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, metavar="N")
+@server_options(
+    cert_help="Server certificate (required to serve).",
+    read_timeout=5.0,
+    max_connections=64,
+)
 @click.option(
     "--max-body-bytes",
     type=click.IntRange(min=1024),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from gpuzombie.errors import needs_extra
 from gpuzombie.k8s.names import DEFAULT_SOCKETS, DEFAULT_TIMEOUT, RuntimeChannel
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
@@ -182,7 +183,7 @@ class PodLister(RuntimeChannel):
         try:
             from gpuzombie.k8s.cri import CriError, container_state, sandbox_state
         except ImportError as exc:
-            return RuntimePods(source=path, problem=f"needs gpuzombie[node] ({exc})")
+            return RuntimePods(source=path, problem=needs_extra("the CRI runtime", "node", exc))
         deadline = time.monotonic() + self.timeout
 
         def left() -> float:

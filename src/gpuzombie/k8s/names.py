@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from gpuzombie.errors import needs_extra
 from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID, SANDBOX_CONTAINER
 
 if TYPE_CHECKING:  # gRPC is imported at the first scan: names are optional, the node extra too
@@ -187,7 +188,7 @@ class RuntimeNames(RuntimeChannel):
         try:
             from gpuzombie.k8s.cri import CriError
         except ImportError as exc:
-            return self._names(path, wanted, [f"CRI: needs gpuzombie[node] ({exc}): {SHOWN_BY_ID}"])
+            return self._names(path, wanted, [f"{needs_extra('CRI', 'node', exc)}: {SHOWN_BY_ID}"])
         warnings: list[str] = []
         deadline = time.monotonic() + self.timeout
         try:

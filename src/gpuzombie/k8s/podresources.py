@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.errors import needs_extra
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS, CdiDevices, read_cdi_devices
 from gpuzombie.k8s.podspec import gpu_resource
 
@@ -97,7 +98,7 @@ def list_pod_resources(
         from gpuzombie.k8s.podresources_v1 import api_pb2, api_pb2_grpc
         from gpuzombie.k8s.rpc import describe
     except ImportError as exc:
-        return PodResources(source=socket_path, warning=f"kubelet PodResources: needs gpuzombie[node] ({exc})")
+        return PodResources(source=socket_path, warning=needs_extra("kubelet PodResources", "node", exc))
     with grpc.insecure_channel(f"unix://{socket_path}", options=[("grpc.enable_http_proxy", 0)]) as channel:
         try:
             response = api_pb2_grpc.PodResourcesListerStub(channel).List(

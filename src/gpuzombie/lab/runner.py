@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
 from gpuzombie.lab.host_memory import fit_to_memory
@@ -187,7 +187,7 @@ def lab_runtime(request: LabRequest, runtime: str, gpu: bool) -> Iterator[CriRun
         from gpuzombie.lab.runtime.containerd import ContainerdError
         from gpuzombie.lab.runtime.cri import cri_runtime
     except ImportError as exc:
-        raise GpuzombieError(f"--runtime containerd needs the cri extra ({exc})") from exc
+        raise GpuzombieError(needs_extra("--runtime containerd", "node", exc)) from exc
     try:
         with cri_runtime(socket=request.cri_socket, gpu=gpu, archives=request.image_archives) as cri:
             yield cri
