@@ -72,3 +72,19 @@ tlsConfig:
 {{- $sockets := dict "containerd" "/run/containerd/containerd.sock" "crio" "/run/crio/crio.sock" "docker" "/var/run/cri-dockerd.sock" -}}
 {{- $cri.socket | default (get $sockets $cri.runtime) -}}
 {{- end -}}
+
+{{- /* k, a resource name, is a device plugin's GPU (podspec's list of GPU resources). */ -}}
+{{- define "gpuzombie.gpuResourceName" -}}
+(k == 'nvidia.com/gpu' || k == 'nvidia.com/gpu.shared' || k == 'amd.com/gpu' || k.startsWith('nvidia.com/mig-'))
+{{- end -}}
+
+{{- /* The pod asks for a GPU: in any container (init ones too) through a device plugin or a DRA claim,
+or through a KAI fraction. The API server calls the webhook, or runs the policy, only for these
+(matchConditions): both must see every pod their code would fix. */ -}}
+{{- define "gpuzombie.gpuPodCondition" -}}
+((has(object.spec.initContainers) ? object.spec.initContainers : []) + object.spec.containers).exists(c,
+has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {{ include "gpuzombie.gpuResourceName" . }})) ||
+(has(c.resources.requests) && c.resources.requests.exists(k, {{ include "gpuzombie.gpuResourceName" . }})) ||
+(has(c.resources.claims) && c.resources.claims.size() > 0))) ||
+(has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations))
+{{- end -}}
