@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuzombie.escape import escape
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import parse_cgroup_lines
+from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
 from gpuzombie.observe.pid1 import Pid1Kind
@@ -221,8 +221,14 @@ def build_view(
         ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
     }
 
+    refs: dict[tuple[str, ...], ContainerRef | None] = {}  # a container's processes share their cgroup lines
+
     def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
+        ref = None
+        if proc.cgroup:
+            if proc.cgroup not in refs:
+                refs[proc.cgroup] = parse_cgroup_lines(proc.cgroup)
+            ref = refs[proc.cgroup]
         if (ref is None or not ref.pod_uid) and proc.pidns is not None:
             ref = pod_of_pidns.get(proc.pidns)
         if ref is None or not ref.pod_uid:
