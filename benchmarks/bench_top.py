@@ -6,7 +6,9 @@ cgroup, one GPU worker per pod listed by a fake NVML on 8 GPUs; a third with a `
 every fifth with a zombie); 4,200 live processes are too heavy for the 2 shared cores here.
 
 * gpuzombie top: ``NodeSource()`` = one ``trace.scan.scan_node`` (every process read, the trace,
-  the per-namespace survey) + the view model; then the frame rendered as ``--once`` prints it.
+  the per-namespace survey) + the view model; then the frame rendered as ``--once`` prints it. The
+  first refresh (reading every process whole, filling the ``ProcessCache``) is the warm-up; the
+  measured ones are the steady state, each with its sweep (one process in 8 read whole).
 * nvitop (``pip install nvitop``): what its TUI does every refresh besides NVML: a host snapshot of
   every GPU process (``GpuProcess.host_snapshot``'s fields: status, username, name, cmdline,
   cpu_percent, memory_percent, memory, running time, through ``nvitop.HostProcess`` = psutil), and
@@ -54,6 +56,13 @@ from topnode import FakeNode, build_fake_node, worker_pid
 
 INTERVAL_S = 2.0
 """Both tools' default refresh interval (gpuzombie top --interval, nvitop --interval)."""
+
+
+def machine() -> str:
+    """The machine, the CPUs this run may use (``taskset -c 0,1``: 2) and the load beside it."""
+    usable = len(os.sched_getaffinity(0))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {usable} usable, load {load}"
 
 
 def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
@@ -189,12 +198,13 @@ def main() -> int:
     if args.real:
         top, nvitop_real = real_refreshes(args.cri_socket)
         results: dict[str, object] = {
-            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "node": "this machine's /proc and NVML",
             "gpuzombie_top_refresh": measure(top, args.repeat),
             "nvitop_refresh": nvitop_real if isinstance(nvitop_real, str) else measure(nvitop_real, args.repeat),
         }
+        results["machine_after"] = machine()
         return report(results, as_json=args.json)
     root = Path(tempfile.mkdtemp(prefix="bench-top-"))
     try:
@@ -203,7 +213,7 @@ def main() -> int:
         refresh, render = top_refresh(node)
         view = refresh()
         results = {
-            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "machine": machine(),
             "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "node": f"{args.pods} pods x {args.per_pod} processes + {args.host} host processes",
@@ -221,6 +231,7 @@ def main() -> int:
             results["nvitop_refresh"] = measure(nvitop, args.repeat)
     finally:
         shutil.rmtree(root)
+    results["machine_after"] = machine()
     return report(results, as_json=args.json)
 
 

@@ -32,6 +32,8 @@ for line in sys.stdin:
     command, _, arg = line.strip().partition(" ")
     if command == "open":
         held = os.open(arg, os.O_RDONLY)
+    elif command == "close":
+        os.close(held)
     elif command == "swap":  # one fd closed and one opened: the fd table's size stays the same
         os.close(spare)
         spare = os.open(arg, os.O_RDONLY)
@@ -88,8 +90,13 @@ def test_a_cached_snapshot_reads_what_a_whole_read_reads(children, device):
     pids = [c.pid for c in children(3)]
     cache = ProcessCache(sweep=1000)
     first = procfs.snapshot(pids, now=time.time(), cache=cache)
-    again = procfs.snapshot(pids, now=time.time(), cache=cache)
-    whole = procfs.snapshot(pids, now=time.time())
+    for _ in range(50):  # until all three wait on their stdin (state S) through the three reads
+        first = procfs.snapshot(pids, now=time.time(), cache=cache)
+        again = procfs.snapshot(pids, now=time.time(), cache=cache)
+        whole = procfs.snapshot(pids, now=time.time())
+        if all(p.state == "S" for t in (first, again, whole) for p in t):
+            break
+        time.sleep(0.1)
     assert cache.last_reused == 3
     assert again.processes == whole.processes == first.processes
     assert all(p.cmdline and p.cgroup and p.nspid == (p.pid,) for p in again)
@@ -105,6 +112,19 @@ def test_an_fd_opened_since_is_seen_at_once(children, device):
     assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].nvidia_fds == ()
     child.do(f"open {node}")
     assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].nvidia_fds == (node,)
+
+
+def test_a_device_closed_is_seen_at_once(children, device):
+    """A holder's fds are listed every snapshot: it let go of the GPU, it is no holder."""
+    procfs, node = device
+    (child,) = children(1)
+    child.do(f"open {node}")
+    cache = ProcessCache(sweep=1000)
+    assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].nvidia_fds == (node,)
+    assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].nvidia_fds == (node,)
+    assert cache.last_reused == 1
+    child.do("close")
+    assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].nvidia_fds == ()
 
 
 def test_an_fd_swapped_for_a_device_is_seen_within_the_sweep(children, device):
@@ -139,7 +159,7 @@ def test_a_process_turned_zombie_is_seen_at_once(device):
     child = subprocess.Popen(["sleep", "300"])
     try:
         cache = ProcessCache(sweep=1000)
-        assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].state == "S"
+        assert procfs.snapshot([child.pid], now=time.time(), cache=cache).processes[child.pid].state in ("R", "S")
         child.kill()
         for _ in range(200):
             if procfs.stat(child.pid) is not None and procfs.stat(child.pid).state == "Z":  # type: ignore[union-attr]

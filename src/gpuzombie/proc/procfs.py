@@ -344,19 +344,22 @@ class _Known:
     """The fd directory's st_size when its fds were listed: the count of open fds on Linux 6.2+."""
     names: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """(cmdline, cgroup) when both were read; None when they were not asked for."""
+    fds: tuple[str, ...] = ()
+    """Its NVIDIA fds when they were last listed (listed again every snapshot while it holds any)."""
 
 
 class ProcessCache:
     """Kept across snapshots of one tree by a long-lived caller (top, the exporter) to read less.
 
     A process it knows (same pid, start time and comm, read whole before with nothing missing, no
-    zombie, holding no NVIDIA fd) is read again as its stat (state, parent, rss: what changes) and
-    its fd directory's size; its fds are listed again only when that size changed (an fd opened or
-    closed), or on kernels before 6.2, where the size is always 0. Whatever cannot be vouched for
-    that way is read whole, as without a cache: a cache never hides a file that fails. The one
-    change a size cannot see, an fd closed and another opened between two snapshots, and names
-    changed without an exec, are seen by the sweep: each snapshot reads one process in ``sweep``
-    whole, so every process is read whole at least every ``sweep`` snapshots."""
+    zombie) is read again as its stat (state, parent, rss: what changes) and its fd directory's
+    size; its fds are listed again when that size changed (an fd opened or closed), while it holds
+    an NVIDIA fd, when the caller asks (the pids NVML lists), and on kernels before 6.2, where the
+    size is always 0. Whatever cannot be vouched for that way is read whole, as without a cache: a
+    cache never hides a file that fails. The one change a size cannot see, an fd closed and another
+    opened between two snapshots, and names changed without an exec, are seen by the sweep: each
+    snapshot reads one process in ``sweep`` whole, so every process is read whole at least every
+    ``sweep`` snapshots."""
 
     def __init__(self, sweep: int = DEFAULT_SWEEP) -> None:
         if sweep < 1:
@@ -609,15 +612,15 @@ class Procfs:
         except OSError as exc:
             reading.failed("fd", exc)
         nspid = status.nspid or (pid,)
-        keep = stat.state != "Z" and not fds
+        keep = stat.state != "Z"
         if detail is not None:
             missing = tuple(reading.missing)
             brief = self._process(pid, stat, owner, boot_time, nspid=nspid, pidns=pidns, fds=fds, incomplete=missing)
             if not detail(brief, tree_pidns):
                 if reading.gone:
                     return None, None
-                known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size) if keep and not missing else None
-                return brief, known
+                known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, fds=fds)
+                return brief, known if keep and not missing else None
         cmdline: tuple[str, ...] = ()
         cgroup: tuple[str, ...] = ()
         try:
@@ -646,7 +649,7 @@ class Procfs:
         if not keep or reading.missing:
             return proc, None
         names = (cmdline, cgroup) if with_cgroup else None
-        return proc, _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, names)
+        return proc, _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, names, fds)
 
     def _read_again(
         self,
@@ -657,11 +660,13 @@ class Procfs:
         with_cgroup: bool,
         tree_pidns: int | None,
         detail: Detail | None,
+        list_fds: bool,
     ) -> tuple[ProcessInfo, _Known] | None:
         """A process a ``ProcessCache`` knows, read again cheaply: its stat, and its fds only when
-        the fd table's size changed. None whenever that cannot vouch for it (anything unreadable,
-        another process or program under the pid, a zombie, an NVIDIA fd, names wanted that were
-        not kept): the caller then reads it whole, which says what failed."""
+        the fd table's size changed, it held an NVIDIA fd, or ``list_fds``. None whenever that
+        cannot vouch for it (anything unreadable, another process or program under the pid, a
+        zombie, names wanted that were not kept): the caller then reads it whole, which says what
+        failed."""
         base = f"{self.root}/{pid}"
         try:
             raw, owner = read_owned(f"{base}/stat", "stat")
@@ -678,23 +683,26 @@ class Procfs:
             or stat.is_kernel_thread
         ):
             return None
-        if fd_size == 0 or fd_size != known.fd_size:  # 0: a kernel before 6.2 does not count them
+        # 0: a kernel before 6.2 does not count them
+        if list_fds or known.fds or fd_size == 0 or fd_size != known.fd_size:
             try:
                 fds, odd, fd_size = self._nvidia_fds(f"{base}/fd")
             except OSError:
                 return None
-            if fds or odd is not None:
+            if odd is not None:
                 return None
-            known = dataclasses.replace(known, fd_size=fd_size)
+            if (fds, fd_size) != (known.fds, known.fd_size):
+                known = dataclasses.replace(known, fds=fds, fd_size=fd_size)
+        fds = known.fds
         if known.names is None or not with_cgroup:  # names never read: do they matter now?
-            brief = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns)
+            brief = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
             return (brief, known) if detail is not None and not detail(brief, tree_pidns) else None
         cmdline, cgroup = known.names
         proc = self._process(
-            pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, cmdline=cmdline, cgroup=cgroup
+            pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds, cmdline=cmdline, cgroup=cgroup
         )
         if detail is not None and not detail(proc, tree_pidns):  # as uncached: names only where they matter
-            proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns)
+            proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
         return proc, known
 
     def _unknown(
@@ -762,15 +770,15 @@ class Procfs:
         deadline: Deadline | None = None,
         detail: Detail | None = None,
         cache: ProcessCache | None = None,
-        read_whole: Collection[int] = (),
+        list_fds: Collection[int] = (),
     ) -> ProcessTable:
         """Read every process (or the given pids) into a ProcessTable.
 
         ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers
         (observe): one read in five, on a node with thousands of processes; ``detail`` limits cmdline
         and cgroup to the processes it names (``read_process``). ``cache`` (kept by the caller across
-        snapshots of this tree) reads the processes it knows again cheaply, except ``read_whole``
-        (e.g. the pids NVML lists). Pids left when the deadline passes are listed in ``unread``.
+        snapshots of this tree) reads the processes it knows again cheaply, the fds of ``list_fds``
+        (e.g. the pids NVML lists) listed every time. Pids left when the deadline passes are listed in ``unread``.
         Raises OSError or ValueError only for the tree itself (its root not listable, its stat
         without a boot time).
         """
@@ -789,8 +797,16 @@ class Procfs:
                 break
             entry = known.get(pid)
             read: tuple[ProcessInfo | None, _Known | None] | None = None
-            if entry is not None and cache is not None and not cache._due(pid) and pid not in read_whole:
-                read = self._read_again(pid, boot, entry, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)
+            if entry is not None and cache is not None and not cache._due(pid):
+                read = self._read_again(
+                    pid,
+                    boot,
+                    entry,
+                    with_cgroup=with_cgroup,
+                    tree_pidns=tree_pidns,
+                    detail=detail,
+                    list_fds=pid in list_fds,
+                )
                 reused += read is not None
             if read is None:
                 read = self._read_whole(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)

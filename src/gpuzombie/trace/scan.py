@@ -97,7 +97,7 @@ def scan_node(
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
     containers; ``dstate`` (kept across scans) times the D-state GPU holders, and ``pods`` (asked
     after the procfs was read) tells stale GPU holders; ``cache`` (a long-lived caller's, kept across
-    scans) reads again cheaply what it can vouch for, the processes NVML lists always whole. Raises OSError or ValueError when the
+    scans) reads again cheaply what it can vouch for, the fds of the processes NVML lists every time. Raises OSError or ValueError when the
     procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
@@ -108,7 +108,7 @@ def scan_node(
         """Names (cmdline, cgroup) matter for a container's process or one a trace row shows."""
         return proc.pidns != node_pidns or bool(proc.nvidia_fds) or proc.is_zombie or proc.pid in nvml_pids
 
-    table = procfs.snapshot(now=now, detail=named, cache=cache, read_whole=nvml_pids)
+    table = procfs.snapshot(now=now, detail=named, cache=cache, list_fds=nvml_pids)
     namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []
