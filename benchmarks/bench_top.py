@@ -21,6 +21,10 @@ With --real (a GPU node: scripts/device/top_gpu.sh runs it with the lab's pods u
 machine's own /proc and real NVML, nvitop's TUI refresh whole: every device's snapshot, its
 processes, ``GpuProcess.take_snapshots`` of them and the host panel.
 
+gpuzombie top twice: on the node as built (no process ran between two refreshes: every stat the
+same, what its cache keeps) and with every stat changed before each refresh (every process ran:
+its worst case).
+
 Each: --repeat refreshes, median and spread of wall time, and CPU seconds per refresh
 (``time.process_time``) as a share of one core at the default 2 s refresh of both tools.
 
@@ -65,10 +69,13 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {usable} usable, load {load}"
 
 
-def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
+def measure(fn: Callable[[], object], repeat: int, before: Callable[[], object] | None = None) -> dict[str, float]:
+    """``before`` (not timed) runs before each refresh."""
     walls, cpus = [], []
     fn()  # warm: imports, caches both tools keep across refreshes (names, psutil process objects)
     for _ in range(repeat):
+        if before is not None:
+            before()
         w0, c0 = time.perf_counter(), time.process_time()
         fn()
         walls.append(time.perf_counter() - w0)
@@ -91,6 +98,25 @@ def pad_stat(node: FakeNode) -> None:
     for stat in node.proc.glob("[0-9]*/stat"):
         fields = stat.read_text().split(" ")
         stat.write_text(" ".join(fields + ["0"] * (52 - len(fields))))
+
+
+def churn(node: FakeNode) -> Callable[[], object]:
+    """Before each refresh, every process's stat made to differ from the last refresh's (its utime,
+    field 14, between 0 and 1): a node where every process ran since (the worst case for top's
+    cache, which keeps what an unchanged stat made)."""
+    variants = []
+    for stat in sorted(node.proc.glob("[0-9]*/stat")):
+        fields = stat.read_text().split(" ")
+        ran = [*fields[:13], "1", *fields[14:]]
+        variants.append((stat, " ".join(fields), " ".join(ran)))
+    turn = [0]
+
+    def before() -> None:
+        turn[0] ^= 1
+        for stat, idle, ran in variants:
+            stat.write_text(ran if turn[0] else idle)
+
+    return before
 
 
 def top_refresh(node: FakeNode) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -219,6 +245,7 @@ def main() -> int:
             "node": f"{args.pods} pods x {args.per_pod} processes + {args.host} host processes",
             "processes": view.processes,  # type: ignore[attr-defined]
             "gpuzombie_top_refresh": measure(refresh, args.repeat),
+            "gpuzombie_top_refresh_every_stat_changed": measure(refresh, args.repeat, churn(node)),
             "gpuzombie_top_render": measure(render, args.repeat),
         }
         nvitop = nvitop_refresh(node)
@@ -242,12 +269,12 @@ def report(results: dict[str, object], *, as_json: bool) -> int:
     for key, value in results.items():
         if isinstance(value, dict):
             print(
-                f"{key:24} median {value['median_s'] * 1000:7.1f} ms  min {value['min_s'] * 1000:7.1f}  max "
+                f"{key:42} median {value['median_s'] * 1000:7.1f} ms  min {value['min_s'] * 1000:7.1f}  max "
                 f"{value['max_s'] * 1000:7.1f}  stdev {value['stdev_s'] * 1000:6.1f}  cpu {value['cpu_s_per_refresh'] * 1000:7.1f} ms"
                 f" = {value['cpu_share_of_one_core_at_2s'] * 100:4.1f}% of a core at 2 s"
             )
         else:
-            print(f"{key:24} {value}")
+            print(f"{key:42} {value}")
     return 0
 
 

@@ -192,6 +192,20 @@ def test_a_file_that_fails_later_is_named_never_vouched_for(tmp_path):
     assert proc == procfs.snapshot(now=time.time()).processes[40]
 
 
+def test_a_stat_that_changed_is_parsed_again_and_one_that_did_not_is_the_same_process(tmp_path):
+    """The same stat bytes make the same ProcessInfo (kept, not parsed again); any change to them
+    (here S to D, a new parent) is read at once."""
+    d = fake_tree(tmp_path)
+    procfs, cache = Procfs(str(tmp_path)), ProcessCache(sweep=1000)
+    first = procfs.snapshot(now=time.time(), cache=cache).processes[40]
+    assert procfs.snapshot(now=time.time(), cache=cache).processes[40] is first
+    stat = d / "stat"
+    stat.write_text(stat.read_text().replace(" S 1 ", " D 7 ", 1))
+    again = procfs.snapshot(now=time.time(), cache=cache).processes[40]
+    assert (again.state, again.ppid, cache.last_reused) == ("D", 7, 2)
+    assert again == procfs.snapshot(now=time.time()).processes[40]
+
+
 def test_a_pid_reused_by_another_process_is_read_whole(tmp_path):
     fake_tree(tmp_path)
     procfs, cache = Procfs(str(tmp_path)), ProcessCache(sweep=1000)

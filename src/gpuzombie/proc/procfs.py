@@ -10,7 +10,6 @@ marked incomplete with the file and the reason.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -329,12 +328,12 @@ DEFAULT_SWEEP = 8
 """A ``ProcessCache`` reads every process whole at least once in this many snapshots."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Known:
     """What a whole read found of a live process that its stat and fd table size vouch for later:
     its PID namespace and NSpid never change while it lives; its names change with an exec (which
     changes comm) and, rarely, without one (a process rewriting its argv, moved to another cgroup):
-    the sweep reads those again."""
+    the sweep reads those again. The cache's own record, updated in place as it is read again."""
 
     start_ticks: int
     comm: str
@@ -346,6 +345,10 @@ class _Known:
     """(cmdline, cgroup) when both were read; None when they were not asked for."""
     fds: tuple[str, ...] = ()
     """Its NVIDIA fds when they were last listed (listed again every snapshot while it holds any)."""
+    last: tuple[bytes, int, float, ProcessInfo, bool] | None = None
+    """The stat bytes, owner and boot time the last ProcessInfo was made from, and whether it carries
+    the names: the same bytes make the same ProcessInfo (an idle process's stat does not change),
+    without parsing them again."""
 
 
 class ProcessCache:
@@ -620,6 +623,7 @@ class Procfs:
                 if reading.gone:
                     return None, None
                 known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, fds=fds)
+                known.last = (raw, owner, boot_time, brief, False) if with_cgroup else None
                 return brief, known if keep and not missing else None
         cmdline: tuple[str, ...] = ()
         cgroup: tuple[str, ...] = ()
@@ -649,7 +653,9 @@ class Procfs:
         if not keep or reading.missing:
             return proc, None
         names = (cmdline, cgroup) if with_cgroup else None
-        return proc, _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, names, fds)
+        known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, names, fds)
+        known.last = (raw, owner, boot_time, proc, True) if with_cgroup else None
+        return proc, known
 
     def _read_again(
         self,
@@ -670,18 +676,8 @@ class Procfs:
         base = f"{self.root}/{pid}"
         try:
             raw, owner = read_owned(f"{base}/stat", "stat")
-            stat = parse_stat(raw.decode(errors="replace"))
             fd_size = os.stat(f"{base}/fd", follow_symlinks=False).st_size
-        except (OSError, ValueError):
-            return None
-        if (
-            stat.pid != pid
-            or stat.start_ticks != known.start_ticks
-            or stat.comm != known.comm  # exec changes it: a new program, new names
-            or stat.state in DEAD_STATES
-            or stat.state == "Z"
-            or stat.is_kernel_thread
-        ):
+        except OSError:
             return None
         # 0: a kernel before 6.2 does not count them
         if list_fds or known.fds or fd_size == 0 or fd_size != known.fd_size:
@@ -692,17 +688,48 @@ class Procfs:
             if odd is not None:
                 return None
             if (fds, fd_size) != (known.fds, known.fd_size):
-                known = dataclasses.replace(known, fds=fds, fd_size=fd_size)
+                known.fds, known.fd_size, known.last = fds, fd_size, None
+        last = known.last
+        if last is not None and last[0] == raw and last[1] == owner and last[2] == boot_time and with_cgroup:
+            proc, named = last[3], last[4]
+            if (detail(proc, tree_pidns) if detail is not None else True) == named:
+                return proc, known
+        try:
+            stat = parse_stat(raw.decode(errors="replace"))
+        except ValueError:
+            return None
+        if (
+            stat.pid != pid
+            or stat.start_ticks != known.start_ticks
+            or stat.comm != known.comm  # exec changes it: a new program, new names
+            or stat.state in DEAD_STATES
+            or stat.state == "Z"
+            or stat.is_kernel_thread
+        ):
+            return None
         fds = known.fds
+        named = False
         if known.names is None or not with_cgroup:  # names never read: do they matter now?
-            brief = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
-            return (brief, known) if detail is not None and not detail(brief, tree_pidns) else None
-        cmdline, cgroup = known.names
-        proc = self._process(
-            pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds, cmdline=cmdline, cgroup=cgroup
-        )
-        if detail is not None and not detail(proc, tree_pidns):  # as uncached: names only where they matter
             proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
+            if detail is None or detail(proc, tree_pidns):
+                return None
+        else:
+            cmdline, cgroup = known.names
+            proc = self._process(
+                pid,
+                stat,
+                owner,
+                boot_time,
+                nspid=known.nspid,
+                pidns=known.pidns,
+                fds=fds,
+                cmdline=cmdline,
+                cgroup=cgroup,
+            )
+            named = detail is None or detail(proc, tree_pidns)
+            if not named:  # as uncached: names only where they matter
+                proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
+        known.last = (raw, owner, boot_time, proc, named) if with_cgroup else None
         return proc, known
 
     def _unknown(
