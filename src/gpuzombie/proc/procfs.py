@@ -352,7 +352,7 @@ class _Known:
 
 
 class ProcessCache:
-    """Kept across snapshots of one tree by a long-lived caller (top, the exporter) to read less.
+    """Kept across snapshots of one tree by a long-lived caller (top's NodeSource) to read less.
 
     A process it knows (same pid, start time and comm, read whole before with nothing missing, no
     zombie) is read again as its stat (state, parent, rss: what changes) and its fd directory's
@@ -805,9 +805,9 @@ class Procfs:
         (observe): one read in five, on a node with thousands of processes; ``detail`` limits cmdline
         and cgroup to the processes it names (``read_process``). ``cache`` (kept by the caller across
         snapshots of this tree) reads the processes it knows again cheaply, the fds of ``list_fds``
-        (e.g. the pids NVML lists) listed every time. Pids left when the deadline passes are listed in ``unread``.
-        Raises OSError or ValueError only for the tree itself (its root not listable, its stat
-        without a boot time).
+        (e.g. the pids NVML lists) listed every time. Pids left when the deadline passes are listed
+        in ``unread``. Raises OSError or ValueError only for the tree itself (its root not listable,
+        its stat without a boot time).
         """
         deadline = deadline or self.deadline()
         boot = self.boot_time()

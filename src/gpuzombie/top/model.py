@@ -17,7 +17,7 @@ from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import GpuDevice
 from gpuzombie.handover.verdict import GpuReading, judge
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
+from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
 from gpuzombie.observe.pid1 import Pid1Kind
@@ -232,14 +232,18 @@ def build_view(
         ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
     }
 
-    refs: dict[tuple[str, ...], ContainerRef | None] = {}  # a container's processes share their cgroup lines
+    seen: dict[tuple[tuple[str, ...], int | None], tuple[_PodAcc, str] | None] = {}
 
     def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        ref = None
-        if proc.cgroup:
-            if proc.cgroup not in refs:
-                refs[proc.cgroup] = parse_cgroup_lines(proc.cgroup)
-            ref = refs[proc.cgroup]
+        """Its pod and container: the same for every process of a container (same cgroup lines and
+        PID namespace), so found once per container."""
+        key = (proc.cgroup, proc.pidns)
+        if key not in seen:
+            seen[key] = _find_pod(proc)
+        return seen[key]
+
+    def _find_pod(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
+        ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
         if (ref is None or not ref.pod_uid) and proc.pidns is not None:
             ref = pod_of_pidns.get(proc.pidns)
         if ref is None or not ref.pod_uid:
