@@ -6,7 +6,9 @@ cgroup, one GPU worker per pod listed by a fake NVML on 8 GPUs; a third with a `
 every fifth with a zombie); 4,200 live processes are too heavy for the 2 shared cores here.
 
 * gpuzombie top: ``NodeSource()`` = one ``trace.scan.scan_node`` (every process read, the trace,
-  the per-namespace survey) + the view model; then the frame rendered as ``--once`` prints it.
+  the per-namespace survey) + the view model; then the frame rendered as ``--once`` prints it. The
+  first refresh (reading every process whole, filling the ``ProcessCache``) is the warm-up; the
+  measured ones are the steady state, each with its sweep (one process in 8 read whole).
 * nvitop (``pip install nvitop``): what its TUI does every refresh besides NVML: a host snapshot of
   every GPU process (``GpuProcess.host_snapshot``'s fields: status, username, name, cmdline,
   cpu_percent, memory_percent, memory, running time, through ``nvitop.HostProcess`` = psutil), and
@@ -18,6 +20,10 @@ every fifth with a zombie); 4,200 live processes are too heavy for the 2 shared 
 With --real (a GPU node: scripts/device/top_gpu.sh runs it with the lab's pods up): both on this
 machine's own /proc and real NVML, nvitop's TUI refresh whole: every device's snapshot, its
 processes, ``GpuProcess.take_snapshots`` of them and the host panel.
+
+gpuzombie top twice: on the node as built (no process ran between two refreshes: every stat the
+same, what its cache keeps) and with every stat changed before each refresh (every process ran:
+its worst case).
 
 Each: --repeat refreshes, median and spread of wall time, and CPU seconds per refresh
 (``time.process_time``) as a share of one core at the default 2 s refresh of both tools.
@@ -56,10 +62,20 @@ INTERVAL_S = 2.0
 """Both tools' default refresh interval (gpuzombie top --interval, nvitop --interval)."""
 
 
-def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
+def machine() -> str:
+    """The machine, the CPUs this run may use (``taskset -c 0,1``: 2) and the load beside it."""
+    usable = len(os.sched_getaffinity(0))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {usable} usable, load {load}"
+
+
+def measure(fn: Callable[[], object], repeat: int, before: Callable[[], object] | None = None) -> dict[str, float]:
+    """``before`` (not timed) runs before each refresh."""
     walls, cpus = [], []
     fn()  # warm: imports, caches both tools keep across refreshes (names, psutil process objects)
     for _ in range(repeat):
+        if before is not None:
+            before()
         w0, c0 = time.perf_counter(), time.process_time()
         fn()
         walls.append(time.perf_counter() - w0)
@@ -82,6 +98,25 @@ def pad_stat(node: FakeNode) -> None:
     for stat in node.proc.glob("[0-9]*/stat"):
         fields = stat.read_text().split(" ")
         stat.write_text(" ".join(fields + ["0"] * (52 - len(fields))))
+
+
+def churn(node: FakeNode) -> Callable[[], object]:
+    """Before each refresh, every process's stat made to differ from the last refresh's (its utime,
+    field 14, between 0 and 1): a node where every process ran since (the worst case for top's
+    cache, which keeps what an unchanged stat made)."""
+    variants = []
+    for stat in sorted(node.proc.glob("[0-9]*/stat")):
+        fields = stat.read_text().split(" ")
+        ran = [*fields[:13], "1", *fields[14:]]
+        variants.append((stat, " ".join(fields), " ".join(ran)))
+    turn = [0]
+
+    def before() -> None:
+        turn[0] ^= 1
+        for stat, idle, ran in variants:
+            stat.write_text(ran if turn[0] else idle)
+
+    return before
 
 
 def top_refresh(node: FakeNode) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -189,12 +224,13 @@ def main() -> int:
     if args.real:
         top, nvitop_real = real_refreshes(args.cri_socket)
         results: dict[str, object] = {
-            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "node": "this machine's /proc and NVML",
             "gpuzombie_top_refresh": measure(top, args.repeat),
             "nvitop_refresh": nvitop_real if isinstance(nvitop_real, str) else measure(nvitop_real, args.repeat),
         }
+        results["machine_after"] = machine()
         return report(results, as_json=args.json)
     root = Path(tempfile.mkdtemp(prefix="bench-top-"))
     try:
@@ -203,12 +239,13 @@ def main() -> int:
         refresh, render = top_refresh(node)
         view = refresh()
         results = {
-            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "machine": machine(),
             "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "node": f"{args.pods} pods x {args.per_pod} processes + {args.host} host processes",
             "processes": view.processes,  # type: ignore[attr-defined]
             "gpuzombie_top_refresh": measure(refresh, args.repeat),
+            "gpuzombie_top_refresh_every_stat_changed": measure(refresh, args.repeat, churn(node)),
             "gpuzombie_top_render": measure(render, args.repeat),
         }
         nvitop = nvitop_refresh(node)
@@ -221,6 +258,7 @@ def main() -> int:
             results["nvitop_refresh"] = measure(nvitop, args.repeat)
     finally:
         shutil.rmtree(root)
+    results["machine_after"] = machine()
     return report(results, as_json=args.json)
 
 
@@ -231,12 +269,12 @@ def report(results: dict[str, object], *, as_json: bool) -> int:
     for key, value in results.items():
         if isinstance(value, dict):
             print(
-                f"{key:24} median {value['median_s'] * 1000:7.1f} ms  min {value['min_s'] * 1000:7.1f}  max "
+                f"{key:42} median {value['median_s'] * 1000:7.1f} ms  min {value['min_s'] * 1000:7.1f}  max "
                 f"{value['max_s'] * 1000:7.1f}  stdev {value['stdev_s'] * 1000:6.1f}  cpu {value['cpu_s_per_refresh'] * 1000:7.1f} ms"
                 f" = {value['cpu_share_of_one_core_at_2s'] * 100:4.1f}% of a core at 2 s"
             )
         else:
-            print(f"{key:24} {value}")
+            print(f"{key:42} {value}")
     return 0
 
 

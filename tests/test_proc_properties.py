@@ -19,6 +19,7 @@ from gpuzombie.escape import escape
 from gpuzombie.proc.parse import (
     STATES,
     StatusFields,
+    _parse_stat_checked,
     parse_boot_time,
     parse_cgroup,
     parse_cmdline,
@@ -120,7 +121,36 @@ def test_flags_parse_only_unsigned(flags):
         assert flags < 0
 
 
-suffixes = st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60) | st.sampled_from(
+stat_fields = st.sampled_from(["0", "-1", "", "12", "-", "+3", "9" * 21, "x", "S", "1\n", "\n", "\u0663"])
+
+
+@settings(max_examples=400)
+@given(
+    st.sampled_from(["7", " 7", "-7", "x"]),
+    comms,
+    st.lists(stat_fields | st.integers(min_value=-(2**65), max_value=2**65).map(str) | anything, max_size=30),
+    st.sampled_from(["", "\n", "\n\n", " ", "\nx"]),
+)
+@example("7", "x", ["S", "1", "7", "7", "0", "-1", "0"] + ["0"] * 12 + ["1000", "0", "10"], "\n")
+@example("7", "x", ["S", "1", "7", "7", "0", "-1", "0"] + ["0"] * 12 + ["1000", "0", "10"], "\nx")
+def test_the_one_match_parse_of_stat_is_the_field_by_field_one(pid, comm, fields, end):
+    """The fast path of parse_stat (one regex) reads exactly what the field-by-field checks read,
+    and takes nothing they refuse."""
+    text = f"{pid} ({comm}) " + " ".join(fields) + end
+    try:
+        expected: object = _parse_stat_checked(text)
+    except ValueError:
+        expected = ValueError
+    try:
+        got: object = parse_stat(text)
+    except ValueError:
+        got = ValueError
+    assert got == expected
+
+
+suffixes = st.text(
+    alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=60
+) | st.sampled_from(
     ["0", "12", "ctl", "-uvm", "-uvm-tools", "-modeset", "-caps/nvidia-cap3", "0 (deleted)", "ctlx", "-uvm-"]
 )
 

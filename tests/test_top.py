@@ -16,7 +16,7 @@ from docs import doc
 from fakeproc import TREE_PIDNS, make_fake_proc
 from gpuzombie.cli.main import main
 from gpuzombie.gpu.attribution import ReaderView
-from gpuzombie.gpu.nvml import FakeNvml, GpuSnapshot
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import ContainerNames, CriNames
 from gpuzombie.k8s.podresources import PodResources
@@ -149,6 +149,27 @@ def test_without_nvml_the_holders_still_show_under_their_device_node(node):
     assert [g.key for g in view.groups] == ["0", "1", "2", "3", HOST]
     assert view.groups[0].memory is None and "NVML not read" in view.groups[0].title
     assert {p.pod for p in view.groups[0].pods} == {"train-0", "train-4", "train-8"}
+
+
+def test_each_gpu_says_whether_it_is_clean_to_hand_out_as_preflight_judges_it(node):
+    """handover.verdict.judge on each GPU's NVML reading: the driver's reservation alone is clean; a
+    listed process is in use; memory held with none listed is dirty; no NVML is never clean."""
+    busy = node.nvml().snapshot
+    idle = GpuDevice(4, "GPU-0004", "NVIDIA H200", 140 * 1024 * MIB, 615 * MIB, 0, 615 * MIB)
+    ghost = dataclasses.replace(idle, index=5, uuid="GPU-0005", memory_used=(615 + 900) * MIB)
+    nvml = FakeNvml(dataclasses.replace(busy, devices=(*busy.devices, idle, ghost)))
+    view = source(node, nvml=nvml)()
+    by_key = {g.key: g for g in view.groups}
+    assert (by_key["0"].handover, by_key["4"].handover, by_key["5"].handover) == ("in use", "clean", "dirty")
+    assert by_key["0"].handover_reason == "3 process(es) listed, 6012 MiB held"
+    assert by_key["4"].handover_reason == "0 MiB held, within 16 MiB"
+    assert "900 MiB held with no process listed" in by_key["5"].handover_reason
+    text = render_text(arrange(view), width=250)
+    assert "clean to hand out (0 MiB held, within 16 MiB)" in text
+    blind = source(node, nvml=FakeNvml(GpuSnapshot(available=False, reason="NVML Shared Library Not Found")))()
+    assert {(g.handover, g.handover_reason) for g in blind.groups if g.key != HOST} == {
+        ("cannot tell", "cannot read the GPU: NVML Shared Library Not Found")
+    }
 
 
 def test_what_a_container_controls_is_escaped_and_never_markup(node):

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import uuid
 from pathlib import Path
 
@@ -102,6 +103,35 @@ def test_keys_sort_filter_expand_and_help_on_a_node_of_many_pods(tmp_path):
             assert isinstance(app.screen, Help)
             await press(pilot, "escape")
             assert not isinstance(app.screen, Help)
+
+    asyncio.run(drive())
+
+
+def test_a_node_of_hundreds_of_pods_shows_every_one_and_filters_them(tmp_path):
+    """300 pods on 8 GPUs (the issue's "hundreds of pods"): every pod a row under its GPU, the
+    namespace filter and the tree over all of them."""
+    node = build_fake_node(tmp_path, pods=300, per_pod=3, host=50, gpus=8)
+    source = NodeSource(
+        procfs=Procfs(str(node.proc)),
+        nvml=node.nvml(),
+        view=ReaderView(in_root_pidns=True),
+        names=node.names,
+        resources=lambda: PodResources(source=None),
+        pods=None,
+    )
+
+    async def drive() -> None:
+        app = TopApp(source, interval=3600)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await loaded(app, pilot)
+            shown = [p.pod for p, x in app.rows.values() if p and x is None]
+            assert len(shown) == 300 and len(set(shown)) == 300
+            assert [len(pods_shown(app, str(g))) for g in range(8)] == [38, 38, 38, 38, 37, 37, 37, 37]
+            await press(pilot, "N")
+            assert {p.namespace for p, _ in app.rows.values() if p} == {"infra"}
+            assert len({p.pod for p, _ in app.rows.values() if p}) == 100
+            await press(pilot, "N", "N", "N", "t")
+            assert len(processes_shown(app)) == 300 * 3
 
     asyncio.run(drive())
 
@@ -251,6 +281,41 @@ def test_a_refresh_with_the_same_rows_updates_the_cells_that_changed(tmp_path):
             await loaded(app, pilot)
             assert str(table.get_cell(key, "D-STATE")).startswith("1 for ")
             assert table.get_row_index(key) == 2  # the same row, updated in place
+
+    asyncio.run(drive())
+
+
+def test_a_slow_scan_is_never_run_twice_at_once_and_one_more_follows_it(tmp_path):
+    """Refreshes asked for while a scan waits (a runtime at its timeout) run one after it, never beside
+    it: two at once would share the source's trackers and process cache."""
+    source = fake_source(tmp_path)
+    release = threading.Event()
+    running, most, calls = [0], [0], []
+    guard = threading.Lock()
+
+    def slow():
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            calls.append(1)
+        try:
+            release.wait(30)
+            return source()
+        finally:
+            with guard:
+                running[0] -= 1
+
+    async def drive() -> None:
+        app = TopApp(slow, interval=3600)
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.pause()
+            app.refresh_view()
+            app.refresh_view()
+            await pilot.pause()
+            release.set()
+            await loaded(app, pilot)
+            assert (most[0], len(calls)) == (1, 2)
+            assert pods_shown(app) == ["train-8", "train-4", "train-0"]
 
     asyncio.run(drive())
 

@@ -7,7 +7,8 @@ On a private containerd (the lab's): ``keeper-0`` (a pod the runtime runs, nothi
 starts two workers holding SIZE_MIB each and exits without wait() (the seed's scenario 1: orphans
 on the GPU under a PID 1 that reaps nothing). Captured under OUT: top's frame and JSON with all of
 it running (top-running.txt/.json), both tools' refresh on this node beside each other
-(bench-top-real.log: benchmarks/bench_top.py --real; BENCH=0 skips it), then after ``trainer-0`` is
+(bench-top-real.log: benchmarks/bench_top.py --real pinned to BENCH_CPUS, default 0,1: two cores;
+BENCH=0 skips it), then after ``trainer-0`` is
 removed through the CRI (its worker STALE: top-stale.txt/.json), and the time of each --once.
 """
 
@@ -119,7 +120,9 @@ def main() -> int:
                 )
                 summary["once_running_s"] = top("top-running", *args)
                 if os.environ.get("BENCH", "1") == "1":  # both tools' refresh on this node, the pods up
+                    cpus = os.environ.get("BENCH_CPUS", "0,1")  # the issue's goal is for 2 cores
                     bench = [
+                        *(["taskset", "-c", cpus] if cpus else []),
                         sys.executable,
                         "benchmarks/bench_top.py",
                         "--real",

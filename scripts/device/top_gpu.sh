@@ -6,7 +6,8 @@
 # in its cgroup, SIZE_MIB, default 2048) and orphans-0 (PID 1 sleep, two orphaned torch workers);
 # top's frame is captured running and after trainer-0's removal (its worker STALE). With nvitop's
 # wheel in .whl (pip download nvitop; its needs, nvidia-ml-py and psutil, are on the device), also
-# benchmarks/bench_top.py beside nvitop on this quiet 16-core machine.
+# benchmarks/bench_top.py beside nvitop, pinned to 2 cores (BENCH_CPUS=0,1; the issue's goal is for
+# 2 cores; BENCH_CPUS= uses all), the fake node three times.
 # Under $OUT: top-running.txt, top-stale.txt, bench-top-real.log (both tools on this node's /proc and
 # NVML, the pods up), machine.txt, top-gpu.log, bench-top.log (the fake node of 110 pods), and
 # top-json-and-workers.tgz (top-running.json, top-stale.json, summary.json, the workers' logs). DEVICE=cpu: a dry run without a GPU (stand-in /dev/nvidia0 holders).
@@ -34,7 +35,15 @@ PYTHONUNBUFFERED=1 timeout -s TERM -k 20 300 python3 scripts/device/top_gpu.py "
 rc=${PIPESTATUS[0]}
 { echo "== after"; leftovers; } 2>&1 | tee -a "$OUT/top-gpu.log"
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 400 python3 benchmarks/bench_top.py --repeat 20 2>&1 | tee "$OUT/bench-top.log"
+  # The issue's goal is for 2 cores: the benchmarks run pinned to BENCH_CPUS (default 0,1; empty: all),
+  # three times over the fake node for the spread between runs.
+  export BENCH_CPUS=${BENCH_CPUS-0,1}
+  pin=(); [ -n "$BENCH_CPUS" ] && pin=(taskset -c "$BENCH_CPUS")
+  : > "$OUT/bench-top.log"
+  for run in 1 2 3; do
+    echo "== run $run: ${pin[*]} python3 benchmarks/bench_top.py --repeat 20" | tee -a "$OUT/bench-top.log"
+    timeout 400 "${pin[@]}" python3 benchmarks/bench_top.py --repeat 20 2>&1 | tee -a "$OUT/bench-top.log"
+  done
 fi
 # The device tool brings back at most 8 files: the frames' JSON and the workers' logs go in one archive.
 (cd "$OUT" && tar czf top-json-and-workers.tgz --remove-files ./*.json ./*-worker.log ./*-parent.log 2>/dev/null)

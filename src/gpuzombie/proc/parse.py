@@ -86,12 +86,38 @@ def _uint(text: str, what: str) -> int:
     return _int(text, what)
 
 
+_NUMBER = "(-?[0-9]{1,20})"
+_STAT_TAIL = re.compile(
+    rf"([{''.join(sorted(STATES))}]) {_NUMBER} {_NUMBER} {_NUMBER} [^ ]* [^ ]* ([0-9]{{1,20}})(?: [^ ]*){{12}} "
+    rf"{_NUMBER} [^ ]* {_NUMBER}(?: |\n*\Z)"
+)
+"""Fields 3 to 24 of a well-formed stat, after ``(comm) ``, in one match: state, ppid, pgrp,
+session, flags, starttime, rss, exactly as the field-by-field checks below accept them. A node
+scan parses thousands of stats per refresh; whatever this does not match takes the checks."""
+
+
 def parse_stat(text: str) -> StatFields:
     """Parse /proc/<pid>/stat. The comm may contain spaces and parentheses: split at the last ')'.
 
     Strict where a wrong value changes a verdict: the state must be one of the kernel's letters
     (``STATES``) and the flags unsigned (``-1`` would set PF_KTHREAD and hide a GPU holder as a
     kernel thread)."""
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 0 or close_paren < open_paren:
+        raise ValueError("no (comm) in stat")
+    comm = text[open_paren + 1 : close_paren]
+    fast = _STAT_TAIL.match(text, close_paren + 2)
+    if fast is None:
+        return _parse_stat_checked(text)
+    state, ppid, pgid, sid, flags, start, rss = fast.groups()
+    pid = _uint(text[:open_paren].strip(), "pid")
+    return StatFields(comm, state, int(ppid), pid, int(pgid), int(sid), int(start), int(rss), int(flags))
+
+
+def _parse_stat_checked(text: str) -> StatFields:
+    """``parse_stat`` field by field: what a stat ``_STAT_TAIL`` does not match gets, to say why it
+    is malformed (and the one the tests hold the fast match to)."""
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 0 or close_paren < open_paren:

@@ -14,7 +14,6 @@ process's pid inside its namespace and ``ns/pid`` which namespace that is.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -117,13 +116,11 @@ def _local_table(host: ProcessTable, inode: int, members: list[ProcessInfo]) -> 
         return PID_MAX_LIMIT + host_id  # a group or session whose leader exited
 
     processes = {
-        local_of[p.pid]: dataclasses.replace(
-            p,
+        local_of[p.pid]: p.relocated(
             pid=local_of[p.pid],
             ppid=local(p.ppid, leader=False),
             pgid=local(p.pgid, leader=True),
             sid=local(p.sid, leader=True),
-            nspid=p.nspid[-1:],
         )
         for p in known
     }

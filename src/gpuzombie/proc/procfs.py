@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpuzombie.proc.own import PROCFS
@@ -123,6 +123,28 @@ class ProcessInfo:
     def identity(self) -> tuple[int, int]:
         """(pid, start time in ticks): what tells a process from a later one with the same pid."""
         return (self.pid, self.start_ticks)
+
+    def relocated(self, *, pid: int, ppid: int, pgid: int, sid: int) -> ProcessInfo:
+        """This process as its own PID namespace shows it (``proc.pidns``): its ids there and its
+        innermost NSpid. ``dataclasses.replace`` by hand: a node scan makes thousands a refresh."""
+        return ProcessInfo(
+            pid,
+            ppid,
+            self.state,
+            self.comm,
+            self.cmdline,
+            self.uid,
+            self.start_ticks,
+            self.start_time,
+            pgid,
+            sid,
+            self.nspid[-1:],
+            self.pidns,
+            self.cgroup,
+            self.nvidia_fds,
+            self.rss_bytes,
+            self.incomplete,
+        )
 
 
 @dataclass(frozen=True)
@@ -281,8 +303,15 @@ def fd_targets(fd_dir: str) -> list[str]:
     A list, not a generator: resuming a generator per fd cost more than the early stop a caller
     could gain.
     """
+    return _fd_targets_and_size(fd_dir)[0]
+
+
+def _fd_targets_and_size(fd_dir: str) -> tuple[list[str], int]:
+    """``fd_targets`` and the directory's ``st_size`` before the listing: the count of open fds
+    on Linux 6.2+ (0 before it), what ``ProcessCache`` compares to tell an fd table that changed."""
     dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
+        size = os.fstat(dir_fd).st_size
         targets = []
         for name in os.listdir(dir_fd):
             try:
@@ -290,9 +319,62 @@ def fd_targets(fd_dir: str) -> list[str]:
             except OSError as exc:
                 if exc.errno not in GONE_ERRNOS:
                     raise
-        return targets
+        return targets, size
     finally:
         os.close(dir_fd)
+
+
+DEFAULT_SWEEP = 8
+"""A ``ProcessCache`` reads every process whole at least once in this many snapshots."""
+
+
+@dataclass(slots=True)
+class _Known:
+    """What a whole read found of a live process that its stat and fd table size vouch for later:
+    its PID namespace and NSpid never change while it lives; its names change with an exec (which
+    changes comm) and, rarely, without one (a process rewriting its argv, moved to another cgroup):
+    the sweep reads those again. The cache's own record, updated in place as it is read again."""
+
+    start_ticks: int
+    comm: str
+    nspid: tuple[int, ...]
+    pidns: int | None
+    fd_size: int
+    """The fd directory's st_size when its fds were listed: the count of open fds on Linux 6.2+."""
+    names: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """(cmdline, cgroup) when both were read; None when they were not asked for."""
+    fds: tuple[str, ...] = ()
+    """Its NVIDIA fds when they were last listed (listed again every snapshot while it holds any)."""
+    last: tuple[bytes, int, float, ProcessInfo, bool] | None = None
+    """The stat bytes, owner and boot time the last ProcessInfo was made from, and whether it carries
+    the names: the same bytes make the same ProcessInfo (an idle process's stat does not change),
+    without parsing them again."""
+
+
+class ProcessCache:
+    """Kept across snapshots of one tree by a long-lived caller (top's NodeSource) to read less.
+
+    A process it knows (same pid, start time and comm, read whole before with nothing missing, no
+    zombie) is read again as its stat (state, parent, rss: what changes) and its fd directory's
+    size; its fds are listed again when that size changed (an fd opened or closed), while it holds
+    an NVIDIA fd, when the caller asks (the pids NVML lists), and on kernels before 6.2, where the
+    size is always 0. Whatever cannot be vouched for that way is read whole, as without a cache: a
+    cache never hides a file that fails. The one change a size cannot see, an fd closed and another
+    opened between two snapshots, and names changed without an exec, are seen by the sweep: each
+    snapshot reads one process in ``sweep`` whole, so every process is read whole at least every
+    ``sweep`` snapshots."""
+
+    def __init__(self, sweep: int = DEFAULT_SWEEP) -> None:
+        if sweep < 1:
+            raise ValueError("sweep must be at least 1")
+        self.sweep = sweep
+        self._known: dict[int, _Known] = {}
+        self._round = 0
+        self.last_reused = 0
+        """How many processes the last snapshot read again cheaply (tests, benchmarks)."""
+
+    def _due(self, pid: int) -> bool:
+        return (pid + self._round) % self.sweep == 0
 
 
 class _Reading:
@@ -349,21 +431,22 @@ class Procfs:
         """The tree's boot time; raises OSError (unreadable, FIFO, too large) or ValueError (no btime)."""
         return parse_boot_time(read_text(self.path("stat"), "proc_stat"))
 
-    def _nvidia_fds(self, fd_dir: str) -> tuple[tuple[str, ...], str | None]:
+    def _nvidia_fds(self, fd_dir: str) -> tuple[tuple[str, ...], str | None, int]:
         """Targets of the fds in ``fd_dir`` that are NVIDIA devices (exactly: ``NVIDIA_DEVICE_NAMES``),
-        sorted, and what is wrong with a link that starts with the prefix but names no device (None
-        when none does); raises OSError when the directory cannot be listed."""
+        sorted, what is wrong with a link that starts with the prefix but names no device (None
+        when none does), and the directory's size; raises OSError when the directory cannot be listed."""
         prefix = self.device_prefix
         found: set[str] = set()
         odd: list[str] = []
-        for target in fd_targets(fd_dir):
+        targets, size = _fd_targets_and_size(fd_dir)
+        for target in targets:
             if target.startswith(prefix):
                 if self._device.fullmatch(target):
                     found.add(target)
                 else:
                     odd.append(target)
         why = f"{len(odd)} link(s) under {prefix} name no NVIDIA device, e.g. {odd[0][:80]!r}" if odd else None
-        return (tuple(sorted(found)) if found else ()), why
+        return (tuple(sorted(found)) if found else ()), why, size
 
     def pidns(self, pid: int) -> int | None:
         """The PID-namespace inode of ``pid``; None when gone, denied or not a namespace link."""
@@ -476,28 +559,43 @@ class Procfs:
         not read. cmdline and cgroup, which only name a process, are read when ``detail`` (given
         the process read so far and ``tree_pidns``) says so; default always.
         """
+        return self._read_whole(pid, boot_time, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)[0]
+
+    def _read_whole(
+        self,
+        pid: int,
+        boot_time: float,
+        *,
+        with_cgroup: bool,
+        tree_pidns: int | None,
+        detail: Detail | None,
+    ) -> tuple[ProcessInfo | None, _Known | None]:
+        """``read_process``, and what a ``ProcessCache`` may keep of it: None unless every file was
+        read whole (a process with a gap is read whole again next time) and it is no zombie or
+        kernel thread."""
         base = f"{self.root}/{pid}"
         reading = _Reading(base)
         try:
             raw, owner = read_owned(f"{base}/stat", "stat")
         except OSError as exc:
             if exc.errno in GONE_ERRNOS:
-                return None
-            return self._unknown(pid, boot_time, (unreadable("stat", exc),))
+                return None, None
+            return self._unknown(pid, boot_time, (unreadable("stat", exc),)), None
         try:
             stat = parse_stat(raw.decode(errors="replace"))
         except ValueError as exc:
-            return self._unknown(pid, boot_time, (unreadable("stat", exc),), uid=owner)
+            return self._unknown(pid, boot_time, (unreadable("stat", exc),), uid=owner), None
         if stat.pid != pid:
             why = ValueError(f"stat names pid {stat.pid}: not the directory of its own process")
-            return self._unknown(pid, boot_time, (unreadable("stat", why),), uid=owner)
+            return self._unknown(pid, boot_time, (unreadable("stat", why),), uid=owner), None
         if stat.state in DEAD_STATES:
-            return None
+            return None, None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
-            return self._process(pid, stat, owner, boot_time, nspid=(pid,), pidns=tree_pidns)
+            return self._process(pid, stat, owner, boot_time, nspid=(pid,), pidns=tree_pidns), None
         status = StatusFields(uid=None, nspid=())
         pidns: int | None = None
         fds: tuple[str, ...] = ()
+        fd_size = 0
         ns_failure: OSError | None = None
         try:
             pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
@@ -511,17 +609,22 @@ class Procfs:
         if ns_failure is not None:
             reading.failed("ns/pid", ns_failure)
         try:
-            fds, odd = self._nvidia_fds(f"{base}/fd")
+            fds, odd, fd_size = self._nvidia_fds(f"{base}/fd")
             if odd is not None:
                 reading.failed("fd", ValueError(odd))
         except OSError as exc:
             reading.failed("fd", exc)
         nspid = status.nspid or (pid,)
+        keep = stat.state != "Z"
         if detail is not None:
             missing = tuple(reading.missing)
             brief = self._process(pid, stat, owner, boot_time, nspid=nspid, pidns=pidns, fds=fds, incomplete=missing)
             if not detail(brief, tree_pidns):
-                return None if reading.gone else brief
+                if reading.gone:
+                    return None, None
+                known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, fds=fds)
+                known.last = (raw, owner, boot_time, brief, False) if with_cgroup else None
+                return brief, known if keep and not missing else None
         cmdline: tuple[str, ...] = ()
         cgroup: tuple[str, ...] = ()
         try:
@@ -534,8 +637,8 @@ class Procfs:
             except OSError as exc:
                 reading.failed("cgroup", exc)
         if reading.gone:
-            return None  # exited mid-read: drop it rather than report half a process
-        return self._process(
+            return None, None  # exited mid-read: drop it rather than report half a process
+        proc = self._process(
             pid,
             stat,
             owner,
@@ -547,6 +650,87 @@ class Procfs:
             cgroup=cgroup,
             incomplete=tuple(reading.missing),
         )
+        if not keep or reading.missing:
+            return proc, None
+        names = (cmdline, cgroup) if with_cgroup else None
+        known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, names, fds)
+        known.last = (raw, owner, boot_time, proc, True) if with_cgroup else None
+        return proc, known
+
+    def _read_again(
+        self,
+        pid: int,
+        boot_time: float,
+        known: _Known,
+        *,
+        with_cgroup: bool,
+        tree_pidns: int | None,
+        detail: Detail | None,
+        list_fds: bool,
+    ) -> tuple[ProcessInfo, _Known] | None:
+        """A process a ``ProcessCache`` knows, read again cheaply: its stat, and its fds only when
+        the fd table's size changed, it held an NVIDIA fd, or ``list_fds``. None whenever that
+        cannot vouch for it (anything unreadable, another process or program under the pid, a
+        zombie, names wanted that were not kept): the caller then reads it whole, which says what
+        failed."""
+        base = f"{self.root}/{pid}"
+        try:
+            raw, owner = read_owned(f"{base}/stat", "stat")
+            fd_size = os.stat(f"{base}/fd", follow_symlinks=False).st_size
+        except OSError:
+            return None
+        # 0: a kernel before 6.2 does not count them
+        if list_fds or known.fds or fd_size == 0 or fd_size != known.fd_size:
+            try:
+                fds, odd, fd_size = self._nvidia_fds(f"{base}/fd")
+            except OSError:
+                return None
+            if odd is not None:
+                return None
+            if (fds, fd_size) != (known.fds, known.fd_size):
+                known.fds, known.fd_size, known.last = fds, fd_size, None
+        last = known.last
+        if last is not None and last[0] == raw and last[1] == owner and last[2] == boot_time and with_cgroup:
+            proc, named = last[3], last[4]
+            if (detail(proc, tree_pidns) if detail is not None else True) == named:
+                return proc, known
+        try:
+            stat = parse_stat(raw.decode(errors="replace"))
+        except ValueError:
+            return None
+        if (
+            stat.pid != pid
+            or stat.start_ticks != known.start_ticks
+            or stat.comm != known.comm  # exec changes it: a new program, new names
+            or stat.state in DEAD_STATES
+            or stat.state == "Z"
+            or stat.is_kernel_thread
+        ):
+            return None
+        fds = known.fds
+        named = False
+        if known.names is None or not with_cgroup:  # names never read: do they matter now?
+            proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
+            if detail is None or detail(proc, tree_pidns):
+                return None
+        else:
+            cmdline, cgroup = known.names
+            proc = self._process(
+                pid,
+                stat,
+                owner,
+                boot_time,
+                nspid=known.nspid,
+                pidns=known.pidns,
+                fds=fds,
+                cmdline=cmdline,
+                cgroup=cgroup,
+            )
+            named = detail is None or detail(proc, tree_pidns)
+            if not named:  # as uncached: names only where they matter
+                proc = self._process(pid, stat, owner, boot_time, nspid=known.nspid, pidns=known.pidns, fds=fds)
+        known.last = (raw, owner, boot_time, proc, named) if with_cgroup else None
+        return proc, known
 
     def _unknown(
         self, pid: int, boot_time: float, why: tuple[Unreadable, ...], *, uid: int | None = None
@@ -612,14 +796,18 @@ class Procfs:
         with_cgroup: bool = True,
         deadline: Deadline | None = None,
         detail: Detail | None = None,
+        cache: ProcessCache | None = None,
+        list_fds: Collection[int] = (),
     ) -> ProcessTable:
         """Read every process (or the given pids) into a ProcessTable.
 
         ``with_cgroup=False`` skips /proc/<pid>/cgroup for callers that do not map containers
         (observe): one read in five, on a node with thousands of processes; ``detail`` limits cmdline
-        and cgroup to the processes it names (``read_process``). Pids left when the
-        deadline passes are listed in ``unread``. Raises OSError or ValueError only for the tree
-        itself (its root not listable, its stat without a boot time).
+        and cgroup to the processes it names (``read_process``). ``cache`` (kept by the caller across
+        snapshots of this tree) reads the processes it knows again cheaply, the fds of ``list_fds``
+        (e.g. the pids NVML lists) listed every time. Pids left when the deadline passes are listed
+        in ``unread``. Raises OSError or ValueError only for the tree itself (its root not listable,
+        its stat without a boot time).
         """
         deadline = deadline or self.deadline()
         boot = self.boot_time()
@@ -627,13 +815,36 @@ class Procfs:
         tree_pidns = self.tree_pidns(wanted)
         processes: dict[int, ProcessInfo] = {}
         unread: tuple[int, ...] = ()
+        known = cache._known if cache is not None else {}
+        kept: dict[int, _Known] = {}
+        reused = 0
         for i, pid in enumerate(wanted):
             if deadline.expired:
                 unread = tuple(wanted[i:])
                 break
-            proc = self.read_process(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)
+            entry = known.get(pid)
+            read: tuple[ProcessInfo | None, _Known | None] | None = None
+            if entry is not None and cache is not None and not cache._due(pid):
+                read = self._read_again(
+                    pid,
+                    boot,
+                    entry,
+                    with_cgroup=with_cgroup,
+                    tree_pidns=tree_pidns,
+                    detail=detail,
+                    list_fds=pid in list_fds,
+                )
+                reused += read is not None
+            if read is None:
+                read = self._read_whole(pid, boot, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)
+            proc, found = read
             if proc is not None:
                 processes[pid] = proc
+                if found is not None:
+                    kept[pid] = found
+        if cache is not None:
+            cache._known, cache.last_reused = kept, reused
+            cache._round += 1
         return build_table(
             processes, boot_time=boot, taken_at=now, procfs_root=self.root, unread=unread, tree_pidns=tree_pidns
         )

@@ -8,6 +8,7 @@ key, through the model's pure ``arrange``.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -127,6 +128,9 @@ class TopApp(App[None]):
         self._cells: dict[str, tuple[Text, ...]] = {}
         """The table's cells by row key, as last drawn."""
         self.status = ""
+        self._scan_lock = threading.Lock()
+        self._scanning = False
+        self._again = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
@@ -147,15 +151,29 @@ class TopApp(App[None]):
     # --- data -------------------------------------------------------------------------------
 
     def refresh_view(self) -> None:
-        self.run_worker(self._load, thread=True, exclusive=True, group="scan")
+        """Start a scan; while one runs (a runtime slow to answer), one more follows it instead: never
+        two at once, which would share the source's trackers and process cache (a thread worker
+        cannot be cancelled, so Textual's exclusive workers would run side by side)."""
+        with self._scan_lock:
+            if self._scanning:
+                self._again = True
+                return
+            self._scanning = True
+        self.run_worker(self._load, thread=True, group="scan")
 
     def _load(self) -> None:
-        try:
-            view = self.source()
-        except (OSError, ValueError, GpuzombieError) as exc:  # the procfs went away: say so, keep the last frame
-            self.call_from_thread(self._say, f"scan failed: {escape(str(exc), 300)}")
-            return
-        self.call_from_thread(self.show, view)
+        while True:
+            try:
+                view = self.source()
+            except (OSError, ValueError, GpuzombieError) as exc:  # the procfs went away: say so, keep the last frame
+                self.call_from_thread(self._say, f"scan failed: {escape(str(exc), 300)}")
+            else:
+                self.call_from_thread(self.show, view)
+            with self._scan_lock:
+                if not self._again:
+                    self._scanning = False
+                    return
+                self._again = False
 
     def show(self, view: NodeView) -> None:
         self.view = view

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuzombie.escape import escape
+from gpuzombie.gpu.nvml import GpuDevice
+from gpuzombie.handover.verdict import GpuReading, judge
 from gpuzombie.jsonout import IN_MIB, to_jsonable
 from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
@@ -109,9 +111,13 @@ class GpuGroup:
     memory: GpuMemory | None
     """The trace's accounting of this GPU or MIG instance; None for host / no-GPU groups, or without NVML."""
     handover: str
-    """clean (free, nothing held, no ghost), in use, dirty (ghost memory, a stale or foreign
-    holder), cannot tell; "" for the host and no-GPU groups."""
+    """Clean to hand out, by ``handover.verdict.judge`` (what preflight and the exporter say): clean;
+    else dirty (ghost memory, a stale or foreign holder, memory held with no process listed), in
+    use (NVML lists its processes, nothing else wrong), cannot tell (NVML not read: never clean);
+    "" for the host and no-GPU groups."""
     pods: tuple[PodLine, ...]
+    handover_reason: str = ""
+    """The verdict's one line: why it is clean, or what keeps it from being."""
 
 
 @dataclass(frozen=True)
@@ -160,16 +166,21 @@ def _gpu_title(memory: GpuMemory) -> str:
     return f"{where} {escape(memory.name, _NAME_LIMIT)} {memory.uuid}"
 
 
-def _handover(memory: GpuMemory | None, rows: list[TraceRow]) -> str:
-    if any(r.dirty in (Dirty.STALE.value, Dirty.FOREIGN.value) for r in rows):
-        return "dirty"
-    if memory is not None and memory.flagged:
-        return "dirty"
-    if memory is not None and memory.verdict == "cannot_tell":
-        return "cannot tell"
-    if any(r.pid is not None and r.state != "Z" for r in rows):
-        return "in use"
-    return "clean" if memory is not None else "cannot tell"
+def _handover(device: GpuDevice | None, memory: GpuMemory | None, rows: list[TraceRow], why: str) -> tuple[str, str]:
+    """The handover verdict of one GPU group and its one line; ``why`` NVML could not be read."""
+    if device is None or memory is None:
+        return "cannot tell", judge(None, error=why).reason
+    reading = GpuReading(device.memory_used, device.memory_reserved, len(device.processes), device.processes_read)
+    verdict = judge(reading, baseline_bytes=memory.baseline)
+    if verdict.clean:
+        label = "clean"
+    elif not device.processes_read:
+        label = "cannot tell"
+    elif memory.flagged or any(r.dirty in (Dirty.STALE.value, Dirty.FOREIGN.value) for r in rows):
+        label = "dirty"  # ghost memory beside its processes, or a holder that should be gone
+    else:
+        label = "in use" if device.processes else "dirty"
+    return label, verdict.reason
 
 
 @dataclass
@@ -221,7 +232,17 @@ def build_view(
         ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
     }
 
+    seen: dict[tuple[tuple[str, ...], int | None], tuple[_PodAcc, str] | None] = {}
+
     def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
+        """Its pod and container: the same for every process of a container (same cgroup lines and
+        PID namespace), so found once per container."""
+        key = (proc.cgroup, proc.pidns)
+        if key not in seen:
+            seen[key] = _find_pod(proc)
+        return seen[key]
+
+    def _find_pod(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
         ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
         if (ref is None or not ref.pod_uid) and proc.pidns is not None:
             ref = pod_of_pidns.get(proc.pidns)
@@ -356,27 +377,20 @@ def build_view(
     for acc in accs.values():
         pod_groups[acc.key] = {g for p, _ in acc.procs for g in groups_of.get(p.pid, ())}
     known = set()
-    for m in trace.gpus:
+    unread = escape(trace.gpu.reason or "NVML not read", 200)
+    devices: Iterable[GpuDevice | None] = scan.gpus.devices if scan.gpus.devices else (None for _ in trace.gpus)
+    for device, m in zip(devices, trace.gpus, strict=True):
         key = _gpu_key(m.index, m.mig)
         known.add(key)
         members = [a for a in accs.values() if key in pod_groups[a.key]]
-        groups.append(
-            GpuGroup(
-                key,
-                _gpu_title(m),
-                m,
-                _handover(m, rows_by_group.get(key, [])),
-                tuple(pod_line(a, key) for a in members),
-            )
-        )
+        label, reason = _handover(device, m, rows_by_group.get(key, []), unread)
+        pods_of = tuple(pod_line(a, key) for a in members)
+        groups.append(GpuGroup(key, _gpu_title(m), m, label, pods_of, reason))
     for key in sorted({g for gs in pod_groups.values() for g in gs} - known):  # no NVML: /dev/nvidiaN only
         members = [a for a in accs.values() if key in pod_groups[a.key]]
         title = f"GPU {key} (from /dev/nvidia{key}; NVML not read)"
-        groups.append(
-            GpuGroup(
-                key, title, None, _handover(None, rows_by_group.get(key, [])), tuple(pod_line(a, key) for a in members)
-            )
-        )
+        label, reason = _handover(None, None, [], unread)
+        groups.append(GpuGroup(key, title, None, label, tuple(pod_line(a, key) for a in members), reason))
     if host.procs:
         groups.append(GpuGroup(HOST, "host processes holding GPUs (or zombies)", None, "", (pod_line(host, None),)))
     idle = [a for a in accs.values() if not pod_groups[a.key]]

@@ -58,13 +58,18 @@ def group_title(group: GpuGroup) -> Text:
     if m is not None:
         title.append(f"  used {mib(m.used)} {accounting(m)}")
     if group.handover:
-        title.append(f"  {group.handover}", style=_HANDOVER_STYLE.get(group.handover, ""))
+        title.append(f"  {_handover_label(group)}", style=_HANDOVER_STYLE.get(group.handover, ""))
+        title.append(f" ({group.handover_reason})" if group.handover_reason else "")
     return title
 
 
 GRID_COLUMNS = (*POD_COLUMNS, "DETAIL")
 """The full screen's one table: a group's, a pod's and a process's rows share these columns; what is
 long (a GPU's UUID and accounting, a command line) goes last, where it cannot push the rest away."""
+
+
+def _handover_label(group: GpuGroup) -> str:
+    return "clean to hand out" if group.handover == "clean" else group.handover
 
 
 def accounting(m: GpuMemory) -> str:
@@ -82,7 +87,7 @@ def group_row(group: GpuGroup) -> tuple[Text, ...]:
     cells["POD"] = Text(f"{where} {escape(m.name, 40)}", style="bold")
     cells["GPU MEM"] = Text(mib(m.used), style="bold", justify="right")
     cells["MARK"] = Text(group.handover.upper(), style=_HANDOVER_STYLE.get(group.handover, ""))
-    cells["DETAIL"] = Text(f"{m.uuid}  {accounting(m)}")
+    cells["DETAIL"] = Text(f"{m.uuid}  {accounting(m)}  handover: {_handover_label(group)} ({group.handover_reason})")
     return tuple(cells.values())
 
 

@@ -1,6 +1,7 @@
 """Where ``gpuzombie top``'s frames come from: one ``trace.scan.scan_node`` per refresh, with the
-backends kept across refreshes (NVML initialised once, the CRI names cached, the D-state and
-stopping timers running), turned into the view model."""
+backends kept across refreshes (NVML initialised once, the CRI names cached, the processes known
+from the last refresh read again cheaply (``proc.procfs.ProcessCache``), the D-state and stopping
+timers running), turned into the view model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.proc.procfs import Procfs
+from gpuzombie.proc.procfs import ProcessCache, Procfs
 from gpuzombie.top.model import NodeView, StoppingTracker, build_view
 from gpuzombie.trace.model import NamesLookup, PodsLookup
 from gpuzombie.trace.scan import scan_node
@@ -39,6 +40,7 @@ class NodeSource:
         self._nvml, self._view, self._names, self._resources, self._pods = nvml, view, names, resources, pods
         self._node_name, self._baseline, self._threshold, self._clock = node_name, baseline, threshold, clock
         self._dstate = DStateTracker()
+        self._cache = ProcessCache()
         self._stopping = StoppingTracker()
         self.last_pods: RuntimePods | None = None
         """The runtime's answer of the last refresh (what a reap from top is checked against)."""
@@ -63,6 +65,7 @@ class NodeSource:
             node_name=self._node_name,
             dstate=self._dstate,
             pods=pods if self._pods is not None else None,
+            cache=self._cache,
         )
         self.last_pods = seen[-1] if seen else None
         return build_view(scan, pods=self.last_pods, stopping=self._stopping)

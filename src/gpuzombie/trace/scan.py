@@ -15,7 +15,7 @@ from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
-from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs
+from gpuzombie.proc.procfs import ProcessCache, ProcessInfo, ProcessTable, Procfs
 from gpuzombie.trace.model import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
 
 
@@ -92,10 +92,12 @@ def scan_node(
     node_name: str = "",
     dstate: DStateTracker | None = None,
     pods: PodsLookup | None = None,
+    cache: ProcessCache | None = None,
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
     containers; ``dstate`` (kept across scans) times the D-state GPU holders, and ``pods`` (asked
-    after the procfs was read) tells stale GPU holders. Raises OSError or ValueError when the
+    after the procfs was read) tells stale GPU holders; ``cache`` (a long-lived caller's, kept across
+    scans) reads again cheaply what it can vouch for, the fds of the processes NVML lists every time. Raises OSError or ValueError when the
     procfs itself cannot be read."""
     started = clock()
     now = time.time() if now is None else now
@@ -106,7 +108,7 @@ def scan_node(
         """Names (cmdline, cgroup) matter for a container's process or one a trace row shows."""
         return proc.pidns != node_pidns or bool(proc.nvidia_fds) or proc.is_zombie or proc.pid in nvml_pids
 
-    table = procfs.snapshot(now=now, detail=named)
+    table = procfs.snapshot(now=now, detail=named, cache=cache, list_fds=nvml_pids)
     namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
     asked: list[CriNames] = []
