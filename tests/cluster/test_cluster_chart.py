@@ -164,6 +164,8 @@ def test_agent_pod_is_least_privilege_and_reads_the_host_read_only(helm_binary):
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["GPUZOMBIE_PROCFS"]["value"] == "/host/proc"
+    # Hostname and node are the node's name, not the exporter pod's (the pod has its own network).
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
 
 
