@@ -85,3 +85,24 @@ def test_pod_alerts_keep_node_namespace_pod_container():
             assert "node" in kept, rule["alert"]
             if "gpuzombie_unreadable_processes" not in rule["expr"]:
                 assert {"namespace", "pod", "pod_uid", "container"} <= kept, rule["alert"]
+
+
+def test_pod_alerts_name_the_pod_and_word_processes_outside_any_pod():
+    """A pod alert says namespace/pod where the series has a pod name (a deleted pod's too: the exporter
+    keeps the names it saw), the uid where it has only that, and "outside any pod" where it has neither,
+    never "/uid" or "in / container  on node" (the promtool cases render each)."""
+    always_named = {
+        "GpuzombieTerminatingPodHoldsGpuMemory": "kube-state-metrics' names",
+        "GpuzombieForeignGpuHolder": "judged only for a named pod",
+    }
+    in_a_pod = {"GpuzombieStaleGpuHolder": "a removed pod's cgroup"}
+    for rule in rules():
+        if "pod_uid" not in rule["expr"]:
+            continue
+        texts = rule["annotations"]["summary"] + rule["annotations"]["description"]
+        assert "{{ $labels.namespace }}/{{ $labels.pod }}" in texts, rule["alert"]
+        assert "/{{ or $labels.pod $labels.pod_uid }}" not in texts, rule["alert"]
+        if rule["alert"] not in always_named:
+            assert "{{ if $labels.pod }}" in texts, rule["alert"]
+        if rule["alert"] not in always_named | in_a_pod:
+            assert "outside any pod" in texts, rule["alert"]

@@ -1,11 +1,17 @@
 """A real Prometheus (Debian package) on 127.0.0.1 scrapes a real `gpuzombie exporter` serving a fake
-GPU node (tests/test_exporter.py's fake /proc with container namespaces and its NVML snapshot), with
-the alert rules loaded. Every dashboard query and every alert expression must parse, and return data
-wherever the fake node has the condition (it has zombies under a non-reaping PID 1, orphans, a ghost
-GPU and grace risk; its exporter is up, sees NVML and scans fine). Two stand-ins, named as such since
-no cluster runs here: a CRI runtime (tests/cri_standin.py, a real gRPC server) that runs two of its
-pods, so the third pod's GPU holder is stale, and a kube-state-metrics on 127.0.0.1 serving
-``kube_pod_deletion_timestamp`` for the nofix pod, deleted 10 minutes ago and still holding its memory."""
+GPU node (tests/test_exporter.py's fake /proc with container namespaces and its NVML snapshot, plus a
+host process stuck in D holding /dev/nvidia0), with the alert rules loaded, under the annotation scrape
+job's name of the Prometheus community chart ("kubernetes-pods", not "gpuzombie"). Every dashboard
+query and every alert expression must parse, and return data wherever the fake node has the
+condition (it has zombies under a non-reaping PID 1, orphans, a ghost GPU, grace risk and a D-state
+GPU holder; its exporter is up, sees NVML and scans fine). Stand-ins, named as such since no cluster
+runs here: a CRI runtime (tests/cri_standin.py, a real gRPC server) that runs two of its pods, so the
+third pod's GPU holder is stale; a kube-state-metrics on 127.0.0.1 serving
+``kube_pod_deletion_timestamp`` for the nofix pod, deleted 10 minutes ago and still holding its
+memory, and a pod waiting in its gpuzombie-preflight init container on the node; a dcgm-exporter
+serving utilisation and memory of the node's two GPUs (its metric and label names); and, while the
+exporter does not serve them yet (issue 25's node side), the handover series it will serve for that
+node: GPU 0's ghost and GPU 1's stale holder keep them from being clean."""
 
 from __future__ import annotations
 
@@ -31,11 +37,16 @@ pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 import yaml
 from cluster_support import ALERTS, DASHBOARD
 
+from fakeproc import TREE_PIDNS, make_fake_proc
 from pidns import wait_until
 
 pytestmark = pytest.mark.slow  # a real Prometheus server scrapes the exporter
 
 NODE = "fake-gpu-node"
+JOB = "kubernetes-pods"  # the community chart's annotation job: the rules must not need job="gpuzombie"
+D_STATE_PID = 95
+AGENT_POD = {"namespace": "gpuzombie", "pod": "gpuzombie-7xk2p"}
+"""The target labels an annotation job gives the exporter: never a finding's (its own labels, even empty, win)."""
 # The dashboard's template variables, set to "All" as Grafana sends them (allValue .*).
 VARIABLES = {"$node": ".*", "$namespace": ".*"}
 # Alerts whose condition the fake node does not have: their expressions must parse and be empty.
@@ -45,7 +56,7 @@ HEALTHY_HERE = {
     "GpuzombieNvmlUnavailable": "the NVML snapshot answers",
     "GpuzombieScansFailing": "every scan reads the fake /proc",
     "GpuzombieUnreadableProcesses": "every fake process is readable",
-    "GpuzombieDStateGpuHolder": "no fake process is in state D",
+    "GpuzombieDStateGpuHolder": "its D-state holder is younger than the 5 minutes it takes",
     "GpuzombieForeignGpuHolder": "no kubelet PodResources socket",
     "GpuzombieStaleCheckUnavailable": "the stand-in runtime answers",
 }
@@ -75,8 +86,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def kube_state_metrics(series: str):
-    """A stand-in kube-state-metrics: ``series`` in the exposition format on 127.0.0.1."""
+def exposition(series: str):
+    """A stand-in exporter (kube-state-metrics, dcgm-exporter): ``series`` in the exposition format
+    on 127.0.0.1."""
     import http.server
     import threading
 
@@ -119,15 +131,67 @@ def runtime_pods(test_exporter) -> dict:
     }
 
 
+def kube_state_series(test_exporter, deleted: float) -> str:
+    """The nofix pod deleted at ``deleted``; pod b-0 on the node refused by its preflight twice."""
+    waiting = 'namespace="ml",pod="b-0",uid="u-b0"'
+    return (
+        "# TYPE kube_pod_deletion_timestamp gauge\n"
+        f'kube_pod_deletion_timestamp{{namespace="gpu-zombie-test",pod="gpu-zombie-nofix",'
+        f'uid="{test_exporter.UID_A}"}} {deleted:.0f}\n'
+        f'kube_pod_info{{{waiting},node="{NODE}"}} 1\n'
+        f'kube_pod_init_container_status_restarts_total{{{waiting},container="gpuzombie-preflight"}} 2\n'
+        f'kube_pod_init_container_status_ready{{{waiting},container="gpuzombie-preflight"}} 0\n'
+    )
+
+
+def dcgm_series() -> str:
+    """dcgm-exporter's default GPU_UTIL (%) and FB_USED (MiB) for the fake node's GPUs, with its labels,
+    and a GPU no offender holds (OTHER_GPU)."""
+    lines = []
+    for gpu, uuid, util, used in (("0", "GPU-0000", 0, 4273), ("1", "GPU-1111", 35, 3615), ("2", OTHER_GPU, 90, 70000)):
+        labels = f'gpu="{gpu}",UUID="{uuid}",device="nvidia{gpu}",modelName="NVIDIA H200",Hostname="{NODE}"'
+        lines += [f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util}", f"DCGM_FI_DEV_FB_USED{{{labels}}} {used}"]
+    return "\n".join(lines) + "\n"
+
+
+OTHER_GPU = "GPU-2222"
+HANDOVER = {
+    "gpuzombie_gpu_handover_clean": [('gpu="0",UUID="GPU-0000"', 0), ('gpu="1",UUID="GPU-1111"', 0)],
+    "gpuzombie_gpu_held_memory_bytes": [
+        ('gpu="0",UUID="GPU-0000",holder="ghost"', 1000 * 1024 * 1024),
+        ('gpu="1",UUID="GPU-1111",holder="stale"', 1000 * 1024 * 1024),
+    ],
+}
+
+
+def handover_standin(served: set[str]) -> str:
+    """Issue 25's per-GPU series for the fake node, those the exporter does not serve itself."""
+    return "".join(
+        f'{name}{{{labels},Hostname="{NODE}"}} {value}\n'
+        for name, samples in HANDOVER.items()
+        if name not in served
+        for labels, value in samples
+    )
+
+
 @pytest.fixture
 def prometheus(tmp_path_factory):
-    """(Prometheus base URL, metric names the exporter serves), both processes stopped afterwards
-    (per test: tests/conftest.py kills every child a test leaves)."""
+    """(Prometheus base URL, metric names the exporter and its stand-in serve), every process stopped
+    afterwards (per test: tests/conftest.py kills every child a test leaves)."""
+    with prometheus_scraping(tmp_path_factory) as (base, served, _):
+        yield base, served
+
+
+@contextlib.contextmanager
+def prometheus_scraping(tmp_path_factory):
+    """A Prometheus scraping the exporter and the stand-ins: (base URL, names served, the exporter)."""
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus is not installed (Debian package prometheus; make test installs it)")
     test_exporter = pytest.importorskip("test_exporter")
     d = tmp_path_factory.mktemp("prometheus")
     test_exporter.build_node(d / "proc")
+    # A host process stuck in D holding /dev/nvidia0 (outside any pod).
+    make_fake_proc(d / "proc", D_STATE_PID, ppid=1, state="D", comm="python3", fds=("/dev/nvidia0",), pidns=TREE_PIDNS)
     (d / "nvml.json").write_text(json.dumps(dataclasses.asdict(test_exporter.gpus())))
     (d / "runtime.json").write_text(json.dumps(runtime_pods(test_exporter)))
     standin = str(pathlib.Path(__file__).resolve().parents[1] / "cri_standin.py")
@@ -135,13 +199,8 @@ def prometheus(tmp_path_factory):
     wait_until(lambda: (d / "cri.sock").exists())
     stack = contextlib.ExitStack()
     deleted = time.time() - 600
-    ksm = stack.enter_context(
-        kube_state_metrics(
-            "# TYPE kube_pod_deletion_timestamp gauge\n"
-            f'kube_pod_deletion_timestamp{{namespace="gpu-zombie-test",pod="gpu-zombie-nofix",'
-            f'uid="{test_exporter.UID_A}"}} {deleted:.0f}\n'
-        )
-    )
+    ksm = stack.enter_context(exposition(kube_state_series(test_exporter, deleted)))
+    dcgm = stack.enter_context(exposition(dcgm_series()))
     exporter = subprocess.Popen(
         [
             sys.executable,
@@ -161,6 +220,8 @@ def prometheus(tmp_path_factory):
             # No kubelet here: the rules and the dashboard need the stale holder the runtime alone
             # shows (the kubelet cross-check itself is tests/test_stale.py's).
             "--trust-runtime-without-kubelet",
+            "--node-name",
+            NODE,
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -170,15 +231,24 @@ def prometheus(tmp_path_factory):
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", exporter.stderr.readline()).group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             served = set(re.findall(r"^# TYPE (\w+) ", response.read().decode(), re.MULTILINE))
+        handover = stack.enter_context(exposition(handover_standin(served)))
+        served |= set(HANDOVER)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(ALERTS)],
             "scrape_configs": [
                 {
-                    "job_name": "gpuzombie",
-                    "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": NODE}}],
+                    # As the community chart's pod job: honor_labels, and the agent's own pod as target labels.
+                    "job_name": JOB,
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": NODE, **AGENT_POD}}],
                 },
                 {"job_name": "kube-state-metrics", "honor_labels": True, "static_configs": [{"targets": [ksm]}]},
+                {"job_name": "dcgm-exporter", "static_configs": [{"targets": [dcgm]}]},
+                {
+                    "job_name": "issue-25-standin",
+                    "static_configs": [{"targets": [handover], "labels": {"node": NODE}}],
+                },
             ],
         }
         (d / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -198,13 +268,13 @@ def prometheus(tmp_path_factory):
 
         def scraped_three_times():
             try:
-                got = api(base, "query", query='count_over_time(up{job="gpuzombie"}[1m]) >= 3')
+                got = api(base, "query", query=f'count_over_time(up{{job="{JOB}"}}[1m]) >= 3')
             except OSError:
                 return None
             return got["result"] or None
 
         wait_until(scraped_three_times, timeout=60)
-        yield base, served
+        yield base, served, exporter
     finally:
         if server is not None:
             stop(server)
@@ -250,6 +320,14 @@ def test_every_dashboard_query_and_variable_parses_and_returns_data(prometheus):
         if not result:
             empty.append(title)
     assert not empty, f"no data for: {empty}"
+    # The dcgm-exporter panels show the GPUs offenders hold, not the others.
+    for title, expr in dashboard_queries():
+        if "DCGM_" in expr:
+            uuids = {series["metric"]["UUID"] for series in api(base, "query", query=expr)["result"]}
+            assert uuids == {"GPU-0000", "GPU-1111"}, (title, uuids)
+    # The host process in D: outside any pod, not in the agent's (the scrape's target labels).
+    (host,) = api(base, "query", query='gpuzombie_dstate_seconds{pod_uid=""}')["result"]
+    assert "namespace" not in host["metric"] and "pod" not in host["metric"], host
     # Each variable's label_values query answers and the node is listed. (Namespaces and pod names
     # are empty on this node: without a container runtime to ask, the exporter knows pods by uid.)
     for variable in json.loads(DASHBOARD.read_text())["templating"]["list"]:
@@ -285,3 +363,19 @@ def test_every_alert_expression_parses_and_finds_the_fake_nodes_conditions_and_t
         return health == {"ok"} or None
 
     wait_until(evaluated, timeout=30)
+
+
+def test_an_exporter_that_stops_answering_under_an_annotation_job_is_down_not_absent(tmp_path_factory):
+    """Under "kubernetes-pods" (no job="gpuzombie"), the exporter known by what it served: once it
+    stops answering, GpuzombieExporterDown's expression finds its target, Absent's does not, and the
+    "Exporters up" panel shows it at 0. (a884539's rules, up{job="gpuzombie"}, saw nothing here.)"""
+    with prometheus_scraping(tmp_path_factory) as (base, _, exporter):
+        wait_until(lambda: api(base, "query", query="gpuzombie:exporter_target")["result"], timeout=30)
+        stop(exporter)
+        down = alert_rules()["GpuzombieExporterDown"]
+        (series,) = wait_until(lambda: api(base, "query", query=down)["result"], timeout=60)
+        assert (series["metric"]["job"], series["metric"]["node"]) == (JOB, NODE)
+        assert api(base, "query", query=alert_rules()["GpuzombieExporterAbsent"])["result"] == []
+        (panel,) = [expr for title, expr in dashboard_queries() if title == "Exporters up A"]
+        (shown,) = api(base, "query", query=panel)["result"]
+        assert shown["value"][1] == "0"

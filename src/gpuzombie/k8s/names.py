@@ -3,7 +3,10 @@
 ``RuntimeNames`` asks the runtime's CRI socket (``k8s.cri``, gRPC) with two calls for the whole
 node, ``ListPodSandbox`` and ``ListContainers``, then ``ContainerStatus`` only for ids those did not
 list, all under one deadline per scan. Names never change for a container id, so they are kept
-across scans: an exporter scan whose ids are all known asks nothing. Whatever goes wrong (no
+across scans: an exporter scan whose ids are all known asks nothing. The names of pods and
+containers the runtime stops listing are kept too, the last ``MAX_REMEMBERED`` of them: a process
+that outlives its deleted pod (a stale GPU holder) is still named by the pod's namespace/pod,
+which its alert shows, when the agent saw the pod while it ran. Whatever goes wrong (no
 socket, not a socket, permission denied, a runtime that never answers or dies mid-scan) gives the
 names found so far, ids for the rest, and one warning: a node agent never waits on its runtime.
 """
@@ -14,20 +17,25 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID, SANDBOX_CONTAINER
 
 if TYPE_CHECKING:  # gRPC is imported at the first scan: names are optional, the node extra too
     from gpuzombie.k8s.cri import RuntimeClient
 
+T = TypeVar("T")
 SOCKET_ENV = "GPUZOMBIE_CRI_SOCKET"
 DEFAULT_SOCKETS = ("/run/containerd/containerd.sock", "/run/crio/crio.sock", "/var/run/cri-dockerd.sock")
 """crictl's default endpoints, in its order: containerd, CRI-O, cri-dockerd."""
 DEFAULT_TIMEOUT = 5.0
 MAX_STATUS_CALLS = 16
+MAX_REMEMBERED = 1024
+"""Pods, and containers, no longer listed whose names are kept (the oldest forgotten first): about 9
+times the 110 pods of the fleet benchmark's busy node, so a node's deletions of many hours."""
 SHOWN_BY_ID = "pods and containers shown by id"
 
 
@@ -149,6 +157,9 @@ class RuntimeNames(RuntimeChannel):
         self._containers: dict[str, ContainerNames] = {}
         self._pods: dict[str, PodNames] = {}
         self._unknown: set[str] = set()
+        self._gone_containers: OrderedDict[str, ContainerNames] = OrderedDict()
+        self._gone_pods: OrderedDict[str, PodNames] = OrderedDict()
+        """Names the runtime gave and no longer lists, in the order they went (``MAX_REMEMBERED``)."""
         self._answered: str | None = None
         """The socket whose runtime gave the kept names."""
         self._lock = threading.Lock()
@@ -159,15 +170,16 @@ class RuntimeNames(RuntimeChannel):
 
     def _names(self, source: str | None, wanted: set[str], warnings: list[str]) -> CriNames:
         self._unknown &= wanted  # forget ids no longer seen; keep the others' names
+        containers = {cid: self._containers.get(cid) or self._gone_containers.get(cid) for cid in wanted}
         return CriNames(
             source=source,
-            containers={cid: n for cid, n in self._containers.items() if cid in wanted},
-            pods=dict(self._pods),
+            containers={cid: n for cid, n in containers.items() if n is not None},
+            pods={**self._gone_pods, **self._pods},
             warnings=tuple(warnings),
         )
 
     def _scan(self, wanted: set[str]) -> CriNames:
-        if self._containers and not wanted - self._containers.keys() - self._unknown:
+        if self._containers and not wanted - self._containers.keys() - self._gone_containers.keys() - self._unknown:
             return self._names(self._answered, wanted, [])
         path, problem = self.find()
         if problem is not None or path is None:
@@ -205,9 +217,11 @@ class RuntimeNames(RuntimeChannel):
                 pods[meta.uid] = PodNames(meta.uid, meta.name, meta.namespace or None)
         for c in containers:
             fresh[c.id] = _container_names(c.id, c.labels, c.metadata.name, container_state(c.state))
+        _remember(self._gone_containers, {cid: n for cid, n in self._containers.items() if cid not in fresh})
+        _remember(self._gone_pods, {uid: n for uid, n in self._pods.items() if uid not in pods})
         self._containers, self._pods = fresh, pods  # the node as it is now: bounded by its size
         self._answered = client.socket_path
-        missing = sorted(wanted - fresh.keys() - self._unknown)
+        missing = sorted(wanted - fresh.keys() - self._gone_containers.keys() - self._unknown)
         unknown = []
         for cid in missing[:MAX_STATUS_CALLS]:
             try:
@@ -226,3 +240,13 @@ class RuntimeNames(RuntimeChannel):
                 f"CRI: {len(missing) - len(missing[:MAX_STATUS_CALLS]) + len(unknown)} container(s) unknown to the CRI "
                 f"runtime (e.g. {', '.join(unknown[:3])}): shown by id"
             )
+
+
+def _remember(kept: OrderedDict[str, T], gone: Mapping[str, T]) -> None:
+    """Add the names that ``gone`` from the runtime's lists to ``kept``, forgetting the oldest past
+    ``MAX_REMEMBERED``."""
+    for key, names in gone.items():
+        kept[key] = names
+        kept.move_to_end(key)
+    while len(kept) > MAX_REMEMBERED:
+        kept.popitem(last=False)
