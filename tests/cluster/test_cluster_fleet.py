@@ -8,6 +8,8 @@ benchmark's (results/benchmarks/bench-fleet.log), not this test's."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import shutil
 import socket
 import statistics
@@ -104,3 +106,36 @@ def test_fifty_nodes_rules_and_dashboard(texts, tmp_path):
     # The fleet's findings reach the panels: orphans, zombies and the stuck-terminating pods.
     found = {q.panel for q in answers if q.view == "all 1h" and q.series}
     assert {"Orphans by pod", "Zombies by pod", "GPU memory held by Terminating pods", "Ghost GPUs"} <= found
+
+
+def test_history_is_back_filled_fifteen_seconds_apart(texts, tmp_path):
+    """The benchmark's back-fill (bench_fleet.HistoryClock): scraped every second, a node's samples
+    land 15 s apart on the simulated clock, from that long ago up to now, and the scrape at the wall
+    clock that follows them is accepted (in order)."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (Debian package prometheus; make test installs it)")
+    port, ksm_port, prom_port = free_port(), free_port(), free_port()
+    minutes = 4
+    with bench_fleet.Simulator({"after": (port, *texts)}, 3, ksm_port) as simulator:
+        config = bench_fleet.prometheus_config(REPO, port, 3, ksm_port, "15s", scrape_seconds=1)
+        prom = bench_fleet.Prometheus(tmp_path / "prometheus", config, prom_port, backfill=True)
+        try:
+            prom.wait_ready()
+            simulator.clock = bench_fleet.HistoryClock(minutes / 60, speed=15)
+            time.sleep(simulator.clock.seconds_left() + 3)
+            simulator.clock = None
+            prom.reload(bench_fleet.prometheus_config(REPO, port, 3, ksm_port, "1s"))
+            time.sleep(5)
+            node = bench_fleet.node_name(1)
+            status, body, _ = prom.get("query", query=f'gpuzombie_scan_success{{node="{node}"}}[{minutes + 1}m]')
+        finally:
+            prom.stop()
+    assert status == 200, body
+    stamps = [float(t) for t, _ in json.loads(body)["data"]["result"][0]["values"]]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    real_time = next(i for i, g in enumerate(gaps) if g < 5)  # then the wall clock's scrapes, 1 s apart
+    # Prometheus starts scraping new targets within 5 s (its target sync): up to 75 s of simulated
+    # time before the first scrape go unfilled (a minute of the benchmark's hour; it counts them).
+    assert real_time >= minutes * 4 - 6, gaps
+    assert all(13 <= g <= 17 for g in gaps[: real_time - 1]), gaps
+    assert stamps[0] <= stamps[-1] - minutes * 60 + 90, stamps
