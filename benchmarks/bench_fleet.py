@@ -1,6 +1,7 @@
 """Fleet scale: a real Prometheus scraping N simulated GPU nodes with the chart's rules, before and after.
 
     python benchmarks/bench_fleet.py --before /tmp/base-fleet [--nodes 50,200] [--minutes 5] [--json out.json]
+        [--history-hours 1] [--fill-interval 1] [--one-side-at-a-time] [--sides before,after]
 
 For each N, side by side in one run (the same machine load for both):
 
@@ -12,9 +13,12 @@ For each N, side by side in one run (the same machine load for both):
   serves ``kube_pod_info`` for every pod and ``kube_pod_deletion_timestamp`` for one GPU pod on 4% of
   the nodes (stuck terminating);
 * one real Prometheus a side (15 s scrape and evaluation) loads that side's two rule files
-  (charts/gpuzombie/files) and scrapes them for ``--minutes`` (history accumulated, not
-  back-filled: a 1 h or 6 h range query over it covers only those minutes, so its latency is a
-  lower bound of the one over full history);
+  (charts/gpuzombie/files); first ``--history-hours`` (default 1) of history is back-filled by
+  scraping: every ``--fill-interval`` s each node answers with its samples stamped 15 s of a
+  simulated clock later than the last (HistoryClock), from that long ago up to now, so a 1 h range
+  query reads 240 samples a series as over a real hour (the table's "history samples" column is
+  that count, measured); kube-state-metrics, `up` and the recording rules are not back-filled (they
+  start with the run); then the fleet is scraped in real time for ``--minutes``;
 * then it measures head series, gpuzombie series per node, Prometheus RSS, each rule group's
   ``prometheus_rule_group_last_duration_seconds`` (sampled each evaluation over the run's second
   half: p50 and max; on a loaded machine that includes preemption, so also each group's expressions
@@ -80,7 +84,7 @@ def node_name(i: int) -> str:
 class NodeTemplate:
     """A node's text split into what stays and the lines whose values drift each scrape."""
 
-    static: str
+    static: list[str]
     drifting: list[tuple[str, float]]
 
     @classmethod
@@ -93,14 +97,17 @@ class NodeTemplate:
                 drifting.append((name, float(value)))
             else:
                 static.append(line)
-        return cls("\n".join(static) + "\n", drifting)
+        return cls([line for line in static if line and not line.startswith("#")], drifting)
 
-    def body(self) -> bytes:
+    def body(self, stamp_ms: int | None) -> bytes:
+        """The text of one scrape; with ``stamp_ms``, every sample carries that timestamp (back-fill)."""
         jitter = random.random()
-        return (self.static + "".join(f"{n} {v * (1 + 1e-3 * jitter)}\n" for n, v in self.drifting)).encode()
+        samples = [*self.static, *(f"{n} {v * (1 + 1e-3 * jitter)}" for n, v in self.drifting)]
+        end = "\n" if stamp_ms is None else f" {stamp_ms}\n"
+        return (end.join(samples) + end).encode()
 
 
-def ksm_text(nodes: int) -> bytes:
+def ksm_lines(nodes: int) -> list[str]:
     """kube-state-metrics' shape: kube_pod_info for every pod, and a deletion timestamp for the
     stuck-terminating GPU pod of every TERMINATING_EVERY-th node."""
     lines = []
@@ -115,7 +122,26 @@ def ksm_text(nodes: int) -> bytes:
             lines.append(
                 f'kube_pod_deletion_timestamp{{namespace="team-0",pod="job-n{i:04d}-000",uid="{uid}"}} {now - 600:.0f}'
             )
-    return ("\n".join(lines) + "\n").encode()
+    return lines
+
+
+class HistoryClock:
+    """Back-fill: the simulated time of the samples, ``hours`` behind the wall clock at ``start`` and
+    running ``speed`` times faster, so a scrape every ``15 / speed`` s lays down samples 15 s apart; it
+    stops (None: no timestamp, Prometheus's own) once it is within a scrape of the wall clock."""
+
+    def __init__(self, hours: float, speed: float) -> None:
+        self.start = time.time()
+        self.hours = hours
+        self.speed = speed
+
+    def stamp_ms(self) -> int | None:
+        now = time.time()
+        simulated = self.start - self.hours * 3600 + (now - self.start) * self.speed
+        return None if simulated >= now - 15 else int(simulated * 1000)
+
+    def seconds_left(self) -> float:
+        return max(0.0, (self.hours * 3600 - 15) / (self.speed - 1) - (time.time() - self.start))
 
 
 class Simulator:
@@ -128,8 +154,9 @@ class Simulator:
             for port, clean, findings in sides.values()
             for i in range(nodes)
         }
-        self.ksm = ksm_text(nodes)
+        self.ksm = NodeTemplate(ksm_lines(nodes), [])
         self.ksm_port = ksm_port
+        self.clock: HistoryClock | None = None
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -138,7 +165,10 @@ class Simulator:
         try:
             while await reader.readuntil(b"\r\n\r\n"):
                 host, port = writer.get_extra_info("sockname")[:2]
-                body = self.ksm if port == self.ksm_port else self.templates[(port, host)].body()
+                if port == self.ksm_port:  # scraped every evaluation interval, never back-filled
+                    body = self.ksm.body(None)
+                else:
+                    body = self.templates[(port, host)].body(self.clock.stamp_ms() if self.clock else None)
                 head = (
                     f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {len(body)}\r\n\r\n"
                 )
@@ -173,20 +203,30 @@ class Simulator:
         self.thread.join(10)
 
 
-def prometheus_config(repo: Path, port: int, nodes: int, ksm_port: int, interval: str) -> str:
+def prometheus_config(
+    repo: Path, port: int, nodes: int, ksm_port: int, interval: str, scrape_seconds: float | None = None
+) -> str:
+    """Scrape every ``scrape_seconds`` (default: ``interval``, the evaluation interval)."""
     targets = [{"targets": [f"{address(i)}:{port}"], "labels": {"node": node_name(i)}} for i in range(nodes)]
     rule_files = [str(repo / f) for f in RULE_FILES]
+    interval_ms = int(float(interval.rstrip("s")) * 1000)
+    scrape_ms = int(scrape_seconds * 1000) if scrape_seconds else interval_ms
     return json.dumps(
         {
             "global": {
-                "scrape_interval": interval,
+                "scrape_interval": f"{scrape_ms}ms",
                 "evaluation_interval": interval,
-                "scrape_timeout": f"{min(10, int(interval.rstrip('s')))}s",
+                "scrape_timeout": f"{min(10_000, scrape_ms)}ms",
             },
             "rule_files": rule_files,
             "scrape_configs": [
                 {"job_name": "gpuzombie", "static_configs": targets},
-                {"job_name": "kube-state-metrics", "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}]},
+                {
+                    "job_name": "kube-state-metrics",
+                    "scrape_interval": interval,
+                    "scrape_timeout": f"{min(10_000, interval_ms)}ms",
+                    "static_configs": [{"targets": [f"127.0.0.1:{ksm_port}"]}],
+                },
             ],
         }
     )
@@ -195,17 +235,22 @@ def prometheus_config(repo: Path, port: int, nodes: int, ksm_port: int, interval
 class Prometheus:
     """A real Prometheus on 127.0.0.1:``port`` with its own TSDB in ``workdir``."""
 
-    def __init__(self, workdir: Path, config: str, port: int) -> None:
+    def __init__(self, workdir: Path, config: str, port: int, *, backfill: bool = False) -> None:
         workdir.mkdir(parents=True)
-        (workdir / "prometheus.yml").write_text(config)
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(config)
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115  closed in stop()
+        # Back-filled samples reach 1 h behind the synthetic `up` series (written at the wall clock):
+        # the head takes samples back to half its block range, 1 h by default, so 2 h while filling.
+        blocks = ["--storage.tsdb.min-block-duration=4h"] if backfill else []
         self.proc = subprocess.Popen(
             [
                 shutil.which("prometheus") or "prometheus",
-                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--config.file={self.config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
+                *blocks,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -257,6 +302,10 @@ class Prometheus:
     def rule_durations(self) -> dict[str, float]:
         return self.rule_groups("prometheus_rule_group_last_duration_seconds")
 
+    def reload(self, config: str) -> None:
+        self.config.write_text(config)
+        self.proc.send_signal(signal.SIGHUP)
+
     def rss_bytes(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
@@ -294,25 +343,25 @@ def dashboard_queries(repo: Path) -> tuple[list[Query], dict[str, str]]:
     return queries, variables
 
 
-def rule_exprs(repo: Path) -> dict[str, list[str]]:
-    """Each rule group's expressions, from the side's rule files."""
+def rule_exprs(repo: Path) -> dict[str, dict[str, str]]:
+    """Each rule group's expressions by rule name (alert or record), from the side's rule files."""
     import yaml
 
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, dict[str, str]] = {}
     for f in RULE_FILES:
         for group in yaml.safe_load((repo / f).read_text())["groups"]:
-            groups[group["name"]] = [rule["expr"] for rule in group["rules"]]
+            groups[group["name"]] = {rule.get("alert") or rule["record"]: rule["expr"] for rule in group["rules"]}
     return groups
 
 
-def group_costs(prom: Prometheus, groups: dict[str, list[str]], repeat: int) -> dict[str, float]:
-    """Each group's expressions evaluated through the API, the fastest of ``repeat`` runs of each,
-    summed: what an evaluation costs when the machine's other load does not preempt it (the group's
-    own last duration, sampled, includes that preemption)."""
+def rule_costs(prom: Prometheus, groups: dict[str, dict[str, str]], repeat: int) -> dict[str, dict[str, float]]:
+    """Each rule's expression evaluated through the API, the fastest of ``repeat`` runs: what an
+    evaluation costs when the machine's other load does not preempt it (the group's own last
+    duration, sampled, includes that preemption)."""
     now = f"{time.time():.3f}"
     return {
-        name: sum(min(prom.get("query", query=e, time=now)[2] for _ in range(repeat)) for e in exprs)
-        for name, exprs in groups.items()
+        group: {rule: min(prom.get("query", query=e, time=now)[2] for _ in range(repeat)) for rule, e in rules.items()}
+        for group, rules in groups.items()
     }
 
 
@@ -328,6 +377,8 @@ class QueryResult:
     seconds: float
     bytes: int
     series: int
+    samples: int
+    """Samples the query loaded (Prometheus's stats: peakSamples, what --query.max-samples limits)."""
 
 
 @dataclass
@@ -338,7 +389,10 @@ class SideResult:
     gpuzombie_series: float = 0
     rss_bytes: int = 0
     rule_groups: dict[str, list[float]] = field(default_factory=dict)
-    group_costs: dict[str, float] = field(default_factory=dict)
+    rule_costs: dict[str, dict[str, float]] = field(default_factory=dict)
+    history_samples: float = 0
+    """Samples a node's series holds over the last hour (240 for a full hour at 15 s)."""
+    load: tuple[float, float] = (0, 0)
     queries: list[QueryResult] = field(default_factory=list)
     variables: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -355,7 +409,7 @@ def measure_queries(
             runs = []
             for _ in range(repeat):
                 if q.instant:
-                    runs.append(prom.get("query", query=expr, time=f"{now:.3f}"))
+                    runs.append(prom.get("query", query=expr, time=f"{now:.3f}", stats="all"))
                 else:
                     runs.append(
                         prom.get(
@@ -364,12 +418,15 @@ def measure_queries(
                             start=f"{now - hours * 3600:.3f}",
                             end=f"{now:.3f}",
                             step=f"{step}",
+                            stats="all",
                         )
                     )
             status, body, _ = runs[-1]
-            series = len(json.loads(body)["data"]["result"]) if status == 200 else 0
+            data = json.loads(body)["data"] if status == 200 else {}
+            series = len(data.get("result", []))
+            samples = data.get("stats", {}).get("samples", {}).get("peakSamples", 0)
             seconds = statistics.median(r[2] for r in runs)
-            out.append(QueryResult(q.panel, view, status, seconds, len(body), series))
+            out.append(QueryResult(q.panel, view, status, seconds, len(body), series, samples))
     return out
 
 
@@ -392,21 +449,40 @@ def run_size(
     repeat: int,
     workdir: Path,
     interval: str = "15s",
+    history_hours: float = 0,
+    fill_interval: float = 1,
 ) -> list[SideResult]:
-    """One fleet of ``nodes`` per side, served and scraped at once; both measured in turn."""
+    """One fleet of ``nodes`` per side, served and scraped at once; both measured in turn. With
+    ``history_hours``, that much history is back-filled first (HistoryClock: a scrape every
+    ``fill_interval`` s stamped 15 s apart), then scraped in real time for ``minutes``."""
     ports = {name: 19400 + k for k, name in enumerate(sides)}
     ksm_port = 19399
     results = {name: SideResult(name, nodes) for name in sides}
-    with Simulator({n: (ports[n], *texts[n]) for n in sides}, nodes, ksm_port):
+    load = os.getloadavg()[0]
+
+    def config(name: str, scrape_seconds: float | None = None) -> str:
+        return prometheus_config(sides[name], ports[name], nodes, ksm_port, interval, scrape_seconds)
+
+    with Simulator({n: (ports[n], *texts[n]) for n in sides}, nodes, ksm_port) as simulator:
+        if history_hours:
+            simulator.clock = HistoryClock(history_hours, float(interval.rstrip("s")) / fill_interval)
         proms = {
             n: Prometheus(
-                workdir / f"{n}-{nodes}", prometheus_config(repo, ports[n], nodes, ksm_port, interval), 19490 + k
+                workdir / f"{n}-{nodes}",
+                config(n, fill_interval if history_hours else None),
+                19490 + k,
+                backfill=bool(history_hours),
             )
-            for k, (n, repo) in enumerate(sides.items())
+            for k, n in enumerate(sides)
         }
         try:
             for p in proms.values():
                 p.wait_ready()
+            if simulator.clock:
+                time.sleep(simulator.clock.seconds_left() + 1)
+                simulator.clock = None
+                for n, p in proms.items():
+                    p.reload(config(n))
             started = time.monotonic()
             seconds = float(interval.rstrip("s"))
             while (elapsed := time.monotonic() - started) < minutes * 60:
@@ -419,16 +495,19 @@ def run_size(
                 r = results[n]
                 r.head_series = p.own_metrics("prometheus_tsdb_head_series")[""]
                 r.gpuzombie_series = p.scalar('count({__name__=~"gpuzombie_.*"})')
+                r.history_samples = p.scalar('avg(count_over_time(gpuzombie_scan_success{job="gpuzombie"}[1h]))')
                 r.rss_bytes = p.rss_bytes()
             for n, p in proms.items():
                 queries, variables = dashboard_queries(sides[n])
                 views = {"all 1h": (".*", 1.0), "all 6h": (".*", 6.0), "node 1h": (node_name(1), 1.0)}
-                results[n].group_costs = group_costs(p, rule_exprs(sides[n]), max(repeat, 5))
+                results[n].rule_costs = rule_costs(p, rule_exprs(sides[n]), max(repeat, 5))
                 results[n].queries = measure_queries(p, queries, views, repeat)
                 results[n].variables = measure_variables(p, variables)
         finally:
             for p in proms.values():
                 p.stop()
+    for r in results.values():
+        r.load = (load, os.getloadavg()[0])
     return list(results.values())
 
 
@@ -438,12 +517,12 @@ def p50(values: list[float]) -> float:
 
 def table(results: list[SideResult]) -> str:
     out = [
-        "| nodes | side | head series | gpuzombie series / node | Prometheus RSS MiB | rule group last duration p50 / max s (its expressions, fastest of 5) | all 1h: sum / worst panel s | all 6h: worst s, non-200 | node 1h worst s | namespace variable series / label_values s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| nodes | side | load avg start/end | head series | gpuzombie series / node | history samples / series, 1 h | Prometheus RSS MiB | rule group last duration p50 / max s (its expressions, fastest of 5) | all 1h: sum / worst panel s | all 6h: worst s, non-200, most samples | node 1h worst s | namespace variable series / label_values s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         groups = ", ".join(
-            f"{g} {p50(v):.3f}/{max(v):.3f} ({r.group_costs.get(g, float('nan')):.3f})"
+            f"{g} {p50(v):.3f}/{max(v):.3f} ({sum(r.rule_costs.get(g, {}).values()):.3f})"
             for g, v in sorted(r.rule_groups.items())
         )
         by_view: dict[str, list[QueryResult]] = {}
@@ -455,14 +534,30 @@ def table(results: list[SideResult]) -> str:
 
         all1 = by_view["all 1h"]
         bad = [f"{q.panel} {q.status}" for q in by_view["all 6h"] if q.status != 200]
+        most = max(by_view["all 6h"], key=lambda q: q.samples)
         ns = r.variables.get("namespace", {})
         out.append(
-            f"| {r.nodes} | {r.side} | {r.head_series:.0f} | {r.gpuzombie_series / r.nodes:.1f} | {r.rss_bytes / 2**20:.0f} | {groups} "
+            f"| {r.nodes} | {r.side} | {r.load[0]:.1f} / {r.load[1]:.1f} | {r.head_series:.0f} | {r.gpuzombie_series / r.nodes:.1f} "
+            f"| {r.history_samples:.0f} | {r.rss_bytes / 2**20:.0f} | {groups} "
             f"| {sum(q.seconds for q in all1):.2f} / {worst('all 1h').seconds:.2f} ({worst('all 1h').panel}) "
-            f"| {worst('all 6h').seconds:.2f} ({worst('all 6h').panel}), {', '.join(bad) or 'none'} "
+            f"| {worst('all 6h').seconds:.2f} ({worst('all 6h').panel}), {', '.join(bad) or 'none'}, {most.samples} ({most.panel}) "
             f"| {worst('node 1h').seconds:.3f} | {ns.get('series_s', float('nan')):.3f} / {ns.get('label_values_s', float('nan')):.3f} |"
         )
     return "\n".join(out)
+
+
+def details(r: SideResult) -> str:
+    """Each rule's and each query's figures, as comment lines under the table."""
+    rules = [
+        f"#   {r.side} {r.nodes} rule  {seconds:7.3f} s  {group} / {rule}"
+        for group, costs in sorted(r.rule_costs.items())
+        for rule, seconds in costs.items()
+    ]
+    queries = [
+        f"#   {r.side} {r.nodes} {q.view:7} {q.seconds:7.3f} s {q.status} {q.bytes:>10} B {q.series:>6} series {q.samples:>10} samples  {q.panel}"
+        for q in r.queries
+    ]
+    return "\n".join(rules + queries)
 
 
 def main() -> None:
@@ -470,12 +565,30 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True, help="worktree of the code before (e.g. /tmp/base-fleet)")
     parser.add_argument("--after", type=Path, default=REPO, help="worktree of the code after (default: this one)")
     parser.add_argument("--nodes", default="50,200", help="comma-separated fleet sizes (default 50,200)")
-    parser.add_argument("--minutes", type=float, default=5, help="minutes of scraping before the queries (default 5)")
+    parser.add_argument(
+        "--minutes", type=float, default=5, help="minutes of real-time scraping before the queries (default 5)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each dashboard query, median kept (default 3)")
+    parser.add_argument(
+        "--history-hours", type=float, default=1, help="hours of history back-filled first, 0 for none (default 1)"
+    )
+    parser.add_argument(
+        "--fill-interval",
+        type=float,
+        default=1,
+        help="seconds between back-fill scrapes, each 15 s of history (default 1)",
+    )
+    parser.add_argument(
+        "--one-side-at-a-time",
+        action="store_true",
+        help="run the sides one after the other, not at once (when two fleets do not fit the machine)",
+    )
+    parser.add_argument("--sides", default="before,after", help="the sides to run (default before,after)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both Prometheus servers on the way out
-    sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    worktrees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    sides = {n: worktrees[n] for n in args.sides.split(",")}
     texts = {n: (node_text(repo, findings=False), node_text(repo, findings=True)) for n, repo in sides.items()}
     version = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     print(
@@ -486,22 +599,26 @@ def main() -> None:
         count = sum(1 for line in clean.splitlines() if line and not line.startswith("#"))
         count_f = sum(1 for line in findings.splitlines() if line and not line.startswith("#"))
         print(f"# {n}: series per clean node {count}, per node with findings {count_f}")
+    runs = [{n: repo} for n, repo in sides.items()] if args.one_side_at_a_time else [sides]
     everything: list[SideResult] = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         for nodes in (int(n) for n in args.nodes.split(",")):
-            load_before = os.getloadavg()
-            results = run_size(sides, texts, nodes, args.minutes, args.repeat, Path(tmp))
-            print(
-                f"# {nodes} nodes: load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-                flush=True,
-            )
+            results = []
+            for run in runs:
+                results += run_size(
+                    run,
+                    {n: texts[n] for n in run},
+                    nodes,
+                    args.minutes,
+                    args.repeat,
+                    Path(tmp),
+                    history_hours=args.history_hours,
+                    fill_interval=args.fill_interval,
+                )
             everything.extend(results)
             print(table(results), flush=True)
             for r in results:
-                for q in r.queries:
-                    print(
-                        f"#   {r.side} {nodes} {q.view:7} {q.seconds:7.3f} s {q.status} {q.bytes:>10} B {q.series:>6} series  {q.panel}"
-                    )
+                print(details(r), flush=True)
     if args.json:
         args.json.write_text(
             json.dumps([r.__dict__ | {"queries": [q.__dict__ for q in r.queries]} for r in everything], indent=1)
