@@ -63,6 +63,8 @@ DASHBOARD = "charts/gpuzombie/dashboards/gpuzombie.json"
 DRIFTING = ("gpuzombie_gpu_memory_used_bytes", "gpuzombie_scan_timestamp_seconds", "gpuzombie_scan_duration_seconds")
 FINDINGS_EVERY = 10
 TERMINATING_EVERY = 25
+GATED_PODS = 8
+"""GPU pods a node whose preflight gate kube-state-metrics reports (one a GPU)."""
 
 
 def node_text(repo: Path, *, findings: bool) -> str:
@@ -108,15 +110,27 @@ class NodeTemplate:
 
 
 def ksm_lines(nodes: int) -> list[str]:
-    """kube-state-metrics' shape: kube_pod_info for every pod, and a deletion timestamp for the
-    stuck-terminating GPU pod of every TERMINATING_EVERY-th node."""
+    """kube-state-metrics' shape: kube_pod_info for every pod; the gpuzombie-preflight init container
+    of each node's GATED_PODS GPU pods (the webhook's --preflight for the whole cluster: passed, except
+    one pod waiting on every node with findings); and a deletion timestamp for the stuck-terminating
+    GPU pod of every TERMINATING_EVERY-th node."""
     lines = []
     now = time.time()
     for i in range(nodes):
         for p in range(110):
             uid = pod_uid(p).replace(UID_PREFIX, f"{i:08x}")
             pod = f"job-n{i:04d}-{p:03d}"
-            lines.append(f'kube_pod_info{{namespace="team-{p % 12}",pod="{pod}",uid="{uid}",node="{node_name(i)}"}} 1')
+            labels = f'namespace="team-{p % 12}",pod="{pod}",uid="{uid}"'
+            lines.append(f'kube_pod_info{{{labels},node="{node_name(i)}"}} 1')
+            if p < GATED_PODS:
+                waiting = p == 1 and i % FINDINGS_EVERY == 0
+                gate = f'{labels},container="gpuzombie-preflight"'
+                lines += [
+                    f"kube_pod_init_container_status_restarts_total{{{gate}}} {3 if waiting else 0}",
+                    f"kube_pod_init_container_status_ready{{{gate}}} {0 if waiting else 1}",
+                    f'kube_pod_init_container_resource_requests{{{gate},node="{node_name(i)}",resource="cpu",unit="core"}} 0.01',
+                    f'kube_pod_init_container_resource_requests{{{gate},node="{node_name(i)}",resource="memory",unit="byte"}} 67108864',
+                ]
         if i % TERMINATING_EVERY == 1:
             uid = pod_uid(0).replace(UID_PREFIX, f"{i:08x}")
             lines.append(

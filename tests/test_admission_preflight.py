@@ -45,6 +45,9 @@ def test_an_opted_in_pod_gets_the_gate_first_with_its_gpus():
     names = [c["name"] for c in patched["spec"]["initContainers"]]
     assert names == [CONTAINER, "gpuzombie-install", "fetch"]
     assert gate["resources"]["limits"]["nvidia.com/gpu"] == "3"  # the containers run together: 2 + 1
+    # GpuzombieDirtyGpuBlocksPreflight learns a waiting pod's node from kube-state-metrics' series of
+    # this request (kube_pod_init_container_resource_requests), DRA or not
+    assert gate["resources"]["requests"]["cpu"]
     assert gate["command"][:4] == ["python3", "-S", "-I", IMAGE_PREFLIGHT]
     assert gate["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     assert gate["securityContext"]["runAsNonRoot"] is True and gate["image"] == POLICY.image

@@ -141,6 +141,8 @@ def kube_state_series(test_exporter, deleted: float) -> str:
         f'kube_pod_info{{{waiting},node="{NODE}"}} 1\n'
         f'kube_pod_init_container_status_restarts_total{{{waiting},container="gpuzombie-preflight"}} 2\n'
         f'kube_pod_init_container_status_ready{{{waiting},container="gpuzombie-preflight"}} 0\n'
+        f'kube_pod_init_container_resource_requests{{{waiting},container="gpuzombie-preflight",node="{NODE}",'
+        'resource="cpu",unit="core"} 0.01\n'
     )
 
 
