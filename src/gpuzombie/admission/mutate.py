@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
+from gpuzombie.admission.security import restricted_security_context
 from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token
 
 DOMAIN = "gpuzombie.dev"
@@ -122,16 +123,7 @@ def install_container(image: str, *, prestop: bool) -> dict[str, Any]:
             "requests": {"cpu": "10m", "memory": "16Mi"},
             "limits": {"cpu": "100m", "memory": "32Mi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "capabilities": {"drop": ["ALL"]},
-            # Pod Security "restricted" needs it on every container unless the pod sets it: without
-            # it a pod that sets it per container would be refused after the patch
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_security_context(),
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
     }
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.admission.security import restricted_security_context
 from gpuzombie.k8s.podspec import Container, ContainerKind, GpuForm, PodSpec
 
 CONTAINER = "gpuzombie-preflight"
@@ -123,12 +124,5 @@ def gate_container(image: str, gpus: GateGpus) -> dict[str, Any]:
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "resources": resources,
         "terminationMessagePolicy": "File",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_security_context(),
     }
