@@ -19,6 +19,7 @@ from click.types import BoolParamType
 from gpuzombie.cli.prestop import command
 from gpuzombie.prestop.hook import build_parser, parse_hook_args
 from gpuzombie.prestop.options import BOOL_WORDS, OPTIONS, HookOptions
+from gpuzombie.usage import UsageError
 from markers import needs_root
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -68,7 +69,7 @@ def _argparse(argv: list[str]) -> dict | None:
     try:
         return parse_hook_args(argv, "prestop")
     except Exception as exc:  # the hook's one-line usage error (its parser raises instead of exiting)
-        assert type(exc).__name__ == "_UsageError", exc
+        assert type(exc) is UsageError, exc
         return None
 
 

@@ -20,12 +20,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.handover.verdict import DEFAULT_TOLERANCE_BYTES, MIB, GpuReading, Verdict, judge
+from gpuzombie.usage import OneLineParser, UsageError
 
 SCHEMA = "gpuzombie.preflight/1"
 DEFAULT_WAIT_S = 60.0
@@ -269,15 +270,6 @@ def nvml_backend() -> NvmlBackend:
     return default_backend()
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 86400:
@@ -293,7 +285,7 @@ def _mib(text: str) -> int:
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    ap = _Parser(
+    ap = OneLineParser(
         prog=prog,
         description="Before a GPU workload starts: wait until every GPU (or MIG instance) NVML shows this "
         "container is clean (nothing held beyond the driver's reservation, no process listed). Exit 0 clean "
@@ -347,7 +339,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "gpuzombie preflight"
     err = sys.stderr
     try:
         args = build_parser(prog).parse_args(argv)
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"gpuzombie: usage error: {exc} (see '{prog} --help')", file=err)
         return ExitStatus.ERROR
     if args.interval <= 0:

@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
@@ -25,6 +25,7 @@ from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.terminate import PrestopEvent
 from gpuzombie.proc.pidns import is_root_pidns, reader_pidns
 from gpuzombie.proc.procfs import Procfs
+from gpuzombie.usage import OneLineParser, UsageError
 
 if TYPE_CHECKING:
     from gpuzombie.gpu.nvml import NvmlBackend
@@ -127,17 +128,6 @@ def nvml_backend() -> NvmlBackend:
     return default_backend()
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line (its default prints the usage block too)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
 def _argparse_default(option: HookOption, default: object) -> object:
     """The environment's value when it is set and not empty (as click reads it), else ``default``:
     a string, converted only when the option is not on the command line (``parse_hook_args``)."""
@@ -147,7 +137,7 @@ def _argparse_default(option: HookOption, default: object) -> object:
 
 def build_parser(prog: str, defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
     """The hook's parser, from ``OPTIONS`` (``defaults`` overrides an option's default by name)."""
-    ap = _Parser(
+    ap = OneLineParser(
         prog=prog,
         description="SIGTERM this container's GPU holders and orphans, wait, SIGKILL the rest. Exit 0 all "
         "gone, 1 survivors or unreadable processes, 2 error (or host PID namespace without a scope), 130 interrupted.",
@@ -178,7 +168,7 @@ def build_parser(prog: str, defaults: dict[str, object] | None = None) -> argpar
 
 
 def parse_hook_args(argv: list[str] | None, prog: str, defaults: dict[str, object] | None = None) -> dict[str, Any]:
-    """The values of ``HookOptions`` from the command line and the environment; raises _UsageError.
+    """The values of ``HookOptions`` from the command line and the environment; raises UsageError.
     argparse converts a string default of a value with its ``type``; a switch's is converted here."""
     values = vars(build_parser(prog, defaults).parse_args(argv))
     for option in OPTIONS:
@@ -188,7 +178,7 @@ def parse_hook_args(argv: list[str] | None, prog: str, defaults: dict[str, objec
             try:
                 values[option.name] = option.convert(text)
             except ValueError as exc:
-                raise _UsageError(f"{option.envvar}: {exc}") from exc
+                raise UsageError(f"{option.envvar}: {exc}") from exc
     return values
 
 
@@ -199,7 +189,7 @@ def main(
     The zipapp's ``__main__`` passes ``nvml_default="undecided"``."""
     try:
         values = parse_hook_args(argv, prog, {"nvml": nvml_default})
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"gpuzombie: usage error: {exc} (see '{prog} --help')", file=sys.stderr)
         return ExitStatus.ERROR
     except SystemExit as exc:  # --help
