@@ -1,0 +1,111 @@
+"""``gpuzombie cluster``: a real single-node Kubernetes on this machine (the upstream control plane
+and kubelet built from their Go modules, a private containerd, CNI bridge networking), to run the lab
+and the tests against. docs/kubernetes.md says what runs and why each setting differs from upstream."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import click
+
+from gpuzombie.cluster.build import ensure_binary
+from gpuzombie.cluster.layout import Layout
+from gpuzombie.cluster.node import ClusterError, ClusterState, down, status, up
+from gpuzombie.errors import GpuzombieError
+from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.jsonout import dumps
+
+
+def _progress(line: str) -> None:
+    click.echo(f"cluster: {line}", err=True)
+
+
+def _state_or_fail(layout: Layout) -> ClusterState:
+    state = ClusterState.read(layout.state_file)
+    if state is None:
+        raise ClusterError(f"no cluster at {layout.root} (gpuzombie cluster up starts one)")
+    return state
+
+
+@click.group(short_help="Start, inspect and stop a real single-node Kubernetes here.")
+def command() -> None:
+    """A real single-node Kubernetes on this machine: kube-apiserver, kube-controller-manager,
+    kube-scheduler, etcd and the kubelet (one binary built from the Go modules go/kube pins, cached
+    in ~/.cache/gpuzombie/kube), on a private containerd with CNI bridge networking. Needs root.
+    Everything lives under $GPUZOMBIE_CLUSTER_DIR (default /var/lib/gpuzombie-cluster)."""
+
+
+@command.command("build")
+def build_command() -> None:
+    """Build (or find in the cache) the multi-call Kubernetes binary; print its path."""
+    click.echo(ensure_binary(_progress))
+
+
+@command.command("up")
+def up_command() -> None:
+    """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path."""
+    layout = Layout.from_env()
+    state = up(layout, layout.ports, _progress)
+    _progress(
+        f"node Ready in {state.ready_s:.1f} s (Kubernetes {state.kubernetes_version}, containerd {state.containerd_version})"
+    )
+    click.echo(state.kubeconfig)
+
+
+@command.command("down")
+def down_command() -> None:
+    """Stop the cluster and remove every process, mount, cgroup, interface and iptables chain it made."""
+    layout = Layout.from_env()
+    existed = layout.root.exists()
+    problems = down(layout)
+    if problems:
+        raise GpuzombieError("cluster down left: " + "; ".join(problems))
+    _progress(f"removed {layout.root}" if existed else f"nothing at {layout.root}")
+
+
+@command.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status_command(as_json: bool) -> None:
+    """What runs, where the kubeconfig is, which versions. Exit 0 when up, 1 when not."""
+    result = status(Layout.from_env())
+    if as_json:
+        click.echo(dumps(result))
+    elif not result.processes:
+        click.echo(f"no cluster at {result.root}")
+    else:
+        click.echo(f"cluster at {result.root}: {'up' if result.up else 'NOT up'}")
+        click.echo(f"  Kubernetes {result.kubernetes_version}, containerd {result.containerd_version}")
+        click.echo(f"  kubeconfig {result.kubeconfig}")
+        for name, running in result.processes.items():
+            click.echo(f"  {name:<24} {'running' if running else 'gone'}")
+    sys.exit(ExitStatus.OK if result.up else ExitStatus.FINDINGS)
+
+
+@command.command("env")
+def env_command() -> None:
+    """The export lines that point a shell (kubectl, trace, top, exporter, reap) at the cluster."""
+    layout = Layout.from_env()
+    state = _state_or_fail(layout)
+    for name, value in (
+        ("KUBECONFIG", state.kubeconfig),
+        ("GPUZOMBIE_CRI_SOCKET", str(layout.containerd_socket)),
+        ("GPUZOMBIE_POD_RESOURCES_SOCKET", str(layout.pod_resources_socket)),
+        ("PATH", f"{layout.bin}:{os.environ.get('PATH', '')}"),
+    ):
+        click.echo(f"export {name}={shlex.quote(value)}")
+
+
+@command.command("kubectl", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def kubectl_command(args: tuple[str, ...]) -> None:
+    """Run the built kubectl against the cluster: gpuzombie cluster kubectl -- get pods -A."""
+    layout = Layout.from_env()
+    state = _state_or_fail(layout)
+    argv = [str(layout.bin / "kubectl"), f"--kubeconfig={state.kubeconfig}", *args]
+    try:
+        sys.exit(subprocess.run(argv, check=False).returncode)
+    except OSError as exc:
+        raise ClusterError(f"cannot run kubectl: {exc.strerror}") from None

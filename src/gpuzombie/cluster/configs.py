@@ -1,0 +1,234 @@
+"""The files each component reads, rendered as pure functions of the layout (tested on their text):
+kubeconfigs, the kubelet's configuration, containerd's, the CNI network and the argv of each
+component. Only what differs from the upstream defaults is set, each with the reason beside it
+(docs/kubernetes.md lists them)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gpuzombie.cluster.layout import NODE_NAME, SERVICE_CIDR, Layout, Ports
+
+LOOPBACK = "127.0.0.1"
+PAUSE_IMAGE = "localhost/gpuzombie/pause:catatonit"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One process of the cluster: its name, the multi-call binary's component and argv."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def kubeconfig(layout: Layout, ports: Ports, user: str) -> str:
+    """A kubeconfig for ``user`` (client certificate ``<user>.pem``) against the API server."""
+    pki = layout.pki
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpuzombie",
+                "cluster": {
+                    "server": f"https://{LOOPBACK}:{ports.apiserver}",
+                    "certificate-authority": str(pki / "ca.pem"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(pki / f"{user}.pem"), "client-key": str(pki / f"{user}.key")},
+            }
+        ],
+        "contexts": [{"name": "gpuzombie", "context": {"cluster": "gpuzombie", "user": user}}],
+        "current-context": "gpuzombie",
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def kubelet_config(layout: Layout, ports: Ports) -> str:
+    """KubeletConfiguration (JSON is YAML): the settings this machine needs, nothing else."""
+    pki = layout.pki
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,  # these machines are hybrid (v1 controllers); 1.35+ refuses v1 otherwise
+        "cgroupDriver": "cgroupfs",  # no systemd here; containerd 1.6 cannot tell the kubelet (no RuntimeConfig)
+        "cgroupRoot": layout.cgroup_root,  # apart from the lab's /kubepods pods, which the kubelet would kill as orphans
+        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "address": LOOPBACK,
+        "port": ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": LOOPBACK,
+        "healthzPort": ports.kubelet_healthz,
+        "tlsCertFile": str(pki / "kubelet-serving.pem"),
+        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki / "ca.pem")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "oomScoreAdj": 0,  # -999 needs CAP_SYS_RESOURCE, which these sandboxes lack
+        "failSwapOn": False,
+        "resolvConf": "/etc/resolv.conf",
+        # Images are imported, never pulled: garbage collection must not remove them, and a nearly
+        # full disk of a shared machine must not evict the test pods.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "serializeImagePulls": False,
+        "shutdownGracePeriod": "0s",
+        "nodeStatusUpdateFrequency": "5s",  # Ready sooner after start
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "5s",
+        "maxPods": 110,
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def containerd_config(layout: Layout, *, cni_bin: str) -> str:
+    """containerd 1.6's config (version 2): everything under the cluster's directory."""
+    d = layout.containerd
+    return f"""version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{layout.containerd_socket}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "{LOOPBACK}"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{layout.cni_conf}"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"""
+
+
+def cni_network(layout: Layout) -> str:
+    """A bridge network of its own (gzcluster0), host-local addresses kept under the cluster's
+    directory, no masquerade (no iptables rule to leave behind): pods reach each other and the host,
+    the host (the API server, Prometheus) reaches them."""
+    config = {
+        "cniVersion": "1.0.0",
+        "name": f"gpuzombie-cluster{layout.instance}",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": layout.bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": layout.pod_subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(layout.cni_state),
+                },
+            }
+        ],
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def components(layout: Layout, ports: Ports) -> list[Component]:
+    """The processes in start order, each named so that ``cluster status`` and errors can say which."""
+    pki, bin_dir = layout.pki, layout.bin
+    etcd = Component(
+        "etcd",
+        (
+            str(bin_dir / "etcd"),
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
+            f"--advertise-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
+            f"--listen-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
+            f"--initial-advertise-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
+            f"--initial-cluster=default=http://{LOOPBACK}:{ports.etcd_peer}",
+            "--unsafe-no-fsync",  # a throwaway cluster: fsync on a shared disk only slows the tests
+            "--quota-backend-bytes=1073741824",
+        ),
+    )
+    apiserver = Component(
+        "kube-apiserver",
+        (
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={ports.apiserver}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.pem'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.pem'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.pem'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",  # the node agent's DaemonSet is privileged (hostPID)
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            # No kube-proxy: the API server dials a webhook Service's endpoints (the pod) itself.
+            "--enable-aggregator-routing=true",
+            "--profiling=false",
+        ),
+    )
+    controller_manager = Component(
+        "kube-controller-manager",
+        (
+            str(bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={layout.kubeconfig('controller-manager')}",
+            f"--authentication-kubeconfig={layout.kubeconfig('controller-manager')}",
+            f"--authorization-kubeconfig={layout.kubeconfig('controller-manager')}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={ports.controller_manager}",
+            f"--cert-dir={pki / 'controller-manager'}",
+            f"--root-ca-file={pki / 'ca.pem'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--cluster-signing-cert-file={pki / 'ca.pem'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--leader-elect=false",  # one replica
+            "--profiling=false",
+        ),
+    )
+    scheduler = Component(
+        "kube-scheduler",
+        (
+            str(bin_dir / "kube-scheduler"),
+            f"--kubeconfig={layout.kubeconfig('scheduler')}",
+            f"--authentication-kubeconfig={layout.kubeconfig('scheduler')}",
+            f"--authorization-kubeconfig={layout.kubeconfig('scheduler')}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={ports.scheduler}",
+            f"--cert-dir={pki / 'scheduler'}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ),
+    )
+    kubelet = Component(
+        "kubelet",
+        (
+            str(bin_dir / "kubelet"),
+            f"--config={layout.root / 'kubelet.json'}",
+            f"--kubeconfig={layout.kubeconfig('kubelet')}",
+            f"--root-dir={layout.kubelet_root}",
+            f"--cert-dir={pki / 'kubelet'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={LOOPBACK}",
+        ),
+        # cAdvisor reads container stats from the node's containerd (go/kube/main.go: no kubelet flag).
+        env=(("KUBE_CADVISOR_CONTAINERD_ENDPOINT", str(layout.containerd_socket)),),
+    )
+    return [etcd, apiserver, controller_manager, scheduler, kubelet]

@@ -1,0 +1,124 @@
+"""Where the single-node cluster keeps everything, and the ports it takes: one directory, so that
+``cluster down`` (and the lab's leftover sweep it reuses) finds every process by a path in its
+command line, every mount under it, and removes it whole."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CLUSTER_DIR_ENV = "GPUZOMBIE_CLUSTER_DIR"
+INSTANCE_ENV = "GPUZOMBIE_CLUSTER_INSTANCE"
+"""0-9: a second cluster beside the first (the fault tests) takes ports 100 higher, its own bridge
+and pod subnet."""
+DEFAULT_CLUSTER_DIR = Path("/var/lib/gpuzombie-cluster")
+NODE_NAME = "gpuzombie-node"
+SERVICE_CIDR = "10.97.0.0/16"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Every TCP port the cluster listens on, all on 127.0.0.1; ``up`` refuses if one is taken."""
+
+    etcd_client: int = 12379
+    etcd_peer: int = 12380
+    apiserver: int = 16443
+    controller_manager: int = 10257
+    scheduler: int = 10259
+    kubelet: int = 10250
+    kubelet_healthz: int = 10248
+
+    def all(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    @classmethod
+    def for_instance(cls, instance: int) -> Ports:
+        return cls(**{name: port + 100 * instance for name, port in cls().all().items()})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The cluster's directory tree under ``root``."""
+
+    root: Path
+    instance: int = 0
+
+    @classmethod
+    def from_env(cls) -> Layout:
+        instance = os.environ.get(INSTANCE_ENV, "0")
+        if not (instance.isdigit() and int(instance) < 10):
+            raise ValueError(f"{INSTANCE_ENV} must be 0-9, not {instance!r}")
+        return cls(Path(os.environ.get(CLUSTER_DIR_ENV) or DEFAULT_CLUSTER_DIR), int(instance))
+
+    @property
+    def ports(self) -> Ports:
+        return Ports.for_instance(self.instance)
+
+    @property
+    def bridge(self) -> str:
+        """The CNI bridge on the host: its own name, so that ``down`` deletes only what ``up`` made."""
+        return f"gzcluster{self.instance}"
+
+    @property
+    def cgroup_root(self) -> str:
+        """The kubelet's ``cgroupRoot``: its pods live under /gpuzombie-cluster<N>/kubepods, apart from
+        the lab's private containerd pods under /kubepods (and another instance's), which a kubelet
+        would otherwise call orphaned and kill."""
+        return f"/gpuzombie-cluster{self.instance}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.98.{self.instance}.0/24"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def containerd(self) -> Path:
+        return self.root / "containerd"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.containerd / "containerd.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.root / "cni" / "conf"
+
+    @property
+    def cni_state(self) -> Path:
+        return self.root / "cni" / "ipam"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def bin(self) -> Path:
+        """The multi-call binary's links (kube-apiserver, kubelet, ...), each named as its component."""
+        return self.root / "bin"
+
+    def kubeconfig(self, user: str) -> Path:
+        return self.root / f"{user}.kubeconfig"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfig("admin")

@@ -1,0 +1,90 @@
+"""The single-node cluster's files as pure renderings of its layout, and its throwaway PKI, checked
+with the cryptography library (the real cluster tests run them in tests/cluster/test_cluster_node.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from gpuzombie.cluster import configs
+from gpuzombie.cluster.build import KubeSource
+from gpuzombie.cluster.layout import NODE_NAME, Layout, Ports
+from gpuzombie.cluster.node import _cert_requests
+from gpuzombie.cluster.pki import make_pki
+
+LAYOUT = Layout(Path("/var/lib/gpuzombie-cluster"))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_process_names_the_cluster_directory_so_down_finds_it() -> None:
+    for component in configs.components(LAYOUT, Ports()):
+        assert any(str(LAYOUT.root) + "/" in arg for arg in component.argv), component.name
+
+
+def test_every_listener_is_on_loopback_at_the_layouts_ports() -> None:
+    ports = Ports()
+    argv = {c.name: " ".join(c.argv) for c in configs.components(LAYOUT, ports)}
+    assert f"--secure-port={ports.apiserver}" in argv["kube-apiserver"]
+    assert f"--listen-client-urls=http://127.0.0.1:{ports.etcd_client}" in argv["etcd"]
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        assert "--bind-address=127.0.0.1" in argv[name]
+    kubelet = json.loads(configs.kubelet_config(LAYOUT, ports))
+    assert (kubelet["address"], kubelet["healthzBindAddress"], kubelet["readOnlyPort"]) == ("127.0.0.1", "127.0.0.1", 0)
+
+
+def test_kubelet_config_carries_what_this_machine_needs() -> None:
+    kubelet = json.loads(configs.kubelet_config(LAYOUT, Ports()))
+    assert kubelet["failCgroupV1"] is False
+    assert kubelet["cgroupRoot"] == "/gpuzombie-cluster0"
+    assert kubelet["containerRuntimeEndpoint"] == f"unix://{LAYOUT.containerd_socket}"
+    assert kubelet["imageGCHighThresholdPercent"] == 100  # imported images must survive
+
+
+def test_containerd_restricts_oom_score_adj_and_keeps_state_inside() -> None:
+    text = configs.containerd_config(LAYOUT, cni_bin="/usr/lib/cni")
+    assert "restrict_oom_score_adj = true" in text
+    assert f'address = "{LAYOUT.containerd_socket}"' in text
+    assert f'sandbox_image = "{configs.PAUSE_IMAGE}"' in text
+
+
+def test_cni_bridge_is_ours_and_masquerades_nothing() -> None:
+    network = json.loads(configs.cni_network(LAYOUT))
+    bridge = network["plugins"][0]
+    assert (bridge["bridge"], bridge["ipMasq"]) == ("gzcluster0", False)
+    assert bridge["ipam"]["dataDir"].startswith(str(LAYOUT.root))
+
+
+def test_kubeconfig_points_at_the_api_server_with_the_users_certificate() -> None:
+    config = json.loads(configs.kubeconfig(LAYOUT, Ports(), "kubelet"))
+    assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{Ports().apiserver}"
+    assert config["users"][0]["user"]["client-certificate"] == str(LAYOUT.pki / "kubelet.pem")
+
+
+def test_pki_gives_the_node_and_admin_their_kubernetes_identities(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki", _cert_requests())
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+
+    def subject(stem: str) -> tuple[str, list[str]]:
+        cert = x509.load_pem_x509_certificate(pki.cert(stem).read_bytes())
+        cert.verify_directly_issued_by(ca)
+        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+        return str(cn), [str(o) for o in orgs]
+
+    assert subject("kubelet") == (f"system:node:{NODE_NAME}", ["system:nodes"])
+    assert subject("admin")[1] == ["system:masters"]
+    apiserver = x509.load_pem_x509_certificate(pki.cert("apiserver").read_bytes())
+    sans = apiserver.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
+    assert oct(pki.key("ca").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_build_is_keyed_by_the_pinned_release_and_its_sums() -> None:
+    source = KubeSource(REPO / "go" / "kube")
+    assert source.kubernetes_version.startswith("v1.")
+    key = source.cache_key("go1.26.8")
+    assert key == source.cache_key("go1.26.8") != source.cache_key("go1.27.0")
+    assert f"version.gitVersion={source.kubernetes_version}" in source.ldflags()
