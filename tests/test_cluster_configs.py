@@ -32,7 +32,8 @@ def test_every_listener_is_on_loopback_at_the_layouts_ports() -> None:
     for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
         assert "--bind-address=127.0.0.1" in argv[name]
     kubelet = json.loads(configs.kubelet_config(LAYOUT, ports))
-    assert (kubelet["address"], kubelet["healthzBindAddress"], kubelet["readOnlyPort"]) == ("127.0.0.1", "127.0.0.1", 0)
+    # the kubelet refuses a loopback node IP: it serves on the bridge's own address, made by up
+    assert (kubelet["address"], kubelet["healthzBindAddress"], kubelet["readOnlyPort"]) == ("10.98.0.1", "127.0.0.1", 0)
 
 
 def test_kubelet_config_carries_what_this_machine_needs() -> None:
@@ -64,7 +65,7 @@ def test_kubeconfig_points_at_the_api_server_with_the_users_certificate() -> Non
 
 
 def test_pki_gives_the_node_and_admin_their_kubernetes_identities(tmp_path: Path) -> None:
-    pki = make_pki(tmp_path / "pki", _cert_requests())
+    pki = make_pki(tmp_path / "pki", _cert_requests(LAYOUT))
     ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
 
     def subject(stem: str) -> tuple[str, list[str]]:

@@ -21,7 +21,19 @@ NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
 )
 
 # Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
-COMMAND_MODULES = ("observe", "trace", "top", "lab", "prestop", "exporter", "reap", "check", "webhook", "preflight", "cluster")
+COMMAND_MODULES = (
+    "observe",
+    "trace",
+    "top",
+    "lab",
+    "prestop",
+    "exporter",
+    "reap",
+    "check",
+    "webhook",
+    "preflight",
+    "cluster",
+)
 
 
 def _installed(name: str) -> bool:

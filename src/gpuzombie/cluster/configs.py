@@ -60,7 +60,7 @@ def kubelet_config(layout: Layout, ports: Ports) -> str:
         "cgroupDriver": "cgroupfs",  # no systemd here; containerd 1.6 cannot tell the kubelet (no RuntimeConfig)
         "cgroupRoot": layout.cgroup_root,  # apart from the lab's /kubepods pods, which the kubelet would kill as orphans
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
-        "address": LOOPBACK,
+        "address": layout.node_ip,
         "port": ports.kubelet,
         "readOnlyPort": 0,
         "healthzBindAddress": LOOPBACK,
@@ -172,6 +172,7 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.pem'}",
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere here
             "--allow-privileged=true",  # the node agent's DaemonSet is privileged (hostPID)
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
@@ -180,6 +181,9 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             # No kube-proxy: the API server dials a webhook Service's endpoints (the pod) itself.
             "--enable-aggregator-routing=true",
+            # It listens on loopback only, which the endpoint reconciler refuses to publish: the
+            # `kubernetes` Service gets no endpoints (pods do not call the API server here).
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
         ),
     )
@@ -226,7 +230,7 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             f"--root-dir={layout.kubelet_root}",
             f"--cert-dir={pki / 'kubelet'}",
             f"--hostname-override={NODE_NAME}",
-            f"--node-ip={LOOPBACK}",
+            f"--node-ip={layout.node_ip}",
         ),
         # cAdvisor reads container stats from the node's containerd (go/kube/main.go: no kubelet flag).
         env=(("KUBE_CADVISOR_CONTAINERD_ENDPOINT", str(layout.containerd_socket)),),

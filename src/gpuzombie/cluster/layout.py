@@ -72,6 +72,12 @@ class Layout:
         return f"10.98.{self.instance}.0/24"
 
     @property
+    def node_ip(self) -> str:
+        """The bridge's own address, made by ``up`` before the kubelet starts: the kubelet refuses a
+        loopback node IP, and the API server reaches the kubelet (logs, exec) here."""
+        return f"10.98.{self.instance}.1"
+
+    @property
     def pki(self) -> Path:
         return self.root / "pki"
 

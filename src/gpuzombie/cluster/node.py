@@ -23,7 +23,8 @@ from gpuzombie.cluster.layout import NODE_NAME, SERVICE_CIDR, Layout, Ports
 from gpuzombie.cluster.pki import CertRequest, make_pki
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.lab.runtime.containerd import ImageSpec, busybox_image, cni_bin_dir, pause_image, write_image_archive
-from gpuzombie.lab.runtime.rundirs import record_cgroup, remove_run, shim_sockets
+from gpuzombie.lab.runtime.rundirs import cgroup_roots, record_cgroup, remove_run, shim_sockets, unmount
+from gpuzombie.proc.own import mount_points_under
 from gpuzombie.proc.pidfd import read_start_and_state
 
 START_TIMEOUT_S = 120.0
@@ -94,6 +95,8 @@ def preflight(layout: Layout, ports: Ports) -> None:
         raise ClusterError(f"a cluster is already up ({layout.root}); gpuzombie cluster down stops it")
     for name, port in ports.all().items():
         with socket.socket() as probe:
+            # as Go's listeners do: a TIME_WAIT left by an earlier run is no owner, a listener is
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((configs.LOOPBACK, port))
             except OSError:
@@ -185,7 +188,7 @@ class Node:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _cert_requests() -> list[CertRequest]:
+def _cert_requests(layout: Layout) -> list[CertRequest]:
     service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
     api_names = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
     return [
@@ -222,12 +225,26 @@ def _write_files(layout: Layout, ports: Ports, binary: Path, cni_bin: str) -> No
         link = layout.bin / name
         link.unlink(missing_ok=True)
         link.symlink_to(binary)
-    make_pki(layout.pki, _cert_requests())
+    make_pki(layout.pki, _cert_requests(layout))
     for user in ("admin", "controller-manager", "scheduler", "kubelet"):
         layout.kubeconfig(user).write_text(configs.kubeconfig(layout, ports, user))
     (layout.root / "kubelet.json").write_text(configs.kubelet_config(layout, ports))
     (layout.containerd / "config.toml").write_text(configs.containerd_config(layout, cni_bin=cni_bin))
     (layout.cni_conf / "10-gpuzombie-cluster.conflist").write_text(configs.cni_network(layout))
+
+
+def _make_bridge(layout: Layout) -> None:
+    """The CNI bridge with the node's address on it, before the kubelet (the bridge plugin then
+    finds it and keeps it)."""
+    prefix = layout.pod_subnet.split("/")[1]
+    for argv in (
+        ["ip", "link", "add", layout.bridge, "type", "bridge"],
+        ["ip", "addr", "add", f"{layout.node_ip}/{prefix}", "dev", layout.bridge],
+        ["ip", "link", "set", layout.bridge, "up"],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"cannot make the bridge {layout.bridge}: {' '.join(argv[1:4])}: {done.stderr.strip()}")
 
 
 def _iptables_chains() -> set[tuple[str, str, str]]:
@@ -292,7 +309,10 @@ def up(layout: Layout, ports: Ports, progress: Progress, images: Sequence[ImageS
     node = Node(layout, ports, progress)
     try:
         _write_files(layout, ports, binary, cni_bin)
-        record_cgroup(layout.root, layout.cgroup_root)  # before the kubelet makes it: a crash still finds it
+        record_cgroup(layout.root, layout.cgroup_root)  # before it is made: a crash still finds it
+        _make_bridge(layout)
+        for hierarchy in cgroup_roots():  # the kubelet wants its cgroupRoot in every hierarchy
+            os.makedirs(hierarchy + layout.cgroup_root, exist_ok=True)
         state = ClusterState(
             root=str(layout.root),
             kubeconfig=str(layout.admin_kubeconfig),
@@ -367,6 +387,13 @@ def down(layout: Layout) -> list[str]:
     state = ClusterState.read(layout.state_file)
     shims = shim_sockets(layout.containerd)
     problems = remove_run(layout.root)
+    try:  # the kubelet's bind mount of its root dir onto itself, which remove_run cannot see
+        leftover_mounts = mount_points_under(str(layout.root))
+    except OSError as exc:
+        leftover_mounts, problems = [], [*problems, f"cannot read this process's mountinfo: {exc.strerror}"]
+    if leftover_mounts:
+        unmount(leftover_mounts)
+        problems = remove_run(layout.root)  # the directory again, now that nothing is mounted in it
     for path in shims:
         with contextlib.suppress(OSError):
             os.unlink(path)

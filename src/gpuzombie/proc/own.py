@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from gpuzombie.proc.parse import parse_cpu_model, parse_mem_available
+from gpuzombie.proc.parse import parse_cpu_model, parse_mem_available, parse_mount_points
 from gpuzombie.proc.read import read_text
 
 PROCFS = "/proc"
@@ -66,3 +66,13 @@ def mem_available(procfs_root: str = PROCFS) -> int | None:
         return parse_mem_available(read_text(os.path.join(procfs_root, "meminfo"), "meminfo"))
     except OSError:
         return None
+
+
+def mount_points_under(path: str, procfs_root: str = PROCFS) -> list[str]:
+    """Every mount point at or below ``path`` in this process's mount namespace, deepest first. From
+    mountinfo, not ``os.path.ismount``: a bind mount of a directory of the same filesystem (the
+    kubelet's root dir onto itself) has the same device as its parent and looks like no mount."""
+    prefix = path.rstrip("/") + "/"
+    text = read_text(os.path.join(procfs_root, "self", "mountinfo"), "mountinfo")
+    found = {p for p in parse_mount_points(text) if p == path.rstrip("/") or p.startswith(prefix)}
+    return sorted(found, key=lambda p: (p.count("/"), len(p)), reverse=True)

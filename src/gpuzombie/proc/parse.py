@@ -237,3 +237,18 @@ def parse_sigterm(status_text: str, wchan: str | None = None) -> SigtermDisposit
         masks.get("SigCgt"),
         sigwaiting=bool(wchan and wchan.startswith("do_sigtimedwait")),
     )
+
+
+def _unescape_mount_field(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in a path as octal escapes (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mount_points(mountinfo: str) -> list[str]:
+    """The mount point (field 5) of each line of /proc/<pid>/mountinfo, in the kernel's order."""
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) >= 5:
+            points.append(_unescape_mount_field(fields[4]))
+    return points

@@ -31,6 +31,7 @@ CAPS: dict[str, int] = {
     "proc_stat": 4 * 1024 * KIB,  # /proc/stat: a line per CPU and one per interrupt source
     "cpuinfo": 64 * KIB,  # truncated: only the first CPU's lines are used
     "meminfo": 16 * KIB,  # ~1.5 KiB: one line per counter
+    "mountinfo": 4 * 1024 * KIB,  # a line per mount (~150 bytes): a busy node's pods make thousands
 }
 """The most bytes read from each kind of file. Larger is refused (``too_large``), except the truncated kinds."""
 
