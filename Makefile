@@ -44,8 +44,9 @@ lab: debian venv  ## the main job: the four scenarios on the embedded runtime, i
 	$(PYTHON) -m pip install -q -e '.[$(LAB_EXTRAS)]'
 	$(PYTHON) -m gpuzombie lab run $(LAB_ARGS)
 
-test: debian venv  ## lint, types, the import contracts and the tests
+test: debian venv  ## lint, types, the import contracts and the tests (tests/kube on a real cluster)
 	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m gpuzombie cluster build  # the multi-call Kubernetes binary: ~11 min cold, cached in ~/.cache/gpuzombie/kube
 	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m ruff format --check $(LINTED)
 	$(PYTHON) -m mypy
