@@ -95,13 +95,15 @@ def _leftovers(root: Path, bridge: str) -> dict[str, object]:
 
 
 def test_down_after_a_sigkill_of_up_leaves_nothing(tmp_path: Path) -> None:
-    """A second cluster (instance 1: its own ports, bridge and cgroup root) whose ``up`` is SIGKILLed
-    once the API server answers; ``down`` then removes everything from the directory alone."""
+    """A second cluster (instance N+5 beside the session's N: its own ports, bridge and cgroup root)
+    whose ``up`` is SIGKILLed once the API server answers; ``down`` then removes everything from the
+    directory alone."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     root = Path("/var/lib") / f"gpuzombie-cluster-killed-{os.getpid()}"
     src = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, GPUZOMBIE_CLUSTER_DIR=str(root), GPUZOMBIE_CLUSTER_INSTANCE="1", PYTHONPATH=src)
+    instance = (int(os.environ.get("GPUZOMBIE_CLUSTER_INSTANCE", "0")) + 5) % 10
+    env = dict(os.environ, GPUZOMBIE_CLUSTER_DIR=str(root), GPUZOMBIE_CLUSTER_INSTANCE=str(instance), PYTHONPATH=src)
     up = subprocess.Popen(
         [sys.executable, "-m", "gpuzombie", "cluster", "up"],
         env=env,
@@ -115,7 +117,7 @@ def test_down_after_a_sigkill_of_up_leaves_nothing(tmp_path: Path) -> None:
             up.send_signal(signal.SIGKILL)
             break
     up.wait(60)
-    assert _leftovers(root, "gzcluster1")["processes"], "nothing ran when up was killed"
+    assert _leftovers(root, f"gzcluster{instance}")["processes"], "nothing ran when up was killed"
     down = subprocess.run(
         [sys.executable, "-m", "gpuzombie", "cluster", "down"],
         env=env,
@@ -125,4 +127,4 @@ def test_down_after_a_sigkill_of_up_leaves_nothing(tmp_path: Path) -> None:
         check=False,
     )
     assert down.returncode == 0, down.stderr
-    assert _leftovers(root, "gzcluster1") == {"mounts": [], "processes": [], "bridge": "", "dir": False}
+    assert _leftovers(root, f"gzcluster{instance}") == {"mounts": [], "processes": [], "bridge": "", "dir": False}
