@@ -12,8 +12,9 @@ import sys
 import click
 
 from gpuzombie.cluster.build import ensure_binary
+from gpuzombie.cluster.images import node_image_archive
 from gpuzombie.cluster.layout import Layout
-from gpuzombie.cluster.node import ClusterError, ClusterState, down, status, up
+from gpuzombie.cluster.node import ClusterError, ClusterState, down, import_archive, status, up
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.jsonout import dumps
@@ -53,6 +54,17 @@ def up_command() -> None:
         f"node Ready in {state.ready_s:.1f} s (Kubernetes {state.kubernetes_version}, containerd {state.containerd_version})"
     )
     click.echo(state.kubeconfig)
+
+
+@command.command("node-image")
+def node_image_command() -> None:
+    """Build the chart's node image from this machine's files (cached) and import it into the
+    running cluster's containerd; print its name."""
+    layout = Layout.from_env()
+    _state_or_fail(layout)
+    name, archive = node_image_archive(_progress)
+    import_archive(layout, name, archive)
+    click.echo(name)
 
 
 @command.command("down")

@@ -268,25 +268,30 @@ def _iptables_chains() -> set[tuple[str, str, str]]:
     return found
 
 
+def import_archive(layout: Layout, name: str, archive: Path) -> None:
+    """Import a docker-archive into the node's containerd, where the kubelet finds it (no pull)."""
+    argv = [
+        "ctr",
+        "--address",
+        str(layout.containerd_socket),
+        "--namespace",
+        "k8s.io",
+        "images",
+        "import",
+        str(archive),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise ClusterError(f"cannot import image {name}: {' '.join(done.stderr.split())[-300:]}")
+
+
 def import_images(layout: Layout, images: Sequence[ImageSpec]) -> None:
     archives = layout.root / "images"
     archives.mkdir(exist_ok=True)
     for spec in images:
         path = archives / (spec.name.replace("/", "_").replace(":", "_") + ".tar")
         write_image_archive(spec, path)
-        argv = [
-            "ctr",
-            "--address",
-            str(layout.containerd_socket),
-            "--namespace",
-            "k8s.io",
-            "images",
-            "import",
-            str(path),
-        ]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-        if done.returncode != 0:
-            raise ClusterError(f"cannot import image {spec.name}: {' '.join(done.stderr.split())[-300:]}")
+        import_archive(layout, spec.name, path)
 
 
 def containerd_version() -> str:

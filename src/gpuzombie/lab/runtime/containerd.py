@@ -61,6 +61,8 @@ class ImageSpec:
     """Path in the image → link target."""
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    """``NAME=value`` lines beside the image's PATH."""
 
 
 def _host_binary(name: str, *candidates: str) -> str:
@@ -125,7 +127,7 @@ def write_image_archive(spec: ImageSpec, path: str | os.PathLike[str]) -> None:
         "architecture": "amd64",
         "os": "linux",
         "config": {
-            "Env": ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"],
+            "Env": ["PATH=/usr/local/bin:/bin:/usr/bin:/sbin:/usr/sbin", *spec.env],
             "Entrypoint": list(spec.entrypoint) or None,
             "Cmd": list(spec.cmd) or None,
         },
