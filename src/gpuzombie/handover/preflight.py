@@ -25,6 +25,7 @@ from typing import TextIO
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
+from gpuzombie.handover.files import read_bounded, write_message
 from gpuzombie.handover.verdict import DEFAULT_TOLERANCE_BYTES, MIB, GpuReading, Verdict, judge
 from gpuzombie.usage import OneLineParser, UsageError
 
@@ -191,10 +192,10 @@ def failure_message(
 
 
 def write_termination_message(path: str, message: str) -> str | None:
-    """Write ``message`` where the kubelet reads it; why not, or None when written."""
+    """Write ``message`` where the kubelet reads it (``files.write_message``: no link followed, no FIFO
+    waited on, nothing truncated that is not the gate's own); why not, or None when written."""
     try:
-        with open(path, "w") as f:
-            f.write(message + "\n")
+        write_message(path, message + "\n")
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
     return None
@@ -239,11 +240,13 @@ class SnapshotFile:
         self.path = path
 
     def read(self) -> GpuSnapshot:
+        """The snapshot in the file (``files.read_bounded``: a regular file, at most 1 MiB, never
+        blocking), or an unavailable one saying why not."""
         try:
-            with open(self.path) as f:
-                return FakeNvml.from_dict(json.load(f)).read()
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            return GpuSnapshot(available=False, reason=f"NVML stand-in {self.path}: {type(exc).__name__}: {exc}")
+            return FakeNvml.from_dict(json.loads(read_bounded(self.path))).read()
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            why = f"NVML stand-in {self.path}: {type(exc).__name__}: {exc}"
+            return GpuSnapshot(available=False, reason=why[:400])
 
 
 def site_packages() -> list[str]:
