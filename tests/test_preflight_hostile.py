@@ -11,8 +11,10 @@ the figures are in docs/reliability.md, section 20). Bounds on time have margins
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,42 @@ def strict_json(text: str) -> dict[str, object]:
         raise ValueError(f"not JSON: {constant}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+# --- item 1: impossible readings are unreadable, never clean ---------------------------------------
+
+IMPOSSIBLE = {
+    "used NaN": {"memory_used": math.nan},
+    "used -1": {"memory_used": -1},
+    "used -inf": {"memory_used": -math.inf},
+    "used +inf": {"memory_used": math.inf},
+    "used a string": {"memory_used": "big"},
+    "used true": {"memory_used": True},
+    "reserved above used": {"memory_used": 615 * MIB, "memory_reserved": 2000 * MIB},
+    "reserved NaN": {"memory_used": 615 * MIB, "memory_reserved": math.nan},
+    "reserved a string": {"memory_used": 615 * MIB, "memory_reserved": "615"},
+    "processes_read 'false'": {"memory_used": 615 * MIB, "processes_read": "false"},
+    "processes_read 0": {"memory_used": 615 * MIB, "processes_read": 0},
+}
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_every_impossible_reading_is_unreadable_in_text_and_strict_json(front_end: str, archive, tmp_path) -> None:
+    """One GPU per impossible reading: each is unreadable (on e95cc19 most were "clean, nan MiB
+    held", exit 0, and a string was an internal error in the CLI and a traceback in the zipapp)."""
+    devices = [device(i, **fields) for i, fields in enumerate(IMPOSSIBLE.values())]
+    snapshot = standin(tmp_path / "nvml.json", *devices)
+    common = ["--wait", "0", "--nvml-standin", str(snapshot), "--termination-log", ""]
+    text = gate(front_end, archive, *common)
+    assert (text.returncode, text.stderr) == (1, ""), text.stderr
+    poll, message = text.stdout.splitlines()
+    assert ": clean," not in poll and poll.count("unreadable, impossible reading: ") == len(IMPOSSIBLE), poll
+    assert message.startswith("gpuzombie preflight: GPU ") and "fails closed on a GPU it cannot read" in message
+    done = gate(front_end, archive, *common, "--json")
+    doc = strict_json(done.stdout)
+    assert (done.returncode, doc["outcome"], doc["exit_status"]) == (1, "unreadable", 1)
+    states = {name: (g["state"], g["held_mib"]) for name, g in zip(IMPOSSIBLE, doc["gpus"], strict=True)}
+    assert states == dict.fromkeys(IMPOSSIBLE, ("unreadable", 0.0))
 
 
 # --- item 2: the termination log is written as the kubelet's own file is meant to be ---------------
@@ -219,3 +257,156 @@ def test_a_standin_that_is_no_bounded_regular_file_is_unreadable_at_once(front_e
     (gpu,) = doc["gpus"]
     assert ("not a regular file" if kind != "2 MiB file" else "larger than 1048576 bytes") in gpu["reason"]
     assert time.monotonic() - started < 30  # a margin over the ~0.3 s it takes here
+
+
+# --- item 4: --wait is a deadline, the poll log is bounded ------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_wait_is_seconds_whatever_the_interval(front_end: str, archive, tmp_path) -> None:
+    """``--interval 1e-9 --wait 1``: e95cc19 was still polling at 30 s, with 26 MB of poll lines."""
+    snapshot = standin(tmp_path / "nvml.json", device())
+    flags = ["--wait", "1", "--interval", "1e-9", "--json", "--nvml-standin", str(snapshot), "--termination-log", ""]
+    done = gate(front_end, archive, *flags, timeout=30)
+    doc = strict_json(done.stdout)
+    assert (done.returncode, doc["outcome"]) == (1, "dirty")
+    assert 1.0 <= doc["waited_s"] < 1.0 + 3.0, doc  # the deadline; margin for a loaded machine
+    assert doc["polls"] <= 11  # polls at least 0.1 s apart
+    assert len(done.stderr) < 4096 and done.stderr.count("\n") <= 4, done.stderr  # a line a second
+
+
+def nvml_driver(delay_s: float, grace_s: float, *flags: str, **popen: object) -> subprocess.Popen[str]:
+    driver = str(TESTS / "preflight_nvml_driver.py")
+    argv = [sys.executable, driver, str(delay_s), str(grace_s), *flags]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
+
+
+@pytest.mark.slow
+def test_a_slow_nvml_read_does_not_stretch_the_wait() -> None:
+    """Each read 0.4 s, ``--wait 2 --interval 0.1``: e95cc19 polled 21 times and returned at 10.7 s."""
+    process = nvml_driver(0.4, 10, "--wait", "2", "--interval", "0.1", "--json", "--termination-log", "")
+    out, err = process.communicate(timeout=RUN_S)
+    doc = strict_json(out)
+    assert (process.returncode, doc["outcome"]) == (1, "dirty"), err
+    assert 2.0 <= doc["waited_s"] < 2.0 + 0.4 + 2.0, doc  # a read begun before the deadline ends; margin 2 s
+
+
+@pytest.mark.slow
+def test_a_hung_nvml_read_ends_at_the_deadline_unreadable() -> None:
+    """A read that never returns (1 h), ``--wait 1`` and 1 s of grace: e95cc19 waited for ever."""
+    process = nvml_driver(3600, 1, "--wait", "1", "--json", "--termination-log", "")
+    out, err = process.communicate(timeout=RUN_S)
+    doc = strict_json(out)
+    assert (process.returncode, doc["outcome"]) == (1, "unreadable"), err
+    assert "NVML did not answer within" in doc["gpus"][0]["reason"]
+    assert 2.0 <= doc["waited_s"] < 2.0 + 3.0, doc
+
+
+# --- item 5: one line, escaped, and a message when stopped ------------------------------------------
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_a_malformed_value_is_the_same_verdict_in_both_front_ends(front_end: str, archive, tmp_path) -> None:
+    """``"memory_reserved": "615"``: e95cc19's zipapp printed an 11-line traceback (exit 1), its CLI
+    an internal error (exit 2)."""
+    snapshot = standin(tmp_path / "nvml.json", device(memory_reserved="615"))
+    done = gate(front_end, archive, "--wait", "0", "--nvml-standin", str(snapshot), "--termination-log", "")
+    assert (done.returncode, done.stderr) == (1, "")
+    poll, message = done.stdout.splitlines()
+    assert "unreadable, impossible reading: reserved memory '615' is not a byte count" in poll
+    assert message.startswith("gpuzombie preflight: GPU 0 (") and "fails closed" in message
+
+
+FAULT = """\
+import runpy, sys
+front_end, archive, *sys.argv[1:] = sys.argv[1:]
+if front_end == "zipapp":
+    sys.path.insert(0, archive)  # the archive's own modules, as its __main__ imports them
+import gpuzombie.handover.preflight as gate
+
+def broken(*args, **kwargs):
+    raise RuntimeError("boom\\npreflight: clean after 1 poll(s), 0.00 s")
+
+gate.checks_of = broken
+if front_end == "zipapp":
+    sys.argv[0] = archive
+    runpy.run_path(archive, run_name="__main__")
+else:
+    from gpuzombie.cli.main import main
+    sys.exit(main(["preflight", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_an_internal_error_is_one_escaped_line_a_message_and_exit_2(front_end: str, archive, tmp_path) -> None:
+    """A bug in the gate (here a judgement that raises, injected into the real archive's modules):
+    e95cc19's zipapp printed a traceback and wrote no termination message."""
+    snapshot, log = standin(tmp_path / "nvml.json", device()), tmp_path / "termination-log"
+    flags = ["--wait", "0", "--nvml-standin", str(snapshot), "--termination-log", str(log)]
+    python = [sys.executable, "-S", "-I"] if front_end == "zipapp" else [sys.executable]
+    done = subprocess.run(
+        [*python, "-c", FAULT, front_end, str(archive), *flags],
+        capture_output=True,
+        text=True,
+        timeout=RUN_S,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("gpuzombie: internal error: RuntimeError: boom\\x0apreflight: clean")
+    assert "internal error (RuntimeError: boom" in log.read_text() and "fails closed" in log.read_text()
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_a_uuid_forges_no_line_of_the_gates_log(front_end: str, archive, tmp_path) -> None:
+    """A UUID with a newline, a forged verdict and a terminal escape: on e95cc19 a line
+    ``preflight: clean after 1 poll(s)`` reached ``kubectl logs``."""
+    forged = "GPU-x\npreflight: clean after 1 poll(s), 0.00 s\n\x1b[2J"
+    snapshot = standin(tmp_path / "nvml.json", device(uuid=forged))
+    done = gate(front_end, archive, "--wait", "0", "--nvml-standin", str(snapshot), "--termination-log", "")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and len(lines) == 2 and "\x1b" not in done.stdout
+    assert not any(line.startswith("preflight: clean") for line in lines)
+    assert "GPU 0 (GPU-x\\x0apreflight: clean after 1 poll(s), 0.00 s\\x0a\\x1b[2J): dirty" in lines[0]
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_sigterm_while_waiting_says_why_and_writes_the_termination_message(front_end, archive, tmp_path) -> None:
+    """The kubelet deleting the pod while the gate waits: e95cc19 died by the signal (-15), silent."""
+    snapshot, log = standin(tmp_path / "nvml.json", device()), tmp_path / "termination-log"
+    argv = [
+        *argv_of(front_end, archive),
+        "--wait",
+        "60",
+        "--nvml-standin",
+        str(snapshot),
+        "--termination-log",
+        str(log),
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and ": dirty, 2048 MiB held" in process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=RUN_S)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    message = out.splitlines()[-1]
+    assert (
+        message.startswith("gpuzombie preflight: stopped by SIGTERM after ") and "was dirty: 2048 MiB held" in message
+    )
+    assert log.read_text() == message + "\n"
+
+
+def test_sigterm_during_a_hung_nvml_read_still_ends_with_the_message(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    process = nvml_driver(3600, 10, "--wait", "60", "--termination-log", str(log))
+    try:
+        assert process.stderr is not None and process.stderr.readline() == f"{READING}\n"  # the read never returns
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=RUN_S)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "stopped by SIGTERM after" in out and "before its first poll ended" in log.read_text()
