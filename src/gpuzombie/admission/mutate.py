@@ -22,7 +22,7 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
 from gpuzombie.admission.security import restricted_security_context
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token, windows_only
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -170,8 +170,7 @@ def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) 
     for ours in (INIT_CONTAINER, preflight.CONTAINER):
         if any(isinstance(c, Mapping) and c.get("name") == ours for c in every):
             return f"a container is named {ours} already"
-    os_name = spec.get("os", {}).get("name") if isinstance(spec.get("os"), Mapping) else None
-    if os_name == "windows":
+    if windows_only(spec):
         return "a Windows pod"
     if spec.get("hostPID") is True:
         return "hostPID: the containers' processes are not PID 1"
