@@ -18,6 +18,7 @@ import json
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,6 +96,105 @@ CLAIMED = {"claims": [{"name": "dev"}]}
 
 def claimed(template: str) -> dict[str, Any]:
     return {"resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}]}
+
+
+# -- item 6: the gate only for what it can read -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pod", "said"),
+    [
+        (gpu_pod(train({"limits": {"amd.com/gpu": "1"}})), "container train's amd.com/gpu"),
+        (gpu_pod(train(CLAIMED), **claimed("one-nic")), "container train's claim dev (device class not known here)"),
+    ],
+    ids=["amd.com/gpu", "a DRA claim served (a NIC's, or a GPU's: the pod does not say)"],
+)
+def test_served_a_gpu_nvml_does_not_show_gets_no_gate_and_a_warning(served, pod, said):
+    """Before: the gate was added (asking for amd.com/gpu, or naming the claim), and in a container
+    NVML shows no GPU it exits 1 at every try (`gpuzombie preflight`: "NVML unavailable")."""
+    patched, warnings = reviewed(served, pod)
+    assert gate(patched) is None
+    assert "gpuzombie.dev/injected" not in patched["metadata"]["annotations"]  # the pod runs its own init
+    (line,) = [w for w in warnings if "preflight gate" in w]
+    assert "is not added" in line and said in line and "NVML" in line, line
+
+
+def test_served_the_gate_checks_the_nvidia_gpus_of_a_pod_and_says_what_it_leaves(served):
+    pod = gpu_pod(
+        train({"limits": {"nvidia.com/gpu": "2"}}),
+        train({"limits": {"amd.com/gpu": "1"}}, name="amd"),
+        train(CLAIMED, name="nic"),
+        **claimed("one-nic"),
+    )
+    patched, warnings = reviewed(served, pod)
+    checked = gate(patched)
+    assert checked is not None and patched["spec"]["initContainers"][0] is checked  # first of all
+    assert checked["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi", "nvidia.com/gpu": "2"}
+    assert "claims" not in checked["resources"]
+    (line,) = [w for w in warnings if "does not check" in w]
+    assert "container amd's amd.com/gpu" in line and "container nic's claim dev" in line, line
+
+
+def test_served_a_claim_is_gated_where_the_pod_itself_asks_for_the_gate(served):
+    """The pod's own annotation vouches for its claims (its owner knows they are NVIDIA GPUs); a
+    namespace default or --preflight does not."""
+    patched, warnings = reviewed(served, gpu_pod(train(CLAIMED), annotations=OPTED_IN, **claimed("one-gpu")))
+    checked = gate(patched)
+    assert checked is not None and checked["resources"]["claims"] == [{"name": "dev"}]
+    assert not [w for w in warnings if "not added" in w or "does not check" in w], warnings
+
+
+def test_served_nvidia_gpus_are_gated_as_before(served):
+    for resources in ({"limits": {"nvidia.com/gpu": "1"}}, {"limits": {"nvidia.com/mig-1g.18gb": "1"}}):
+        patched, _ = reviewed(served, gpu_pod(train(resources)))
+        checked = gate(patched)
+        assert checked is not None and set(resources["limits"]) <= set(checked["resources"]["limits"])
+
+
+CLAIM_TEMPLATES = {
+    "amd": "gpu.amd.com",
+    "vfio": "vfio.gpu.nvidia.com",
+    "nvidia": "gpu.nvidia.com",
+    "mig": "mig.nvidia.com",
+}
+
+
+def _claim_template(name: str, device_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "d", "exactly": {"deviceClassName": device_class}}]}}},
+    }
+
+
+def _pod_doc(name: str, template: str) -> dict[str, Any]:
+    c = {"name": "train", "image": "x", "command": TINI_CMD, "resources": CLAIMED}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [c], **claimed(template)},
+    }
+
+
+def test_patch_gates_only_the_claims_of_an_nvml_class(tmp_path: Path):
+    """`webhook --patch --preflight` reads the claim templates beside the pods: gpu.amd.com and
+    vfio.gpu.nvidia.com (bound to vfio-pci for a VM: no NVIDIA driver) are left ungated, said on
+    stderr; gpu.nvidia.com and mig.nvidia.com are gated. Before: all four gated."""
+    documents = [_claim_template(t, c) for t, c in CLAIM_TEMPLATES.items()]
+    documents += [_pod_doc(f"on-{t}", t) for t in CLAIM_TEMPLATES]
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    argv = [sys.executable, "-m", "gpuzombie", "webhook", "--patch", str(manifest), "--image", "img:1", "--preflight"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    pods = {d["metadata"]["name"]: d for d in yaml.safe_load_all(done.stdout) if d and d["kind"] == "Pod"}
+    gated = {name for name, pod in pods.items() if gate(pod) is not None}
+    assert gated == {"on-nvidia", "on-mig"}
+    for name, device_class in (("on-amd", "gpu.amd.com"), ("on-vfio", "vfio.gpu.nvidia.com")):
+        (line,) = [w for w in done.stderr.splitlines() if f"Pod/{name}:" in w and "preflight gate" in w]
+        assert f"claim dev ({device_class})" in line and "is not added" in line, line
 
 
 # -- item 7: Windows pods however they say it ----------------------------------------------------------

@@ -210,14 +210,15 @@ def _own_wait(c: Container) -> float:
     return hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
 
 
-def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rules.Budget) -> _Plan:
+def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rules.Budget, *, vouched: bool) -> _Plan:
+    """``vouched``: the pod's own annotation asks for the gate (preflight.gate_gpus)."""
     mode = policy.mode
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
     plan = _Plan(grace=pod.grace_seconds)
     if opt_ins.get("preflight", "true" if policy.preflight else "").lower() == "true":
-        plan.gate, why_not = preflight.gate_gpus(pod)
+        plan.gate, said = preflight.gate_gpus(pod, vouched=vouched)
         plan.actions += ["preflight"] if plan.gate else []
-        plan.warnings += [why_not] if why_not else []
+        plan.warnings += said
     gpu = pod.gpu_containers
     longest_wait = max((_own_wait(c) for c in gpu), default=0.0)
     if grace is not None and grace <= longest_wait:  # GZ004: the kubelet would kill the pod's own hook
@@ -350,7 +351,8 @@ def mutate(
     spec = rules.read(pod["spec"], budget, annotations=_annotations(pod), context=gpus)
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
-    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy, budget)
+    vouched = str(_annotations(pod).get(f"{DOMAIN}/preflight", "")).lower() == "true"
+    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy, budget, vouched=vouched)
     if not plan.actions:
         return _none(*plan.warnings)
     described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]
