@@ -37,7 +37,7 @@ from gpuzombie.admission.app import make_app
 from gpuzombie.admission.mutate import INIT_CONTAINER, Policy
 from gpuzombie.admission.preflight import CONTAINER as GATE
 from gpuzombie.serving import ListenAddress, Server, TlsFiles
-from test_admission_webhook import post
+from test_admission_webhook import Served, post
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the 'admission' extra")
 
@@ -256,3 +256,54 @@ def test_check_reports_nothing_for_a_windows_only_pod():
             timeout=60,
         )
         assert done.returncode == 0 and json.loads(done.stdout)["summary"]["findings"] == 0, (spec, done.stdout)
+
+
+# -- item 8: our container names taken, the pod's seccomp profile -----------------------------------
+
+
+def test_served_a_container_named_like_the_gate_keeps_only_the_gate_out_and_says_so(pki):
+    """The real CLI, `gpuzombie webhook --preflight`. Before: the whole pod was left alone, silently
+    (no tini, no warning)."""
+    pod = gpu_pod(container(command=S1), container(GATE, gpu=False, command=["true"]))
+    server = Served(pki / "server.pem", pki / "server.key", "--preflight")
+    try:
+        patched, warnings = reviewed((server.port, ssl.create_default_context(cafile=str(pki / "ca.pem"))), pod)
+    finally:
+        server.close()
+    assert patched["spec"]["containers"][0]["command"][0] == "/.gpuzombie/tini-static"
+    assert [c["name"] for c in patched["spec"].get("initContainers", [])] == [INIT_CONTAINER]
+    assert any(f"preflight gate is not added: a container is named {GATE} already" in w for w in warnings), warnings
+
+
+def test_served_a_container_named_like_the_installer_leaves_the_pod_alone_and_says_so(served):
+    """A second gpuzombie-install would make the pod invalid: left alone, as before, but no longer
+    silently (`--patch` said it; the served webhook said nothing)."""
+    pod = gpu_pod(container(command=S1), initContainers=[container(INIT_CONTAINER, gpu=False, command=["true"])])
+    patched, warnings = reviewed(served, pod)
+    assert patched == pod
+    assert any(f"left alone: a container is named {INIT_CONTAINER} already" in w for w in warnings), warnings
+
+
+LOCALHOST = {"type": "Localhost", "localhostProfile": "profiles/train-strict.json"}
+
+
+def _effective_seccomp(pod: dict[str, Any], c: dict[str, Any]) -> Any:
+    """The profile the kubelet applies: the container's own, else the pod's."""
+    return c.get("securityContext", {}).get("seccompProfile") or pod["spec"].get("securityContext", {}).get(
+        "seccompProfile"
+    )
+
+
+def test_served_the_injected_containers_keep_the_pods_own_seccomp_profile(served):
+    """Before: both injected containers set seccompProfile RuntimeDefault, which overrides the pod's
+    stricter Localhost profile for them."""
+    pod = gpu_pod(container(command=S1), securityContext={"runAsNonRoot": True, "seccompProfile": LOCALHOST})
+    patched, _ = reviewed(served, pod)
+    injected = patched["spec"]["initContainers"]
+    assert [c["name"] for c in injected] == [GATE, INIT_CONTAINER]
+    assert [_effective_seccomp(patched, c) for c in injected] == [LOCALHOST, LOCALHOST]
+    plain, _ = reviewed(served, gpu_pod(container(command=S1)))  # no profile of the pod's: RuntimeDefault
+    assert [_effective_seccomp(plain, c) for c in plain["spec"]["initContainers"]] == [{"type": "RuntimeDefault"}] * 2
+    unconfined = gpu_pod(container(command=S1), securityContext={"seccompProfile": {"type": "Unconfined"}})
+    patched, _ = reviewed(served, unconfined)
+    assert {_effective_seccomp(patched, c)["type"] for c in patched["spec"]["initContainers"]} == {"RuntimeDefault"}

@@ -158,8 +158,9 @@ def is_gate(c: Container) -> bool:
     return c.kind is ContainerKind.INIT and c.name == CONTAINER and c.words[:4] == _GATE_ARGV
 
 
-def gate_container(image: str, gpus: GateGpus) -> dict[str, Any]:
-    """The injected init container: an explicit command, least privilege, the node's name for the fix."""
+def gate_container(image: str, gpus: GateGpus, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The injected init container: an explicit command, least privilege (the pod ``spec``'s own
+    seccomp profile kept), the node's name for the fix."""
     resources: dict[str, Any] = {
         "requests": {"cpu": "10m", "memory": "64Mi"},
         "limits": {"cpu": "500m", "memory": "128Mi", **gpus.limits},
@@ -174,5 +175,5 @@ def gate_container(image: str, gpus: GateGpus) -> dict[str, Any]:
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "resources": resources,
         "terminationMessagePolicy": "File",
-        "securityContext": restricted_security_context(),
+        "securityContext": restricted_security_context(spec),
     }
