@@ -16,6 +16,10 @@ from gpuzombie.exitcodes import ExitStatus
 
 SUFFIXES = (".yaml", ".yml", ".json")
 MAX_INPUT_BYTES = 64 * 1024 * 1024
+CELL_LIMIT = 300
+"""A table cell of a name or a place (an object's label, a file and line, a container)."""
+MESSAGE_LIMIT = 1000
+"""A finding's message in the table (it quotes the container's command)."""
 
 
 def require_admission_extra(*modules: str) -> None:
@@ -102,11 +106,11 @@ def render_table(report: Any) -> None:
                 if why is not None:
                     continue
                 where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
-                table.add_row(
-                    Text.assemble(pod.ref.label, "\n", (where, "dim")),
-                    finding.container or "",
+                table.add_row(  # every name is the manifest's (or its file's): escaped, as observe's cells
+                    Text.assemble(escape(pod.ref.label, CELL_LIMIT), "\n", (escape(where, CELL_LIMIT), "dim")),
+                    Text(escape(finding.container or "", CELL_LIMIT)),  # Text: never rich markup
                     Text.assemble((finding.severity.value, style[finding.severity.value]), f"\n{finding.rule}"),
-                    Text(finding.message),
+                    Text(escape(finding.message, MESSAGE_LIMIT)),
                 )
         console.print(table)
         for rule_id in sorted({f.rule for _, f in report.findings}):
