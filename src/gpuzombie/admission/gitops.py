@@ -13,6 +13,7 @@ manifest text so that the file changes where the fix is and nowhere else. Pure: 
   (``mutate.patched``), or nothing is written. The comparison takes each pair of maps or lists once
   (by identity), so an alias bomb costs its distinct nodes, not the paths through them, and stops
   at MAX_COMPARED_NODES.
+- A file whose every line ends in CRLF is fixed as LF text and written back with CRLF throughout.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def patch_text(
     """``text`` with every pod template fixed as the webhook would fix the pod; a DRA claim is a GPU
     where its device class is one of ``gpu_device_classes``. Raises ManifestError for input that is
     not a manifest, PatchError where the fix cannot be written."""
+    if "\r\n" in text and text.count("\n") == text.count("\r\n"):  # YAML and JSON read CRLF as LF
+        result = patch_text(text.replace("\r\n", "\n"), policy, gpu_device_classes)
+        result.text = result.text.replace("\n", "\r\n")
+        return result
     # DRA claim templates are looked up across the whole input: a pod and its claims are often in
     # documents of their own.
     claims = podspec.claim_classes(podspec.load_documents(text))
