@@ -289,3 +289,42 @@ def test_a_file_that_changed_since_it_was_read_is_never_replaced(tmp_path, monke
         and done.error == "a.yaml changed since it was read (edited during the run?); nothing was written"
     )
     assert (tmp_path / "a.yaml").read_text() == pod("b") and os.listdir(tmp_path) == ["a.yaml"]
+
+
+@needs_root
+def test_a_file_whose_owner_cannot_be_kept_is_not_written(tmp_path):
+    """Run as uid 1000 on a group-writable file of uid 1001: before, it was replaced and became
+    1000's (the owner lost); now it is named and not written (exit 1), the owner's own file is."""
+    import shutil
+    import tempfile
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not installed")
+    as_user = [setpriv, "--reuid", "1000", "--regid", "1000", "--clear-groups", "--"]
+    probe = subprocess.run([*as_user, sys.executable, "-c", "import gpuzombie"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"uid 1000 cannot run {sys.executable} with gpuzombie: {probe.stderr.decode().strip()[-200:]}")
+    repo = pathlib.Path(tempfile.mkdtemp(prefix="gpuzombie-owner-"))  # tmp_path's parents are 0700
+    try:
+        os.chown(repo, 1000, 1000)
+        for name, owner in (("theirs.yaml", 1001), ("mine.yaml", 1000)):
+            (repo / name).write_text(pod(name.split(".")[0]))
+            os.chown(repo / name, owner, 1000)
+            os.chmod(repo / name, 0o664)
+        done = subprocess.run(
+            [*as_user, sys.executable, "-m", "gpuzombie", "webhook", "--image", IMAGE, "--in-place", "--patch", "."],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr
+        assert skipped_lines(done) == [
+            "gpuzombie webhook: skipped theirs.yaml: its owner 1001:1000 cannot be kept by uid 1000: not written"
+        ]
+        assert (repo / "theirs.yaml").read_text() == pod("theirs") and (repo / "theirs.yaml").stat().st_uid == 1001
+        assert "gpuzombie-install" in (repo / "mine.yaml").read_text()
+        assert sorted(os.listdir(repo)) == ["mine.yaml", "theirs.yaml"]
+    finally:
+        shutil.rmtree(repo)
