@@ -224,6 +224,7 @@ def test_patch_in_place_never_writes_through_a_symlink_out_of_the_tree(tmp_path:
     tree, outside = _tree(tmp_path)
     secret = (outside / "secret.yaml").read_bytes()
     done = gpuzombie("webhook", "--patch", str(tree), "--in-place", "--image", "img:1")
-    assert "outside" in one_line_error(done)
+    # the link is skipped and named (exit 1, docs/admission.md); the files of the tree are patched
+    assert done.returncode == 1, done.stderr
+    assert "a symbolic link: not followed" in done.stderr
     assert (outside / "secret.yaml").read_bytes() == secret
-    assert "gpuzombie.dev/injected" not in (tree / "in.yaml").read_text()  # all or nothing: none written

@@ -1,6 +1,9 @@
 import math
 
 import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
+
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -148,6 +148,20 @@ def _link_why(link: _Link, parts: Sequence[str]) -> str:
     return f"a directory on its way, {link.where}, is a symbolic link: not followed"
 
 
+_FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def not_regular(mode: int) -> str:
+    """Why a file of ``mode`` is not read as a manifest: ``"a FIFO, not a regular file"``."""
+    return f"{_FILE_KINDS.get(stat.S_IFMT(mode), 'not a file')}, not a regular file"
+
+
 def _is_link(name: str, dir_fd: int) -> bool:
     try:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
@@ -165,7 +179,7 @@ def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int) -> tuple[bytes,
     if stat.S_ISLNK(before.st_mode):
         return Skipped(shown, "a symbolic link: not followed")
     if not stat.S_ISREG(before.st_mode):
-        return Skipped(shown, "not a regular file")
+        return Skipped(shown, not_regular(before.st_mode))
     if before.st_size > max_bytes:
         raise GpuzombieError(f"{shown}: over {max_bytes // 2**20} MiB, not a manifest")
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from gpuzombie.admission.inplace import not_regular
 from gpuzombie.cli.common import gpu_device_class_option
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
@@ -61,15 +62,6 @@ def input_files(paths: tuple[str, ...], refused: list[tuple[str, str]] | None = 
     return out
 
 
-_FILE_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
-
-
 def _read_bounded(path: str) -> bytes:
     """At most MAX_INPUT_BYTES + 1 bytes of a regular file. ``st_size`` is not trusted (0 for
     ``/dev/zero`` and a FIFO, both endless): a file that is not regular is refused without a read,
@@ -78,8 +70,7 @@ def _read_bounded(path: str) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a file")
-            raise GpuzombieError(f"cannot read {path}: {kind}, not a regular file")
+            raise GpuzombieError(f"cannot read {path}: {not_regular(mode)}")
         chunks, left = [], MAX_INPUT_BYTES + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 20))
