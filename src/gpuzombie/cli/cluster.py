@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from gpuzombie.cluster.build import ensure_binary
+from gpuzombie.cluster.build import ensure_binary, ensure_containerd
 from gpuzombie.cluster.images import node_image_archive
 from gpuzombie.cluster.layout import Layout
 from gpuzombie.cluster.node import ClusterError, ClusterState, down, import_archive, status, up
@@ -40,9 +40,17 @@ def command() -> None:
 
 
 @command.command("build")
-def build_command() -> None:
-    """Build (or find in the cache) the multi-call Kubernetes binary; print its path."""
+@click.option(
+    "--containerd2",
+    is_flag=True,
+    help="Also containerd 2 (go/containerd: containerd, its runc shim, ctr; cached in ~/.cache/gpuzombie/containerd).",
+)
+def build_command(containerd2: bool) -> None:
+    """Build (or find in the cache) the multi-call Kubernetes binary; print its path (and the
+    directory of containerd 2's binaries)."""
     click.echo(ensure_binary(_progress))
+    if containerd2:
+        click.echo(ensure_containerd(_progress))
 
 
 @command.command("up")
