@@ -55,7 +55,8 @@ def build_command(containerd2: bool) -> None:
 
 @command.command("up")
 def up_command() -> None:
-    """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path."""
+    """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path.
+    GPUZOMBIE_CLUSTER_RUNTIME=containerd2 runs it on containerd 2 (built from go/containerd)."""
     layout = Layout.from_env()
     state = up(layout, layout.ports, _progress)
     _progress(
@@ -116,6 +117,8 @@ def env_command() -> None:
         ("PATH", f"{layout.bin}:{os.environ.get('PATH', '')}"),
     ):
         click.echo(f"export {name}={shlex.quote(value)}")
+    if layout.nri_socket.is_socket():  # containerd 2: where an NRI plugin connects
+        click.echo(f"export GPUZOMBIE_NRI_SOCKET={shlex.quote(str(layout.nri_socket))}")
 
 
 @command.command("kubectl", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
