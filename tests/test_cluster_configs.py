@@ -4,6 +4,7 @@ with the cryptography library (tests/kube/test_cluster_node.py runs them on the 
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from gpuzombie.cluster import configs
-from gpuzombie.cluster.build import KubeSource
-from gpuzombie.cluster.layout import NODE_NAME, Layout, Ports
-from gpuzombie.cluster.node import _cert_requests
+from gpuzombie.cluster.build import CONTAINERD_COMMANDS, ContainerdSource, KubeSource
+from gpuzombie.cluster.layout import DEFAULT_SHIM_SOCKET_DIR, NODE_NAME, Layout, Ports
+from gpuzombie.cluster.node import _cert_requests, _cni_results
 from gpuzombie.cluster.pki import make_pki
 
 LAYOUT = Layout(Path("/var/lib/gpuzombie-cluster"))
@@ -96,3 +97,90 @@ def test_the_build_is_keyed_by_the_pinned_release_and_its_sums() -> None:
     key = source.cache_key("go1.26.8")
     assert key == source.cache_key("go1.26.8") != source.cache_key("go1.27.0")
     assert f"version.gitVersion={source.kubernetes_version}" in source.ldflags()
+
+
+def _containerd2(layout: Layout = LAYOUT) -> dict:
+    text = configs.containerd2_config(
+        layout, cni_bin="/usr/lib/cni", shim=str(layout.bin / "containerd-shim-runc-v2"), runc="/usr/sbin/runc"
+    )
+    return tomllib.loads(text)
+
+
+def test_containerd2_restricts_oom_score_adj_where_2x_reads_it() -> None:
+    config = _containerd2()
+    assert config["version"] == 4
+    runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
+    # a RuntimeConfig field of the cri.v1.runtime plugin itself, not of its containerd table
+    assert runtime["restrict_oom_score_adj"] is True
+    assert "restrict_oom_score_adj" not in runtime["containerd"]
+    assert "restrict_oom_score_adj" not in config["plugins"].get("io.containerd.grpc.v1.cri", {})
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_path"] == str(LAYOUT.bin / "containerd-shim-runc-v2")
+    assert runc["options"]["BinaryName"] == "/usr/sbin/runc"
+    images = config["plugins"]["io.containerd.cri.v1.images"]
+    assert images["pinned_images"]["sandbox"] == configs.PAUSE_IMAGE
+
+
+def test_containerd2_listens_only_on_the_clusters_sockets() -> None:
+    config = _containerd2()
+    # version 4 ignores a top-level [grpc]: containerd would listen on /run/containerd/containerd.sock
+    assert "grpc" not in config and "ttrpc" not in config
+    servers = config["plugins"]
+    assert servers["io.containerd.server.v1.grpc"]["address"] == str(LAYOUT.containerd_socket)
+    assert servers["io.containerd.server.v1.ttrpc"]["address"] == f"{LAYOUT.containerd_socket}.ttrpc"
+
+
+def test_containerd2_keeps_every_path_under_the_cluster_directory() -> None:
+    config = _containerd2()
+    plugins = config["plugins"]
+    runtime = plugins["io.containerd.cri.v1.runtime"]
+    paths = [
+        config["root"],
+        config["state"],
+        runtime["cni"]["conf_dir"],
+        *runtime["cdi_spec_dirs"],
+        runtime["containerd"]["runtimes"]["runc"]["options"]["Root"],
+        *(plugins["io.containerd.nri.v1.nri"][k] for k in ("socket_path", "plugin_path", "plugin_config_path")),
+        plugins["io.containerd.shim.v1.manager"]["socket_dir"],
+    ]
+    assert all(p.startswith(str(LAYOUT.root) + "/") for p in paths), paths
+    assert runtime["netns_mounts_under_state_dir"] is True
+    assert plugins["io.containerd.nri.v1.nri"]["disable"] is False
+    assert "io.containerd.internal.v1.opt" in config["disabled_plugins"]  # it would make /opt/containerd
+
+
+def test_shim_sockets_stay_inside_unless_the_path_is_too_long_for_containerd() -> None:
+    assert LAYOUT.shim_socket_dir == "/var/lib/gpuzombie-cluster/s"
+    long = Layout(Path("/var/lib/gpuzombie-cluster-with-a-long-name"))
+    assert long.shim_socket_dir == DEFAULT_SHIM_SOCKET_DIR  # 42 characters at most (2.4.2)
+
+
+def test_the_runtime_comes_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUZOMBIE_CLUSTER_RUNTIME", raising=False)
+    assert Layout.from_env().runtime == "containerd"
+    monkeypatch.setenv("GPUZOMBIE_CLUSTER_RUNTIME", "containerd2")
+    assert Layout.from_env().runtime == "containerd2"
+    monkeypatch.setenv("GPUZOMBIE_CLUSTER_RUNTIME", "crio")
+    with pytest.raises(ValueError, match="containerd2"):
+        Layout.from_env()
+
+
+def test_the_containerd2_build_is_keyed_and_stamped_with_its_release() -> None:
+    source = ContainerdSource(REPO / "go" / "containerd")
+    assert source.version.startswith("v2.")
+    assert source.cache_key("go1.26.8") == source.cache_key("go1.26.8") != source.cache_key("go1.27.0")
+    assert f"github.com/containerd/containerd/v2/version.Version={source.version}" in source.ldflags()
+    go_mod = (REPO / "go" / "containerd" / "go.mod").read_text()
+    assert all(f"containerd/v2/cmd/{c}" in go_mod for c in CONTAINERD_COMMANDS)  # the tool directive
+
+
+def test_down_finds_the_cni_cache_files_of_its_own_sandboxes_only(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "cluster")
+    ours, theirs = "a" * 64, "b" * 64
+    (layout.containerd / "root" / "io.containerd.grpc.v1.cri" / "sandboxes" / ours).mkdir(parents=True)
+    cache = tmp_path / "results"
+    cache.mkdir()
+    names = [f"gpuzombie-cluster0-{ours}-eth0", f"cni-loopback-{ours}-lo", f"gpuzombie-cluster1-{theirs}-eth0"]
+    for name in names:
+        (cache / name).touch()
+    assert sorted(_cni_results(layout, cache)) == sorted(str(cache / n) for n in names[:2])

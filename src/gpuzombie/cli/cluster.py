@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from gpuzombie.cluster.build import ensure_binary
+from gpuzombie.cluster.build import ensure_binary, ensure_containerd
 from gpuzombie.cluster.images import node_image_archive
 from gpuzombie.cluster.layout import Layout
 from gpuzombie.cluster.node import ClusterError, ClusterState, down, import_archive, status, up
@@ -40,14 +40,23 @@ def command() -> None:
 
 
 @command.command("build")
-def build_command() -> None:
-    """Build (or find in the cache) the multi-call Kubernetes binary; print its path."""
+@click.option(
+    "--containerd2",
+    is_flag=True,
+    help="Also containerd 2 (go/containerd: containerd, its runc shim, ctr; cached in ~/.cache/gpuzombie/containerd).",
+)
+def build_command(containerd2: bool) -> None:
+    """Build (or find in the cache) the multi-call Kubernetes binary; print its path (and the
+    directory of containerd 2's binaries)."""
     click.echo(ensure_binary(_progress))
+    if containerd2:
+        click.echo(ensure_containerd(_progress))
 
 
 @command.command("up")
 def up_command() -> None:
-    """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path."""
+    """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path.
+    GPUZOMBIE_CLUSTER_RUNTIME=containerd2 runs it on containerd 2 (built from go/containerd)."""
     layout = Layout.from_env()
     state = up(layout, layout.ports, _progress)
     _progress(
@@ -108,6 +117,8 @@ def env_command() -> None:
         ("PATH", f"{layout.bin}:{os.environ.get('PATH', '')}"),
     ):
         click.echo(f"export {name}={shlex.quote(value)}")
+    if layout.nri_socket.is_socket():  # containerd 2: where an NRI plugin connects
+        click.echo(f"export GPUZOMBIE_NRI_SOCKET={shlex.quote(str(layout.nri_socket))}")
 
 
 @command.command("kubectl", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -1,6 +1,7 @@
-"""The multi-call Kubernetes binary (``go/kube``): built with the Go toolchain from the pinned
-modules, stripped, and cached outside the tree under a key of everything that decides its bytes
-(go.mod, go.sum, main.go, the Go version, the flags), so that a second ``cluster up`` costs seconds."""
+"""The multi-call Kubernetes binary (``go/kube``), and containerd 2's three commands
+(``go/containerd``): built with the Go toolchain from the pinned modules, stripped, and cached
+outside the tree under a key of everything that decides their bytes (go.mod, go.sum, main.go, the
+Go version, the flags), so that a second ``cluster up`` costs seconds."""
 
 from __future__ import annotations
 
@@ -119,12 +120,31 @@ def build(source: KubeSource, output: Path, progress: Progress, *, timeout: floa
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_suffix(".partial")
     argv = [go, "build", "-v", "-trimpath", "-ldflags", source.ldflags(), "-o", str(partial), "."]
+    try:
+        _go_build(argv, source.directory, env, total, f"building kube {source.kubernetes_version}", progress, timeout)
+    except BuildError:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.rename(output)
+
+
+def _go_build(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    total: int,
+    label: str,
+    progress: Progress,
+    timeout: float,
+    *,
+    compiled_before: int = 0,
+) -> int:
+    """Run one ``go build -v``, a progress line every 2 s counting the packages it compiles; the
+    count (with ``compiled_before``) is returned, a failure raised with go's last lines."""
     started = time.monotonic()
-    process = subprocess.Popen(
-        argv, cwd=source.directory, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    compiled, errors = 0, []
+    compiled, errors = compiled_before, []
     last = 0.0
     for line in process.stderr:
         line = line.rstrip()
@@ -136,14 +156,14 @@ def build(source: KubeSource, output: Path, progress: Progress, *, timeout: floa
         if now - last >= 2 or compiled == total:
             last = now
             of = f"/{total}" if total else ""
-            progress(f"building kube {source.kubernetes_version}: {compiled}{of} packages, {now - started:.0f} s")
+            progress(f"{label}: {compiled}{of} packages, {now - started:.0f} s")
         if now - started > timeout:
             process.kill()
+            process.wait()
             raise BuildError(f"go build ran past {timeout:.0f} s")
     if process.wait() != 0:
-        partial.unlink(missing_ok=True)
         raise BuildError(f"go build failed: {' | '.join(errors[-3:])[-400:]}")
-    partial.rename(output)
+    return compiled
 
 
 def ensure_binary(progress: Progress) -> Path:
@@ -161,3 +181,127 @@ def ensure_binary(progress: Progress) -> Path:
         return binary
     build(source, binary, progress)
     return binary
+
+
+# --- containerd 2 (go/containerd) ------------------------------------------------------------------
+
+CONTAINERD_SOURCE_ENV = "GPUZOMBIE_CONTAINERD_SOURCE"
+CONTAINERD_BINARIES_ENV = "GPUZOMBIE_CONTAINERD_BINARIES"
+"""A directory of prebuilt containerd, containerd-shim-runc-v2 and ctr to use as they are."""
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+"""Three binaries, not one multi-call: the shim re-executes itself (os.Executable) to daemonize."""
+_CONTAINERD_TAGS = "urfave_cli_no_docs"
+_SHIM_TAGS = "urfave_cli_no_docs,no_grpc"
+"""As containerd's Makefile builds them: no generated CLI docs; the shim without gRPC (ttrpc only)."""
+
+
+@dataclass(frozen=True)
+class ContainerdSource:
+    """The Go module that builds the unmodified upstream containerd commands, and its release."""
+
+    directory: Path
+
+    @classmethod
+    def locate(cls) -> ContainerdSource:
+        env = os.environ.get(CONTAINERD_SOURCE_ENV)
+        directory = Path(env) if env else Path(__file__).resolve().parents[3] / "go" / "containerd"
+        if not (directory / "go.mod").is_file():
+            raise BuildError(
+                f"no go/containerd module at {directory}: the build needs the gpuzombie clone (or {CONTAINERD_SOURCE_ENV})"
+            )
+        return cls(directory)
+
+    @property
+    def version(self) -> str:
+        """The containerd release go.mod requires (``v2.4.2``)."""
+        match = re.search(
+            rf"^\s*(?:require\s+)?{re.escape(CONTAINERD_MODULE)}\s+(v\S+)",
+            (self.directory / "go.mod").read_text(),
+            re.M,
+        )
+        if not match:
+            raise BuildError(f"{self.directory / 'go.mod'} requires no {CONTAINERD_MODULE} release")
+        return match.group(1)
+
+    def ldflags(self) -> str:
+        return f"-s -w -X {CONTAINERD_MODULE}/version.Version={self.version}"
+
+    def cache_key(self, go_version: str) -> str:
+        digest = hashlib.sha256()
+        for name in ("go.mod", "go.sum"):
+            digest.update(name.encode() + b"\0" + (self.directory / name).read_bytes() + b"\0")
+        digest.update(f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}".encode())
+        return digest.hexdigest()[:20]
+
+
+def containerd_cache_root() -> Path:
+    return cache_root().parent / "containerd"
+
+
+def _package_paths(go: str, directory: Path, env: dict[str, str], tags: str, packages: list[str]) -> set[str]:
+    """Every package the build of ``packages`` compiles when nothing is cached, the standard
+    library's included (with -trimpath an empty GOCACHE compiles it too, and -v names it)."""
+    done = subprocess.run(
+        [go, "list", "-deps", "-tags", tags, "-f", "{{.ImportPath}}", *packages],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return set(done.stdout.split()) if done.returncode == 0 else set()
+
+
+def build_containerd(
+    source: ContainerdSource, output: Path, progress: Progress, *, timeout: float = BUILD_TIMEOUT_S
+) -> None:
+    """``go build`` the three commands into the directory ``output`` (made whole or not at all)."""
+    go = go_binary()
+    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
+    main = [f"{CONTAINERD_MODULE}/cmd/{c}" for c in ("containerd", "ctr")]
+    shim = [f"{CONTAINERD_MODULE}/cmd/containerd-shim-runc-v2"]
+    total = len(
+        _package_paths(go, source.directory, env, _CONTAINERD_TAGS, main)
+        | _package_paths(go, source.directory, env, _SHIM_TAGS, shim)
+    )
+    partial = output.with_name(output.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    label = f"building containerd {source.version}"
+    began = time.monotonic()
+    try:
+        compiled = 0
+        for tags, packages in ((_CONTAINERD_TAGS, main), (_SHIM_TAGS, shim)):
+            argv = [go, "build", "-v", "-trimpath", "-tags", tags, "-ldflags", source.ldflags(), "-o", f"{partial}/"]
+            left = timeout - (time.monotonic() - began)
+            compiled = _go_build(
+                [*argv, *packages], source.directory, env, total, label, progress, left, compiled_before=compiled
+            )
+        missing = [c for c in CONTAINERD_COMMANDS if not (partial / c).is_file()]
+        if missing:
+            raise BuildError(f"go build made no {', '.join(missing)}")
+    except BuildError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(output, ignore_errors=True)
+    partial.rename(output)
+
+
+def ensure_containerd(progress: Progress) -> Path:
+    """The directory of containerd 2's three binaries: the one named by
+    GPUZOMBIE_CONTAINERD_BINARIES, the cached build, or a new build (minutes, cold) cached."""
+    prebuilt = os.environ.get(CONTAINERD_BINARIES_ENV)
+    if prebuilt:
+        missing = [c for c in CONTAINERD_COMMANDS if not os.access(os.path.join(prebuilt, c), os.X_OK)]
+        if missing:
+            raise BuildError(f"{CONTAINERD_BINARIES_ENV}={prebuilt} has no executable {', '.join(missing)}")
+        return Path(prebuilt)
+    source = ContainerdSource.locate()
+    go = go_binary()
+    directory = containerd_cache_root() / source.cache_key(go_version(go))
+    if all((directory / c).is_file() for c in CONTAINERD_COMMANDS):
+        return directory
+    build_containerd(source, directory, progress)
+    return directory

@@ -114,6 +114,54 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
 """
 
 
+def containerd2_config(layout: Layout, *, cni_bin: str, shim: str, runc: str) -> str:
+    """containerd 2's config, everything under the cluster's directory: root, state, socket, the
+    shims' sockets (when short enough), runc's state, NRI's socket and plugin directories, the CDI
+    specs. Version 4, 2.4's own: the CRI plugins laid out as in version 3 (2.0), the servers
+    (grpc, ttrpc) as plugins since 2.3; an older version is migrated at every start."""
+    d = layout.containerd
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 4
+root = "{d}/root"
+state = "{d}/state"
+# opt would make /opt/containerd; no traces are exported
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+# Version 4 ignores a top-level [grpc] (it would listen on /run/containerd/containerd.sock), and no
+# longer derives the ttrpc socket from it: each server is a plugin with its own address.
+[plugins.'io.containerd.server.v1.grpc']
+  address = "{layout.containerd_socket}"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "{layout.containerd_socket}.ttrpc"
+[{runtime}]
+  # 2.x moved it from the grpc.v1.cri plugin here (internal/cri/config RuntimeConfig): no
+  # CAP_SYS_RESOURCE, so the pause container keeps containerd's own score instead of -998
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  cdi_spec_dirs = ["{layout.cdi_specs}"]
+  [{runtime}.cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{layout.cni_conf}"
+  [{runtime}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    runtime_path = "{shim}"
+    [{runtime}.containerd.runtimes.runc.options]
+      BinaryName = "{runc}"
+      Root = "{layout.runc_root}"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "{LOOPBACK}"
+  stream_server_port = "0"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = "{layout.nri_socket}"
+  plugin_path = "{layout.nri / "plugins"}"
+  plugin_config_path = "{layout.nri / "conf.d"}"
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = "{layout.shim_socket_dir}"
+"""
+
+
 def cni_network(layout: Layout) -> str:
     """A bridge network of its own (gzcluster0), host-local addresses kept under the cluster's
     directory, no masquerade (no iptables rule to leave behind): pods reach each other and the host,

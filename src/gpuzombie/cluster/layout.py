@@ -12,6 +12,14 @@ CLUSTER_DIR_ENV = "GPUZOMBIE_CLUSTER_DIR"
 INSTANCE_ENV = "GPUZOMBIE_CLUSTER_INSTANCE"
 """0-9: a second cluster beside the first (the fault tests) takes ports 100 higher, its own bridge
 and pod subnet."""
+RUNTIME_ENV = "GPUZOMBIE_CLUSTER_RUNTIME"
+"""The node's container runtime: ``containerd`` (Debian's 1.6, the default) or ``containerd2``
+(2.4.2 built from go/containerd)."""
+RUNTIMES = ("containerd", "containerd2")
+SHIM_SOCKET_DIR_MAX = 42
+"""containerd 2.x refuses a longer shim ``socket_dir`` (core/runtime/v2/socket_linux.go): a unix
+socket path, the dir plus a 64-hex name, must fit in 108 bytes."""
+DEFAULT_SHIM_SOCKET_DIR = "/run/containerd/s"
 DEFAULT_CLUSTER_DIR = Path("/var/lib/gpuzombie-cluster")
 NODE_NAME = "gpuzombie-node"
 SERVICE_CIDR = "10.97.0.0/16"
@@ -43,13 +51,17 @@ class Layout:
 
     root: Path
     instance: int = 0
+    runtime: str = "containerd"
 
     @classmethod
     def from_env(cls) -> Layout:
         instance = os.environ.get(INSTANCE_ENV, "0")
         if not (instance.isdigit() and int(instance) < 10):
             raise ValueError(f"{INSTANCE_ENV} must be 0-9, not {instance!r}")
-        return cls(Path(os.environ.get(CLUSTER_DIR_ENV) or DEFAULT_CLUSTER_DIR), int(instance))
+        runtime = os.environ.get(RUNTIME_ENV) or "containerd"
+        if runtime not in RUNTIMES:
+            raise ValueError(f"{RUNTIME_ENV} must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        return cls(Path(os.environ.get(CLUSTER_DIR_ENV) or DEFAULT_CLUSTER_DIR), int(instance), runtime)
 
     @property
     def ports(self) -> Ports:
@@ -96,6 +108,33 @@ class Layout:
     @property
     def containerd_socket(self) -> Path:
         return self.containerd / "containerd.sock"
+
+    @property
+    def shim_socket_dir(self) -> str:
+        """Where containerd 2's shims put their sockets: ``<root>/s`` when the path is short enough
+        for its limit, else containerd's own default (shared, as 1.6's always is; ``down`` then
+        removes this cluster's sockets there by name)."""
+        inside = str(self.root / "s")
+        return inside if len(inside) <= SHIM_SOCKET_DIR_MAX else DEFAULT_SHIM_SOCKET_DIR
+
+    @property
+    def runc_root(self) -> Path:
+        """runc's state (containerd 2): under the cluster, not the shared /run/containerd/runc."""
+        return self.containerd / "runc"
+
+    @property
+    def nri(self) -> Path:
+        """containerd 2's NRI socket, plugins and their configs: inside, not /var/run/nri, /opt/nri."""
+        return self.containerd / "nri"
+
+    @property
+    def nri_socket(self) -> Path:
+        return self.nri / "nri.sock"
+
+    @property
+    def cdi_specs(self) -> Path:
+        """containerd 2's CDI spec directory: inside, not /etc/cdi and /var/run/cdi."""
+        return self.root / "cdi"
 
     @property
     def pod_resources_socket(self) -> Path:

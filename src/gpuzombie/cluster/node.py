@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpuzombie.cluster import configs
-from gpuzombie.cluster.build import COMPONENTS, Progress, ensure_binary
+from gpuzombie.cluster.build import COMPONENTS, CONTAINERD_COMMANDS, Progress, ensure_binary, ensure_containerd
 from gpuzombie.cluster.layout import NODE_NAME, SERVICE_CIDR, Layout, Ports
 from gpuzombie.cluster.pki import CertRequest, make_pki
 from gpuzombie.errors import GpuzombieError
@@ -33,7 +33,12 @@ START_TIMEOUT_S = 120.0
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 KUBELET_IPTABLES_CHAINS = (("mangle", "KUBE-IPTABLES-HINT"), ("filter", "KUBE-FIREWALL"))
 KUBELET_CANARY = "KUBE-KUBELET-CANARY"
+CNI_CACHE = Path("/var/lib/cni/results")
+"""libcni's cache of each ADD's result, ``<network>-<sandbox id>-<interface>``: fixed (containerd
+sets no cache dir), removed by a DEL, which a killed kubelet never sends."""
 HOST_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip")
+CONTAINERD2_HOST_BINARIES = ("runc", "ip")
+"""containerd 2 is built (go/containerd); runc stays Debian's (1.1.5: docs/kubernetes.md)."""
 
 
 class ClusterError(GpuzombieError):
@@ -61,6 +66,7 @@ class ClusterState:
     iptables_chains_made: list[list[str]] = field(default_factory=list)
     started_at: float = 0.0
     ready_s: float = 0.0
+    runtime: str = "containerd"
 
     def write(self, path: Path) -> None:
         partial = path.with_suffix(".partial")
@@ -101,7 +107,7 @@ def preflight(layout: Layout, ports: Ports) -> None:
                 probe.bind((configs.LOOPBACK, port))
             except OSError:
                 raise ClusterError(f"port {port} ({name.replace('_', ' ')}) is taken on {configs.LOOPBACK}") from None
-    missing = [b for b in HOST_BINARIES if not shutil.which(b)]
+    missing = [b for b in host_binaries(layout) if not shutil.which(b)]
     if missing:
         raise ClusterError(f"missing {', '.join(missing)} (make debian installs containerd, runc and iproute2)")
     if not cni_plugins_dir():
@@ -110,6 +116,16 @@ def preflight(layout: Layout, ports: Ports) -> None:
         )
     for image in (pause_image, busybox_image):
         image()  # raises a one-line error naming the missing package (catatonit, busybox-static)
+
+
+def host_binaries(layout: Layout) -> tuple[str, ...]:
+    return CONTAINERD2_HOST_BINARIES if layout.runtime == "containerd2" else HOST_BINARIES
+
+
+def runtime_binary(layout: Layout, name: str) -> str:
+    """containerd, ctr: containerd 2's own, linked into the cluster's bin/ by ``up``; else Debian's."""
+    link = layout.bin / name
+    return str(link) if link.exists() else name
 
 
 def cni_plugins_dir() -> str | None:
@@ -210,7 +226,7 @@ def _cert_requests(layout: Layout) -> list[CertRequest]:
     ]
 
 
-def _write_files(layout: Layout, ports: Ports, binary: Path, cni_bin: str) -> None:
+def _write_files(layout: Layout, ports: Ports, binary: Path, cni_bin: str, containerd2: Path | None = None) -> None:
     for d in (
         layout.root,
         layout.bin,
@@ -221,15 +237,26 @@ def _write_files(layout: Layout, ports: Ports, binary: Path, cni_bin: str) -> No
         layout.kubelet_root,
     ):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for name in COMPONENTS:
+    links = dict.fromkeys(COMPONENTS, binary)
+    if containerd2:
+        links.update({name: containerd2 / name for name in CONTAINERD_COMMANDS})
+    for name, target in links.items():
         link = layout.bin / name
         link.unlink(missing_ok=True)
-        link.symlink_to(binary)
+        link.symlink_to(target)
     make_pki(layout.pki, _cert_requests(layout))
     for user in ("admin", "controller-manager", "scheduler", "kubelet"):
         layout.kubeconfig(user).write_text(configs.kubeconfig(layout, ports, user))
     (layout.root / "kubelet.json").write_text(configs.kubelet_config(layout, ports))
-    (layout.containerd / "config.toml").write_text(configs.containerd_config(layout, cni_bin=cni_bin))
+    if containerd2:
+        for d in (layout.nri / "plugins", layout.nri / "conf.d", layout.cdi_specs, layout.runc_root):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        runc = shutil.which("runc") or "runc"
+        shim = str(layout.bin / "containerd-shim-runc-v2")
+        text = configs.containerd2_config(layout, cni_bin=cni_bin, shim=shim, runc=runc)
+    else:
+        text = configs.containerd_config(layout, cni_bin=cni_bin)
+    (layout.containerd / "config.toml").write_text(text)
     (layout.cni_conf / "10-gpuzombie-cluster.conflist").write_text(configs.cni_network(layout))
 
 
@@ -271,7 +298,7 @@ def _iptables_chains() -> set[tuple[str, str, str]]:
 def import_archive(layout: Layout, name: str, archive: Path) -> None:
     """Import a docker-archive into the node's containerd, where the kubelet finds it (no pull)."""
     argv = [
-        "ctr",
+        runtime_binary(layout, "ctr"),
         "--address",
         str(layout.containerd_socket),
         "--namespace",
@@ -294,8 +321,9 @@ def import_images(layout: Layout, images: Sequence[ImageSpec]) -> None:
         import_archive(layout, spec.name, path)
 
 
-def containerd_version() -> str:
-    done = subprocess.run(["containerd", "--version"], capture_output=True, text=True, timeout=30, check=False)
+def containerd_version(layout: Layout) -> str:
+    argv = [runtime_binary(layout, "containerd"), "--version"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     parts = done.stdout.split()
     return parts[2] if len(parts) >= 3 else "unknown"
 
@@ -307,13 +335,14 @@ def up(layout: Layout, ports: Ports, progress: Progress, images: Sequence[ImageS
     if layout.root.exists():
         down(layout)  # what a SIGKILLed cluster left: nothing of it is alive (preflight checked)
     binary = ensure_binary(progress)
+    containerd2 = ensure_containerd(progress) if layout.runtime == "containerd2" else None
     cni_bin = cni_plugins_dir()
     assert cni_bin is not None
     began = time.monotonic()
     chains_before = _iptables_chains()
     node = Node(layout, ports, progress)
     try:
-        _write_files(layout, ports, binary, cni_bin)
+        _write_files(layout, ports, binary, cni_bin, containerd2)
         record_cgroup(layout.root, layout.cgroup_root)  # before it is made: a crash still finds it
         _make_bridge(layout)
         for hierarchy in cgroup_roots():  # the kubelet wants its cgroupRoot in every hierarchy
@@ -322,13 +351,15 @@ def up(layout: Layout, ports: Ports, progress: Progress, images: Sequence[ImageS
             root=str(layout.root),
             kubeconfig=str(layout.admin_kubeconfig),
             kubernetes_version=_binary_version(layout),
-            containerd_version=containerd_version(),
+            containerd_version=containerd_version(layout),
             binary=str(binary),
             ports=ports.all(),
             started_at=time.time(),
+            runtime=layout.runtime,
         )
-        node.start("containerd", ["containerd", "--config", str(layout.containerd / "config.toml")])
-        ctr = ["ctr", "--address", str(layout.containerd_socket), "version"]
+        containerd = runtime_binary(layout, "containerd")
+        node.start("containerd", [containerd, "--config", str(layout.containerd / "config.toml")])
+        ctr = [runtime_binary(layout, "ctr"), "--address", str(layout.containerd_socket), "version"]
         node.wait(
             "containerd", lambda: subprocess.run(ctr, capture_output=True, timeout=10, check=False).returncode == 0
         )
@@ -384,13 +415,14 @@ def _binary_version(layout: Layout) -> str:
 
 def down(layout: Layout) -> list[str]:
     """Remove every trace of the cluster at ``layout``: its processes (by the paths in their command
-    lines, and their descendants), mounts, cgroups, shim sockets, bridge, the kubelet's iptables
-    chains that it made, and the directory. Works with or without ``state.json``; what could not be
-    removed, one line each."""
+    lines, and their descendants), mounts, cgroups, shim sockets, CNI cache files, bridge, the
+    kubelet's iptables chains that it made, and the directory. Works with or without ``state.json``
+    and for either runtime; what could not be removed, one line each."""
     if not layout.root.exists():
         return []
     state = ClusterState.read(layout.state_file)
     shims = shim_sockets(layout.containerd)
+    cni_results = _cni_results(layout)
     problems = remove_run(layout.root)
     try:  # the kubelet's bind mount of its root dir onto itself, which remove_run cannot see
         leftover_mounts = mount_points_under(str(layout.root))
@@ -399,13 +431,23 @@ def down(layout: Layout) -> list[str]:
     if leftover_mounts:
         unmount(leftover_mounts)
         problems = remove_run(layout.root)  # the directory again, now that nothing is mounted in it
-    for path in shims:
+    for path in [*shims, *cni_results]:
         with contextlib.suppress(OSError):
             os.unlink(path)
     subprocess.run(["ip", "link", "delete", layout.bridge], capture_output=True, timeout=30, check=False)
     chains = [tuple(c) for c in state.iptables_chains_made] if state else sorted(_iptables_chains())
     problems += _remove_iptables_chains(chains)
     return problems
+
+
+def _cni_results(layout: Layout, cache: Path = CNI_CACHE) -> list[str]:
+    """The CNI cache files of this cluster's pod sandboxes (by the ids its containerd keeps)."""
+    try:
+        ids = os.listdir(layout.containerd / "root" / "io.containerd.grpc.v1.cri" / "sandboxes")
+        names = os.listdir(cache)
+    except OSError:
+        return []
+    return [str(cache / n) for n in names for i in ids if len(i) == 64 and f"-{i}-" in n]
 
 
 def _remove_iptables_chains(chains: Sequence[Sequence[str]]) -> list[str]:
