@@ -17,6 +17,22 @@ from markers import needs_root
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
+def free_instance() -> int:
+    """A cluster instance none of whose ports is taken now (other clusters may run beside the suite)."""
+    from gpuzombie.cluster.layout import Ports
+
+    for instance in range(9, -1, -1):
+        try:
+            for port in Ports.for_instance(instance).all().values():
+                with socket.socket() as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return instance
+    pytest.skip("every cluster instance's ports are taken")
+
+
 def up(tmp_path: Path, instance: int, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     root = tmp_path / "cluster"
     full = dict(
@@ -41,11 +57,14 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 @needs_root
 def test_a_taken_port_is_named_and_nothing_starts(tmp_path: Path) -> None:
+    instance = free_instance()
+    port = 16443 + 100 * instance  # its API server's
     with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 16443 + 100 * 9))  # instance 9's API server port
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a TIME_WAIT, as up's probe
+        holder.bind(("127.0.0.1", port))
         holder.listen()
-        done, root = up(tmp_path, 9)
-    assert "port 17343 (apiserver) is taken" in one_line(done)
+        done, root = up(tmp_path, instance)
+    assert f"port {port} (apiserver) is taken" in one_line(done)
     assert not root.exists()
 
 
@@ -54,7 +73,7 @@ def test_a_missing_binary_is_named(tmp_path: Path) -> None:
     bare = tmp_path / "bin"
     bare.mkdir()
     (bare / "python3").symlink_to(sys.executable)
-    done, root = up(tmp_path, 9, PATH=str(bare))
+    done, root = up(tmp_path, free_instance(), PATH=str(bare))
     assert "missing containerd" in one_line(done)
     assert not root.exists()
 
