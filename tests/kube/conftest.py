@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,9 +33,12 @@ class Kube:
     kubeconfig: Path
     env: dict[str, str]
 
-    def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout: float = 120, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [sys.executable, "-m", "gpuzombie", *args],
+            input=input_text,
             env=self.env,
             capture_output=True,
             text=True,
@@ -45,8 +49,17 @@ class Kube:
             raise AssertionError(f"gpuzombie {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
         return done
 
-    def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.cli("cluster", "kubectl", "--", *args, timeout=timeout, check=check)
+    def kubectl(
+        self, *args: str, timeout: float = 120, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cli("cluster", "kubectl", "--", *args, timeout=timeout, check=check, input_text=input_text)
+
+    def node_env(self) -> dict[str, str]:
+        """This environment with `gpuzombie cluster env`'s exports: KUBECONFIG, the CRI and
+        PodResources sockets, kubectl on PATH (what `eval "$(gpuzombie cluster env)"` gives a shell)."""
+        lines = self.cli("cluster", "env").stdout.splitlines()
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+        return {**self.env, **{k: shlex.split(v)[0] for k, v in exported.items()}}
 
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
@@ -126,6 +139,8 @@ class Webhook:
     objects: list[dict]
     configuration: dict
     ca: Path
+    version: str
+    """The cluster's Kubernetes version, as helm is given it (--kube-version)."""
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +178,7 @@ def webhook(kube: Kube, api: Api, node_image: str, tmp_path_factory: pytest.Temp
     chart.wait_until_admission(api, fixed=True, webhook_called=True)
     (configuration,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
     try:
-        yield Webhook(objects, configuration, pki / "ca.pem")
+        yield Webhook(objects, configuration, pki / "ca.pem", version)
     finally:
         chart.delete_all(api, [*objects, secret])
 

@@ -25,6 +25,7 @@ from kube import chart
 from kube.api import Api, metric
 from kube.chart import REPO
 from kube.conftest import Webhook
+from kube.pods import resubmitted
 from policy_cases import RELEASE_NAMESPACE, S1, admission_cases, fleet_cases
 
 SHELL_PARSING = (
@@ -36,7 +37,6 @@ DIFFERENCES = {
     "opt-in: prestop": "opt-ins are the webhook's: the policy makes the fix without the hook",
     "opt-in: grace-seconds": "opt-ins are the webhook's: the policy leaves the grace as it is",
 }
-SERVER_SET = ("uid", "creationTimestamp", "resourceVersion", "generation", "managedFields")
 SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 PLACEHOLDER_IMAGE = "registry.example.com/completed-by-the-test:1"
 GPU_NAMES = [*podspec._GPU_NAMES, *(f"{prefix}1g.10gb" for prefix in podspec._GPU_PREFIXES)]
@@ -79,15 +79,6 @@ def completed(api: Api, pod: dict[str, Any], name: str) -> tuple[dict[str, Any],
         )
         added.append(f"service account {account}")
     return pod, added
-
-
-def resubmitted(pod: dict[str, Any]) -> dict[str, Any]:
-    """An API server's pod as a client would send it again."""
-    pod = copy.deepcopy(pod)
-    for key in SERVER_SET:
-        pod["metadata"].pop(key, None)
-    pod.pop("status", None)
-    return pod
 
 
 def normal(pod: dict[str, Any]) -> dict[str, Any]:
