@@ -41,6 +41,11 @@ def _with(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return pod
 
 
+def _os_affinity(values: list[str]) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": values}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
 def admission_cases() -> dict[str, dict[str, Any]]:
     """Pods as the API server sends them: the cases of the webhook's own tests that CEL must decide."""
     init_gpu = _container(["python3", "warm.py"], name="warm")
@@ -109,6 +114,11 @@ def admission_cases() -> dict[str, dict[str, Any]]:
         "mutated already": _annotated(api_server_pod(_container(S1)), **{"gpuzombie.dev/injected": "tini:train"}),
         "a container named gpuzombie-install": api_server_pod(_container(S1), _container(S1, name="gpuzombie-install")),
         "windows": _with(api_server_pod(_container(S1)), os={"name": "windows"}),
+        "windows by nodeSelector": _with(api_server_pod(_container(S1)), nodeSelector={"kubernetes.io/os": "windows"}),
+        "windows by node affinity": _with(api_server_pod(_container(S1)), affinity=_os_affinity(["windows"])),
+        "windows or linux by node affinity": _with(
+            api_server_pod(_container(S1)), affinity=_os_affinity(["linux", "windows"])
+        ),
         "hostPID": _with(api_server_pod(_container(S1)), hostPID=True),
         "shares its process namespace already": _with(api_server_pod(_container(S1)), shareProcessNamespace=True),
         "kube-system": api_server_pod(_container(S1), namespace="kube-system"),

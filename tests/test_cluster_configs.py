@@ -1,10 +1,17 @@
 """The single-node cluster's files as pure renderings of its layout, and its throwaway PKI, checked
-with the cryptography library (the real cluster tests run them in tests/cluster/test_cluster_node.py)."""
+with the cryptography library (tests/kube/test_cluster_node.py runs them on the real node)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cryptography", reason="cryptography is in the 'cluster' extra")
+pytest.importorskip(
+    "grpc", reason="grpcio is in the 'node' extra (the cluster's images come from the lab's containerd)"
+)
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID

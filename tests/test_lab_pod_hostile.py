@@ -97,6 +97,26 @@ def test_an_allowed_host_path_is_read_only_unless_rw(tmp_path, grant, writes):
 
 
 @pytest.mark.slow
+def test_a_host_paths_name_is_escaped_and_never_markup_in_the_notes(tmp_path, capsys):
+    """The notes name an allowed hostPath as the manifest writes it. Before (issue 36, item 12): raw
+    through rich markup (``\\x1b[2J`` cleared the terminal; ``[/]`` was a markup tag)."""
+    shared = tmp_path / "shared"
+    (shared / "x\x1b[2J[/]\u202e").mkdir(parents=True)
+    hostile = shared / "x\x1b[2J[/]\u202e"
+    text = manifest(
+        "hostname",
+        "ls /out",
+        volumes=f"{{name: out, hostPath: {{path: {json.dumps(str(hostile))}, type: Directory}}}}",
+        mounts="{name: out, mountPath: /out}",
+    )
+    lab_pod(tmp_path, text, "--allow-host-path", str(shared))
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\u202e" not in err, err
+    joined = "".join(err.splitlines())  # rich folds a long path across lines
+    assert "shared/x\\x1b[2J[/]\\u202e" in joined and "is bound read-only" in joined, err
+
+
+@pytest.mark.slow
 def test_the_pod_has_its_own_network_lo_only_seccomp_and_no_net_raw(tmp_path):
     """241ae16: the host's network and UTS namespaces (every host interface, the host's name), no
     seccomp filter, NET_RAW in the effective set."""

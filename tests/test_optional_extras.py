@@ -31,6 +31,7 @@ OPTIONAL = (
     "yaml",
     "dockerfile_parse",
     "jsonschema",  # chart
+    "cryptography",  # cluster
     "jsonpatch",
     "jsonpointer",
     "ruamel",  # admission (webhook --patch)

@@ -18,6 +18,7 @@ import pytest
 import fake_pynvml as nv
 from gpuzombie.cli.main import main as cli_main
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, PynvmlBackend, read_gpus
+from gpuzombie.handover import preflight
 from gpuzombie.handover.preflight import (
     CLEAN,
     DIRTY,
@@ -252,3 +253,56 @@ def test_without_the_drivers_reservation_an_idle_gpu_is_dirty_unless_its_baselin
     idle = snapshot(dataclasses.replace(h200(), memory_reserved=None))
     assert gate([idle], Options(wait_s=0))[0].status == DIRTY
     assert gate([idle], Options(wait_s=0, baseline_bytes=615 * MIB))[0].status == CLEAN
+
+
+# Issue 36, item 4: --wait is a deadline on the (monotonic) clock, not a count of polls; the poll log
+# is bounded. On e95cc19 the first took 6 polls and 30 s, the second did not end (1e9 polls).
+
+
+def test_reads_that_take_time_do_not_stretch_the_wait() -> None:
+    """Each read takes 5 s: polls at 0 and 6 s (the grid points it overran are skipped), done at 11 s."""
+    clock, lines = Clock(), []
+
+    def slow_read() -> GpuSnapshot:
+        clock.now += 5
+        return snapshot(h200(used_mib=615 + 2048))
+
+    outcome = run_preflight(slow_read, POLL_10_S, progress=lines.append, clock=clock, sleep=clock.sleep)
+    assert (outcome.status, outcome.polls, outcome.waited_s) == (DIRTY, 2, 11.0)
+
+
+@pytest.mark.timeout(20)
+def test_a_tiny_interval_polls_at_most_ten_times_a_second_and_logs_a_line_a_second() -> None:
+    outcome, lines = gate([snapshot(h200(used_mib=615 + 2048))], Options(wait_s=1, interval_s=1e-9))
+    assert outcome.status == DIRTY and outcome.polls <= 11 and outcome.waited_s <= 1.0
+    assert 2 <= len(lines) <= 3, lines  # the first poll, then the same view once a second
+
+
+def test_the_poll_log_stops_at_its_byte_bound(monkeypatch) -> None:
+    """A GPU whose reading changes at every poll is shown at every poll, until the bound."""
+    monkeypatch.setattr(preflight, "POLL_LOG_LIMIT", 2000)
+    flapping = [snapshot(h200(used_mib=615 + 2048 + i % 2)) for i in range(2000)]
+    outcome, lines = gate(flapping, Options(wait_s=100, interval_s=0.1))
+    assert outcome.polls == 1001 and outcome.status == DIRTY
+    shown, cut = lines[:-1], lines[-1]
+    assert sum(len(line) + 1 for line in shown) <= 2000 and cut.endswith("2000 bytes of polls shown, the rest are not")
+
+
+def test_a_signal_while_waiting_ends_with_a_stopped_outcome_and_its_message() -> None:
+    """What SIGTERM raises in the gate's main thread (``Stopped``), here from its sleep."""
+    clock, lines = Clock(), []
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 4:
+            raise preflight.Stopped("SIGTERM")
+
+    def read() -> GpuSnapshot:
+        return snapshot(h200(used_mib=615 + 2048))
+
+    outcome = run_preflight(read, POLL_10_S, progress=lines.append, clock=clock, sleep=sleep)
+    assert (outcome.status, outcome.exit_status, outcome.polls) == ("stopped", 130, 2)
+    assert outcome.message == (
+        f"gpuzombie preflight: stopped by SIGTERM after 4 s, while GPU 0 ({UUID}) was dirty: 2048 MiB held with no "
+        "process listed (another namespace's or gone); the pod's workload did not start"
+    )

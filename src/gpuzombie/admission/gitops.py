@@ -10,7 +10,10 @@ manifest text so that the file changes where the fix is and nowhere else. Pure: 
   containers sharing ``volumeMounts: *mounts``) is one list there: an item is added to it once, not
   once per container.
 - What comes out is checked: read again, it must equal the webhook's own patch of the input
-  (``mutate.patched``), or nothing is written.
+  (``mutate.patched``), or nothing is written. The comparison takes each pair of maps or lists once
+  (by identity), so an alias bomb costs its distinct nodes, not the paths through them, and stops
+  at MAX_COMPARED_NODES.
+- A file whose every line ends in CRLF is fixed as LF text and written back with CRLF throughout.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from gpuzombie.k8s import podspec
 DOCUMENT_MARKER = re.compile(r"^---(?=[ \t\r\n]|$)")
 """A line that starts a document: ``---`` at column 0 followed by a blank or the end (YAML 1.2 §9.1.4:
 it cannot start a content line, so splitting there never cuts a scalar)."""
+MAX_COMPARED_NODES = 10 * podspec.MAX_SEARCH_NODES
+"""The pairs of maps and lists the check of the written text compares, at most (each pair once;
+past it the fix is refused, not compared for hours)."""
 NEEDS_IMAGE = ("tini:", "prestop:", "preflight")
 """Actions that add an init container of gpuzombie's image (the install one, the preflight gate)."""
 
@@ -61,6 +67,10 @@ def patch_text(
     """``text`` with every pod template fixed as the webhook would fix the pod; a DRA claim is a GPU
     where its device class is one of ``gpu_device_classes``. Raises ManifestError for input that is
     not a manifest, PatchError where the fix cannot be written."""
+    if "\r\n" in text and text.count("\n") == text.count("\r\n"):  # YAML and JSON read CRLF as LF
+        result = patch_text(text.replace("\r\n", "\n"), policy, gpu_device_classes)
+        result.text = result.text.replace("\n", "\r\n")
+        return result
     # DRA claim templates are looked up across the whole input: a pod and its claims are often in
     # documents of their own.
     claims = podspec.claim_classes(podspec.load_documents(text))
@@ -170,7 +180,7 @@ def _round_trip(text: str, ops: dict[int, list[dict[str, Any]]], expected: list[
 
     def faithful(candidate: str) -> bool:
         try:
-            return [d for d in pyyaml.load_all(candidate, Loader=loader) if d is not None] == expected
+            return same([d for d in pyyaml.load_all(candidate, Loader=loader) if d is not None], expected)
         except pyyaml.YAMLError:
             return False
 
@@ -194,6 +204,34 @@ def _round_trip(text: str, ops: dict[int, list[dict[str, Any]]], expected: list[
     raise PatchError("the fix could not be written without changing something else; apply the webhook's patch instead")
 
 
+def same(a: Any, b: Any, budget: int = MAX_COMPARED_NODES) -> bool:
+    """``a == b`` for YAML data (maps, lists, scalars of the same type), each pair of maps or lists
+    compared once: ``==`` walks every path through aliases, exponential in an alias bomb's depth (a
+    loop of aliases is equal where nothing else differs). Raises PatchError past ``budget`` pairs."""
+    compared: set[tuple[int, int]] = set()
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if not isinstance(x, (dict, list)):
+            if isinstance(y, (dict, list)) or type(x) is not type(y) or x != y:
+                return False
+            continue
+        if isinstance(x, dict) != isinstance(y, dict) or not isinstance(y, (dict, list)) or len(x) != len(y):
+            return False
+        if (id(x), id(y)) in compared:
+            continue
+        compared.add((id(x), id(y)))
+        if len(compared) > budget:
+            raise PatchError(f"the fix could not be checked: over {budget} maps and lists to compare (aliases?)")
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return False
+            stack.extend((v, y[k]) for k, v in x.items())
+        else:
+            stack.extend(zip(x, y, strict=True))
+    return True
+
+
 def _shared(tree: Any) -> set[int]:
     """The ids of the lists and maps that stand in more than one place (anchored and aliased)."""
     seen: set[int] = set()
@@ -213,13 +251,26 @@ def _shared(tree: Any) -> set[int]:
     return shared
 
 
-def _plain(node: Any) -> Any:
-    """A copy of ``node`` that shares nothing with the tree (no anchor comes with it)."""
+def _plain(node: Any, copies: dict[int, Any] | None = None) -> Any:
+    """A copy of ``node`` that shares nothing with the tree but what the file names: a list or map
+    inside it with an anchor of its own (``&name``) stays itself, written as its alias (``*name``);
+    the rest is copied once each (so an alias bomb inside costs its size, not its paths)."""
+    top = copies is None
+    copies = {} if copies is None else copies
+    if not isinstance(node, (dict, list)):
+        return node
+    anchor = getattr(node, "anchor", None)
+    if not top and anchor is not None and anchor.value:
+        return node
+    if id(node) in copies:
+        return copies[id(node)]
+    out: Any = {} if isinstance(node, dict) else []
+    copies[id(node)] = out
     if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    return node
+        out.update((k, _plain(v, copies)) for k, v in node.items())
+    else:
+        out.extend(_plain(v, copies) for v in node)
+    return out
 
 
 def _apply(tree: Any, op: dict[str, Any], applied: set[tuple[int, str]], shared: set[int]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
 from gpuzombie.admission.security import restricted_security_context
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token, windows_only
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -34,6 +34,9 @@ MOUNT = "/.gpuzombie"
 TINI = f"{MOUNT}/tini-static"
 PRESTOP_PYZ = f"{MOUNT}/prestop.pyz"
 INIT_CONTAINER = "gpuzombie-install"
+NAME_TAKEN = f"a container is named {INIT_CONTAINER} already"
+"""Why a pod is left alone whose container has the install container's name: a second one would
+make the pod invalid. (A container named like the preflight gate only keeps the gate out.)"""
 IMAGE_TINI = "/usr/bin/tini-static"
 IMAGE_PRESTOP = "/opt/gpuzombie/prestop.pyz"
 DEFAULT_IMAGE = f"localhost/gpu-zombie/gpuzombie-node:{__version__}"
@@ -71,6 +74,10 @@ class Mutation:
     warnings: list[str]
     skipped: str | None = None
     """Why the pod was left alone as a whole (None: it was looked at)."""
+    tell: bool = False
+    """The skip is news to whoever sent the pod (a name of ours is taken): the serving webhook says it
+    as a warning, as ``--patch`` says every skip; the others (a namespace left out, a pod opted out or
+    mutated already) are the expected, silent ones."""
 
     @property
     def changed(self) -> bool:
@@ -110,9 +117,10 @@ def prestop_timeout(grace: int) -> int:
     return max(1, grace * 2 // 3)
 
 
-def install_container(image: str, *, prestop: bool) -> dict[str, Any]:
+def install_container(image: str, *, prestop: bool, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The init container that copies tini (and the hook) into the shared emptyDir: an explicit
-    command, never the image's (kubernetes#69467), least privilege."""
+    command, never the image's (kubernetes#69467), least privilege (the pod ``spec``'s own seccomp
+    profile kept)."""
     sources = [IMAGE_TINI, *([IMAGE_PRESTOP] if prestop else [])]
     return {
         "name": INIT_CONTAINER,
@@ -123,7 +131,7 @@ def install_container(image: str, *, prestop: bool) -> dict[str, Any]:
             "requests": {"cpu": "10m", "memory": "16Mi"},
             "limits": {"cpu": "100m", "memory": "32Mi"},
         },
-        "securityContext": restricted_security_context(),
+        "securityContext": restricted_security_context(spec),
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
     }
 
@@ -152,6 +160,10 @@ def _every_container(spec: Mapping[str, Any]) -> list[Any]:
     return [c for cs in listed if isinstance(cs, list) for c in cs]
 
 
+def _named(spec: Mapping[str, Any], name: str) -> bool:
+    return any(isinstance(c, Mapping) and c.get("name") == name for c in _every_container(spec))
+
+
 def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) -> str | None:
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
@@ -166,12 +178,9 @@ def _skip_reason(pod: Mapping[str, Any], namespace: str | None, policy: Policy) 
     volumes = spec.get("volumes")
     if isinstance(volumes, list) and any(isinstance(v, Mapping) and v.get("name") == VOLUME for v in volumes):
         return f"already mutated (volume {VOLUME})"
-    every = _every_container(spec)
-    for ours in (INIT_CONTAINER, preflight.CONTAINER):
-        if any(isinstance(c, Mapping) and c.get("name") == ours for c in every):
-            return f"a container is named {ours} already"
-    os_name = spec.get("os", {}).get("name") if isinstance(spec.get("os"), Mapping) else None
-    if os_name == "windows":
+    if _named(spec, INIT_CONTAINER):
+        return NAME_TAKEN
+    if windows_only(spec):
         return "a Windows pod"
     if spec.get("hostPID") is True:
         return "hostPID: the containers' processes are not PID 1"
@@ -211,14 +220,18 @@ def _own_wait(c: Container) -> float:
     return hook.wait_seconds if hook is not None and hook.wait_seconds is not None else 0.0
 
 
-def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rules.Budget) -> _Plan:
+def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rules.Budget, *, vouched: bool) -> _Plan:
+    """``vouched``: the pod's own annotation asks for the gate (preflight.gate_gpus)."""
     mode = policy.mode
     grace = _grace_opt_in(opt_ins.get("grace-seconds"))
     plan = _Plan(grace=pod.grace_seconds)
     if opt_ins.get("preflight", "true" if policy.preflight else "").lower() == "true":
-        plan.gate, why_not = preflight.gate_gpus(pod)
-        plan.actions += ["preflight"] if plan.gate else []
-        plan.warnings += [why_not] if why_not else []
+        if _named(pod.raw, preflight.CONTAINER):
+            plan.warnings.append(f"the preflight gate is not added: a container is named {preflight.CONTAINER} already")
+        else:
+            plan.gate, said = preflight.gate_gpus(pod, vouched=vouched)
+            plan.actions += ["preflight"] if plan.gate else []
+            plan.warnings += said
     gpu = pod.gpu_containers
     longest_wait = max((_own_wait(c) for c in gpu), default=0.0)
     if grace is not None and grace <= longest_wait:  # GZ004: the kubelet would kill the pod's own hook
@@ -289,13 +302,13 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
         ops.append({"op": "add", "path": "/spec/shareProcessNamespace", "value": True})
     if plan.wrap or plan.hooks:
         _append(ops, spec, "/spec", "volumes", {"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
-        init = install_container(image, prestop=bool(plan.hooks))
+        init = install_container(image, prestop=bool(plan.hooks), spec=spec)
         if isinstance(spec.get("initContainers"), list) and spec["initContainers"]:
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": init})
         else:
             ops.append({"op": "add", "path": "/spec/initContainers", "value": [init]})
     if plan.gate is not None:  # first of all: nothing of the pod runs before the GPU is known clean
-        gate = preflight.gate_container(image, plan.gate)
+        gate = preflight.gate_container(image, plan.gate, spec)
         if (isinstance(spec.get("initContainers"), list) and spec["initContainers"]) or plan.wrap or plan.hooks:
             ops.append({"op": "add", "path": "/spec/initContainers/0", "value": gate})
         else:
@@ -343,7 +356,7 @@ def mutate(
     unchanged."""
     reason = _skip_reason(pod, namespace, policy)
     if reason is not None:
-        return Mutation([], [], [], reason)
+        return Mutation([], [], [], reason, tell=reason == NAME_TAKEN)
     count = len(_every_container(pod["spec"]))
     if count > MAX_CONTAINERS:
         why = f"cannot tell: {count} containers, over the {MAX_CONTAINERS} a pod is read for; admitted unchanged"
@@ -351,7 +364,8 @@ def mutate(
     spec = rules.read(pod["spec"], budget, annotations=_annotations(pod), context=gpus)
     if not spec.gpu_containers:
         return Mutation([], [], [], "no GPU container")
-    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy, budget)
+    vouched = str(_annotations(pod).get(f"{DOMAIN}/preflight", "")).lower() == "true"
+    plan = _plan(spec, _opt_ins(pod, namespace, policy), policy, budget, vouched=vouched)
     if not plan.actions:
         return _none(*plan.warnings)
     described = [_describe(a) for a in plan.actions if a != "shareProcessNamespace"]

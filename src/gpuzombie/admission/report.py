@@ -39,12 +39,15 @@ def parse_suppressions(value: object, where: str) -> dict[str, str]:
     return out
 
 
-def _suppressions(document: Any, pointer: str) -> dict[str, str]:
-    """The annotation on every object from the document's root down to the pod template at ``pointer``
-    (a Deployment's or a custom resource's, and the template's own; the nearer one wins per rule)."""
+def _suppressions(document: Any, pointer: str, start: str = "") -> dict[str, str]:
+    """The annotation on every object from the object at ``start`` down to the pod template at
+    ``pointer`` (a Deployment's or a custom resource's, and the template's own; the nearer one wins
+    per rule). ``start`` is the item of a ``kind: List`` that holds the template: the List's own
+    metadata is no object's (kubectl drops it), so it suppresses nothing."""
     out: dict[str, str] = {}
-    node, path = document, ""
-    for token in ["", *podspec.tokens(pointer)]:
+    node = podspec.resolve(document, start)
+    path = start
+    for token in ["", *podspec.tokens(pointer[len(start) :])]:
         if token:
             node = node[int(token)] if isinstance(node, list) else node[token]
             path += f"/{podspec.pointer_token(token)}"
@@ -133,7 +136,7 @@ class CheckReport:
                 context = podspec.GpuContext(ref.annotations, claims, self.gpu_device_classes)
                 pod = rules.read(ref.spec, context=context)
                 findings = [f for f in rules.check(pod) if f.rule not in self.disabled]
-                reasons = _suppressions(data[ref.document], ref.pointer)
+                reasons = _suppressions(data[ref.document], ref.pointer, ref.object_pointer)
             except podspec.ManifestError as exc:
                 raise podspec.ManifestError(f"{ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
@@ -163,7 +166,7 @@ class CheckReport:
         message = f"{what}: no pod-template reader understood this place; its containers were not checked"
         line = podspec.line_of(doc.node, pointer)
         finding = rules.Finding("GZ007", rules.Severity.WARNING, None, message)
-        why = _suppressions(data[document], obj.pointer).get("GZ007")
+        why = _suppressions(data[document], obj.pointer, obj.pointer).get("GZ007")
         self.unread.append(PodResult(path, ref, line, (), (finding,), (line,), (why,)))
 
     @property
@@ -273,6 +276,13 @@ def _sarif_rule(rule: rules.Rule) -> dict[str, Any]:
 
 
 def _uri(path: str) -> str:
+    """An input as SARIF's artifact URI: a relative reference for a relative path, an absolute-path
+    one for an absolute path. ``//abs/path`` (POSIX keeps the two slashes) is written ``/abs/path``:
+    as a URI, ``//abs/path`` is a network-path reference to the host ``abs``."""
     from urllib.parse import quote
 
-    return "stdin" if path == "-" else quote(path.removeprefix("./"))
+    if path == "-":
+        return "stdin"
+    if path.startswith("/"):
+        path = "/" + path.lstrip("/")
+    return quote(path.removeprefix("./"))

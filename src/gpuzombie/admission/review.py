@@ -63,6 +63,8 @@ def _warnings(lines: list[str]) -> list[str]:
 def respond(uid: str, mutation: Mutation | None = None, warnings: list[str] | None = None) -> Answer:
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     lines = list(warnings or []) + (mutation.warnings if mutation is not None else [])
+    if mutation is not None and mutation.tell and mutation.skipped:
+        lines.append(f"left alone: {mutation.skipped}")
     if mutation is not None and mutation.ops:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(mutation.ops, separators=(",", ":")).encode()).decode()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import stat
 import sys
 from typing import Any
 
 import click
 
+from gpuzombie.admission.inplace import not_regular
 from gpuzombie.cli.common import gpu_device_class_option
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
@@ -16,6 +19,10 @@ from gpuzombie.exitcodes import ExitStatus
 
 SUFFIXES = (".yaml", ".yml", ".json")
 MAX_INPUT_BYTES = 64 * 1024 * 1024
+CELL_LIMIT = 300
+"""A table cell of a name or a place (an object's label, a file and line, a container)."""
+MESSAGE_LIMIT = 1000
+"""A finding's message in the table (it quotes the container's command)."""
 
 
 def require_admission_extra(*modules: str) -> None:
@@ -29,30 +36,72 @@ def require_admission_extra(*modules: str) -> None:
             raise GpuzombieError(needs_extra(f"this ({module})", "admission", exc)) from exc
 
 
-def input_files(paths: tuple[str, ...]) -> list[str]:
-    """Each input: ``-`` (stdin), a file, or a directory's YAML and JSON files (sorted, recursively)."""
+def input_files(paths: tuple[str, ...], refused: list[tuple[str, str]] | None = None) -> list[str]:
+    """Each input: ``-`` (stdin), a file, or a directory's YAML and JSON files (sorted, recursively).
+    A directory's file that is a symlink to a file outside that directory is not read (a checkout's
+    link to ``/etc/…`` or a runner's secret must not become an input): it goes to ``refused`` as
+    (path, one line), or without ``refused`` raises GpuzombieError. Named by itself, it is read."""
     out: list[str] = []
     for path in paths or ("-",):
         p = pathlib.Path(path)
         if path != "-" and p.is_dir():
-            out += [str(f) for f in sorted(p.rglob("*")) if f.suffix in SUFFIXES and f.is_file()]
+            root = os.path.realpath(p)
+            for f in sorted(p.rglob("*")):
+                if f.suffix not in SUFFIXES or not f.is_file():
+                    continue
+                target = os.path.realpath(f)
+                if f.is_symlink() and os.path.commonpath([root, target]) != root:
+                    why = f"{f}: a symlink to {target}, outside {path}: not read (name it to check it)"
+                    if refused is None:
+                        raise GpuzombieError(why)
+                    refused.append((str(f), why))
+                    continue
+                out.append(str(f))
         else:
             out.append(path)
     return out
 
 
-def read_input(path: str) -> str:
-    """The text of one input. Raises GpuzombieError (exit 2) with one line for what cannot be read."""
-    if path == "-":
-        return sys.stdin.read(MAX_INPUT_BYTES)
-    f = pathlib.Path(path)
+def _read_bounded(path: str) -> bytes:
+    """At most MAX_INPUT_BYTES + 1 bytes of a regular file. ``st_size`` is not trusted (0 for
+    ``/dev/zero`` and a FIFO, both endless): a file that is not regular is refused without a read,
+    and it is opened non-blocking, so a FIFO without a writer does not hang the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        if f.stat().st_size > MAX_INPUT_BYTES:
-            raise GpuzombieError(f"{f}: over {MAX_INPUT_BYTES // 2**20} MiB, not a manifest")
-        return f.read_text(encoding="utf-8")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise GpuzombieError(f"cannot read {path}: {not_regular(mode)}")
+        chunks, left = [], MAX_INPUT_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_input(path: str) -> str:
+    """The text of one input, at most MAX_INPUT_BYTES (new lines as text mode reads them). Raises
+    GpuzombieError (exit 2) with one line for what cannot be read: absent, unreadable, not a
+    regular file (a FIFO, ``/dev/zero``), over the bound, not UTF-8."""
+    shown = "stdin" if path == "-" else path
+    try:
+        if path == "-" and hasattr(sys.stdin, "buffer"):
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        elif path == "-":  # a text stream of a test runner
+            data = sys.stdin.read(MAX_INPUT_BYTES + 1).encode()
+        else:
+            data = _read_bounded(path)
+        if len(data) > MAX_INPUT_BYTES:
+            raise GpuzombieError(f"{shown}: over {MAX_INPUT_BYTES // 2**20} MiB, not a manifest")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise GpuzombieError(f"cannot read {f}: {reason}") from exc
+        raise GpuzombieError(f"cannot read {shown}: {reason}") from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def build_report(
@@ -72,13 +121,16 @@ def build_report(
         fail_on=Severity(fail_on),
         gpu_device_classes=GPU_DEVICE_CLASSES | set(gpu_device_classes),
     )
-    for path in input_files(paths):
+    refused: list[tuple[str, str]] = []
+    for path in input_files(paths, refused):
         try:
             text = read_input(path)
         except GpuzombieError as exc:
             report.add_error(path, str(exc))
             continue
         report.add(path, text)
+    for path, why in refused:
+        report.add_error(path, why)
     return report
 
 
@@ -102,11 +154,11 @@ def render_table(report: Any) -> None:
                 if why is not None:
                     continue
                 where = f"{pod.path}:{line or pod.line}" if (line or pod.line) else pod.path
-                table.add_row(
-                    Text.assemble(pod.ref.label, "\n", (where, "dim")),
-                    finding.container or "",
+                table.add_row(  # every name is the manifest's (or its file's): escaped, as observe's cells
+                    Text.assemble(escape(pod.ref.label, CELL_LIMIT), "\n", (escape(where, CELL_LIMIT), "dim")),
+                    Text(escape(finding.container or "", CELL_LIMIT)),  # Text: never rich markup
                     Text.assemble((finding.severity.value, style[finding.severity.value]), f"\n{finding.rule}"),
-                    Text(finding.message),
+                    Text(escape(finding.message, MESSAGE_LIMIT)),
                 )
         console.print(table)
         for rule_id in sorted({f.rule for _, f in report.findings}):

@@ -379,11 +379,12 @@ def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
     the tests) whose owner process is gone, and remove what each left: its containerd, shims, pause
     and container processes (each signalled through a pidfd checked against its start time, never
     a reused pid), its mounts, the pod cgroups it made, its shim sockets and its directory. Runs
-    whose owner still runs are not touched. `lab pod` does the same at its start.
+    whose owner still runs are not touched. It returns once each process it killed is gone (exited
+    and reaped), or after 10 s, naming each that is not. `lab pod` does the same at its start.
 
     \b
     Exit codes: 0 nothing left (or all of it removed),
-    1 something found (--dry-run) or something not removable,
+    1 something found (--dry-run), something not removable, or a killed process not gone in 10 s,
     2 not root.
     """
     import json
@@ -403,7 +404,7 @@ def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
             f"{len(r.processes)} process(es), {len(r.mounts)} mount(s), {len(r.cgroups)} cgroup(s), "
             f"{len(r.shim_sockets)} shim socket(s)"
         )
-        verb = "would remove" if dry_run else ("removed" if r.removed else "could not remove all of")
+        verb = "would remove" if dry_run else ("removed" if r.removed and not r.problems else "could not remove all of")
         click.echo(f"{verb} {r.path} (owner pid {r.owner_pid} gone): {what}")
         for problem in r.problems:
             click.echo(f"  {problem}")

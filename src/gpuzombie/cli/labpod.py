@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from gpuzombie.errors import GpuzombieError, needs_extra
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def pod_command(
     130 interrupted (the pod and containerd are removed).
     """
     from rich.console import Console
+    from rich.text import Text
 
     from gpuzombie.cli.common import exact_command
     from gpuzombie.gpu.nvml import default_backend
@@ -158,7 +160,7 @@ def pod_command(
         raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     console = Console(stderr=True, log_path=False)
     for note in lab_notes(parsed, config):
-        console.print(f"[yellow]lab pod:[/] {note}")
+        console.print(Text.assemble(("lab pod:", "yellow"), " ", escape(note, 1000)))  # a hostPath is the manifest's
     try:
         with console.status("starting") as status:
 

@@ -12,6 +12,7 @@ import click
 
 from gpuzombie import __version__
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
 # click >= 8.2 raises this for a bare `gpuzombie` (or group); 8.1 printed the help and exited 0 itself
@@ -19,6 +20,9 @@ from gpuzombie.exitcodes import ExitStatus
 NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
     error for error in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if error is not None
 )
+
+MESSAGE_LIMIT = 4096
+"""The characters of one error line: long enough for a path and a manifest's names, bounded."""
 
 # Each module gpuzombie.cli.<name> defines ``command``, a click command registered under <name>.
 COMMAND_MODULES = (
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             click.echo(exc.ctx.get_help())
             return ExitStatus.OK
         command = exc.ctx.command_path if exc.ctx else "gpuzombie"
-        click.echo(f"gpuzombie: usage error: {exc.format_message()} (see '{command} --help')", err=True)
+        message = escape(exc.format_message(), MESSAGE_LIMIT)
+        click.echo(f"gpuzombie: usage error: {message} (see '{command} --help')", err=True)
         return ExitStatus.ERROR
     except click.ClickException as exc:
         exc.show()
@@ -88,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("gpuzombie: interrupted", err=True)
         return ExitStatus.INTERRUPTED
-    except GpuzombieError as exc:
-        click.echo(f"gpuzombie: error: {exc}", err=True)
+    except GpuzombieError as exc:  # a message may quote a manifest's names or a file's: escaped here, once
+        click.echo(f"gpuzombie: error: {escape(str(exc), MESSAGE_LIMIT)}", err=True)
         return exc.status
     except KeyboardInterrupt:
         click.echo("gpuzombie: interrupted", err=True)
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("GPUZOMBIE_DEBUG"):
             traceback.print_exc()
         click.echo(
-            f"gpuzombie: internal error: {type(exc).__name__}: {exc} (set GPUZOMBIE_DEBUG=1 for details)",
+            f"gpuzombie: internal error: {type(exc).__name__}: {escape(str(exc), MESSAGE_LIMIT)} "
+            "(set GPUZOMBIE_DEBUG=1 for details)",
             err=True,
         )
         return ExitStatus.ERROR

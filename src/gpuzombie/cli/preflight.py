@@ -18,6 +18,7 @@ def command(args: tuple[str, ...]) -> int:
 
     Run as the first init container of a GPU pod (the webhook injects it: docs/handover.md). Flags:
     --wait S, --interval S, --tolerance-mib MIB, --fail-open, --termination-log PATH, --json
-    (`gpuzombie preflight --help`). Exit 0 clean, 1 dirty or unreadable after --wait, 2 usage error.
+    (`gpuzombie preflight --help`). Exit 0 clean, 1 dirty or unreadable after --wait, 2 usage or
+    internal error, 130 stopped by SIGTERM or SIGINT.
     """
     return main(list(args))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -86,25 +85,33 @@ def _configured_image(image: str | None, config: str | None) -> str | None:
 
 def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_classes: tuple[str, ...]) -> int:
     """Each input's fix: printed (one input), or written back to the files it changes (--in-place)."""
-    from gpuzombie.cli.check import input_files, read_input, require_admission_extra
+    from gpuzombie.cli.check import MAX_INPUT_BYTES, SUFFIXES, read_input, require_admission_extra
 
     require_admission_extra("yaml", "ruamel.yaml")
     from gpuzombie.admission.gitops import PatchError, patch_text
+    from gpuzombie.admission.inplace import Manifest, Skipped, read_tree, write_back
     from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES, ManifestError
 
     classes = GPU_DEVICE_CLASSES | set(gpu_device_classes)
-
-    files = input_files(sources)
-    if not in_place and len(files) != 1:
-        raise click.UsageError(f"--patch prints one input ({len(files)} given): write them back with --in-place")
-    if in_place and "-" in files:
+    if in_place and "-" in sources:
         raise click.UsageError("--in-place writes files back: stdin (-) has nowhere to go")
+    if "-" in sources and len(sources) > 1:
+        raise click.UsageError(f"--patch prints one input ({len(sources)} given): write them back with --in-place")
+    skipped: list[Skipped] = []
+    if sources == ("-",):
+        inputs = [Manifest.of_text("-", read_input("-"))]
+    else:  # as --in-place would write them: no link below the working directory followed
+        inputs, skipped = read_tree(sources, SUFFIXES, MAX_INPUT_BYTES)
+    if not in_place and len(inputs) + len(skipped) != 1:
+        given = len(inputs) + len(skipped)
+        raise click.UsageError(f"--patch prints one input ({given} given): write them back with --in-place")
+    if not in_place and skipped:
+        raise GpuzombieError(f"cannot read {skipped[0].shown}: {skipped[0].why}")
     results = []
-    for path in files:  # every input is read and fixed before any is written: all or nothing
-        shown = "stdin" if path == "-" else path
-        text = read_input(path)
+    for source in inputs:  # every input is read and fixed before any is written
+        shown = "stdin" if source.shown == "-" else source.shown
         try:
-            result = patch_text(text, policy, classes)
+            result = patch_text(source.text, policy, classes)
         except (ManifestError, PatchError) as exc:
             raise GpuzombieError(f"{shown}: {exc}") from exc
         if result.needs_image and not policy.image:
@@ -112,38 +119,24 @@ def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_cla
                 f"{shown}: {result.needs_image[0]}: the fix adds an init container of gpuzombie's image: "
                 "give its image with --image, GPUZOMBIE_WEBHOOK_IMAGE or --config FILE (image: ...)"
             )
-        results.append((path, text, result))
-    for _, _, result in results:
+        results.append((source, result))
+    for _, result in results:
         for line in result.warnings:
             click.echo(f"gpuzombie webhook: {escape(line, 4096)}", err=True)
     if not in_place:
-        sys.stdout.write(results[0][2].text)
+        sys.stdout.write(results[0][1].text)
         return int(ExitStatus.OK)
-    for path, text, result in results:
-        if result.text != text:  # a file with nothing to fix is not written at all
-            _write_back(path, result.text)
-            click.echo(f"gpuzombie webhook: patched {escape(path)}", err=True)
-    return int(ExitStatus.OK)
-
-
-def _write_back(path: str, text: str) -> None:
-    """Replace ``path`` atomically (a reader never sees half a file), keeping its mode."""
-    import tempfile
-
-    target = os.path.realpath(path)
-    try:
-        mode = os.stat(target).st_mode & 0o7777
-        fd, temporary = tempfile.mkstemp(prefix=".gpuzombie-", dir=os.path.dirname(target))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-                out.write(text)
-            os.chmod(temporary, mode)
-            os.replace(temporary, target)
-        except BaseException:
-            os.unlink(temporary)
-            raise
-    except OSError as exc:
-        raise GpuzombieError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    changes = [(source, result.text) for source, result in results if result.text != source.text]
+    done = write_back(changes, MAX_INPUT_BYTES)  # a file with nothing to fix is not written at all
+    for path in done.written:
+        click.echo(f"gpuzombie webhook: patched {escape(path)}", err=True)
+    for skip in [*skipped, *done.skipped]:
+        covered = " (what it names is patched under its own name)" if skip.covered else ""
+        click.echo(f"gpuzombie webhook: skipped {escape(skip.shown)}: {escape(skip.why)}{covered}", err=True)
+    if done.error is not None:
+        raise GpuzombieError(done.error)
+    left = [s for s in [*skipped, *done.skipped] if not s.covered]
+    return int(ExitStatus.FINDINGS if left else ExitStatus.OK)
 
 
 def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
@@ -188,7 +181,9 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     "--in-place",
     is_flag=True,
     help="With --patch: write the fix back into each file (a directory's *.yaml, *.yml, *.json); "
-    "files with nothing to fix are not written.",
+    "files with nothing to fix are not written. No symbolic link below the working directory is "
+    "followed; owner, mode and line ends are kept; read-only and hard-linked files are skipped; "
+    "nothing is written if a file changed during the run or cannot be written.",
 )
 @click.option(
     "--config",
@@ -308,8 +303,10 @@ def command(
     A DRA claim is a GPU there when its claim or template in the input has a GPU device class
     (--gpu-device-class adds classes); serving, every claim is taken for one (a pod names no class).
 
-    Exit 0 when stopped by SIGTERM (or --patch done), 2 on a bad flag, no image where one is needed,
-    unreadable, encrypted or expired TLS files, unreadable input, a port in use; 130 on Ctrl-C.
+    Exit 0 when stopped by SIGTERM (or --patch done), 1 when --in-place skipped a file (each named:
+    a symbolic link, a read-only or hard-linked file), 2 on a bad flag, no image where one is needed,
+    unreadable, encrypted or expired TLS files, unreadable input, a file changed during an --in-place
+    run or not writable (then nothing is written), a port in use; 130 on Ctrl-C.
     """
     chosen = _configured_image(image, config)
     policy = _policy(mode, chosen or "", namespace, skip_namespace, opt_in, preflight)

@@ -1,10 +1,13 @@
 """``gpuzombie preflight``: the handover gate, run in a GPU pod before its workload starts.
 
 It reads the GPUs (or MIG instances) NVML shows this container, judges each with
-``handover.verdict.judge``, and polls until every one is clean or ``--wait`` has passed. Dirty or
+``handover.verdict.judge``, and polls until every one is clean or the ``--wait`` deadline has
+passed (the monotonic clock; a read still running then gets READ_GRACE_S more). Dirty or
 unreadable at the end: exit 1 with a one-line termination message (the kubelet's
 terminationMessagePath) naming the GPU, the MiB held, the likely cause and the fix; the kubelet's
 init-container restart back-off then keeps the pod waiting, fail-closed, with nothing else running.
+SIGTERM while it waits: exit 130 with a message saying so. Whatever NVML, a stand-in or a path
+holds, it prints escaped, bounded lines, never blocks on a file and never follows a link to write.
 
 Standard library and ``gpuzombie.gpu.nvml`` only (nvidia-ml-py loaded lazily): the webhook's init
 container runs it as ``python3 -S -I /opt/gpuzombie/preflight.pyz`` (``prestop.zipapp --app
@@ -16,16 +19,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TextIO
+from types import FrameType
+from typing import Any, TextIO
 
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
-from gpuzombie.handover.verdict import DEFAULT_TOLERANCE_BYTES, MIB, GpuReading, Verdict, judge
+from gpuzombie.gpu.nvml import FakeNvml, GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
+from gpuzombie.handover.files import read_bounded, write_message
+from gpuzombie.handover.verdict import (
+    CLEAN,
+    DEFAULT_TOLERANCE_BYTES,
+    DIRTY,
+    MIB,
+    UNREADABLE,
+    GpuReading,
+    Verdict,
+    byte_count,
+    judge,
+    shown,
+)
 from gpuzombie.usage import OneLineParser, UsageError
 
 SCHEMA = "gpuzombie.preflight/1"
@@ -40,8 +59,23 @@ NODE_ENV = "NODE_NAME"
 """The node's name, from the downward API (spec.nodeName) in the injected container: the fix names it."""
 ALERTS = "GpuzombieStaleGpuHolder, GpuzombieForeignGpuHolder, GpuzombieDStateGpuHolder, GpuzombieGhostGpuMemory"
 """The node agent's alerts (charts/gpuzombie/files/gpuzombie-alerts.yaml) that name what holds a GPU."""
-CLEAN, DIRTY, UNREADABLE = "clean", "dirty", "unreadable"
 PASSED_OPEN = "passed-open"
+STOPPED = "stopped"
+MIN_INTERVAL_S = 0.1
+"""Polls are never closer than this, whatever ``--interval`` says (issue 36: ``--interval 1e-9`` spun)."""
+READ_GRACE_S = 10.0
+"""How long past the ``--wait`` deadline a read of the GPUs begun before it may take (NVML's first
+initialisation on a node without persistence mode takes seconds); one still running then is
+unreadable, and the gate ends: it returns within ``--wait`` + this whatever NVML does."""
+LOG_EVERY_S = 1.0
+"""A poll that saw what the last line shown said is shown again only this long after it."""
+POLL_LOG_LIMIT = 1 << 20
+"""The most bytes of poll lines one run prints (then one line says the rest are not shown)."""
+POLL_LINE_LIMIT = 4096
+"""The most characters of one poll line (escaped: nothing NVML or a stand-in names forges a line)."""
+REASON_LIMIT = 400
+NAME_LIMIT = 200
+"""The most characters kept of a reason, and of a GPU's UUID or MIG instance name, from NVML or a stand-in."""
 NO_GPU = (
     "NVML shows this container no GPU (was it given the pod's GPU resources? the webhook's injected "
     "container asks for the same ones)"
@@ -61,13 +95,15 @@ class GpuCheck:
     processes: int
     verdict: Verdict
     state: str
-    """``clean``, ``dirty`` (a process listed, or memory held past the tolerance) or ``unreadable``."""
+    """``verdict.state``: ``clean``, ``dirty`` (a process listed, or memory held past the tolerance) or
+    ``unreadable`` (not read, or read as something no GPU shows)."""
 
     @property
     def label(self) -> str:
+        """``GPU 0 (GPU-…)``, raw: what prints it escapes it (``poll_line``, ``failure_message``)."""
         if self.uuid is None:
             return "GPU ?"
-        where = f"GPU {self.index}" + (f" {self.instance}" if self.instance else "")
+        where = f"GPU {'?' if self.index is None else self.index}" + (f" {self.instance}" if self.instance else "")
         return f"{where} ({self.uuid})"
 
 
@@ -75,34 +111,53 @@ def checks_of(
     snapshot: GpuSnapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, baseline_bytes: int = 0
 ) -> tuple[GpuCheck, ...]:
     """Each device of ``snapshot`` judged; an unreadable snapshot, or one without a GPU, is one
-    unreadable check (never clean)."""
-    if not snapshot.available or not snapshot.devices:
-        error = snapshot.reason or "NVML unavailable" if not snapshot.available else NO_GPU
-        return (GpuCheck(None, None, None, 0, None, 0, judge(None, error=error), UNREADABLE),)
-    return tuple(_check(d, tolerance_bytes, baseline_bytes) for d in snapshot.devices)
+    unreadable check (never clean). Total: whatever the snapshot holds, a check comes back."""
+    if not isinstance(snapshot, GpuSnapshot) or snapshot.available is not True:
+        reason = getattr(snapshot, "reason", None)
+        return (_unreadable_check(reason if isinstance(reason, str) and reason else "NVML unavailable"),)
+    devices = snapshot.devices
+    if not isinstance(devices, tuple | list):
+        return (_unreadable_check(f"impossible reading: devices {shown(devices)}"),)
+    if not devices:
+        return (_unreadable_check(NO_GPU),)
+    return tuple(
+        _check(d, tolerance_bytes, baseline_bytes)
+        if isinstance(d, GpuDevice)
+        else _unreadable_check(f"impossible reading: device {shown(d)}")
+        for d in devices
+    )
+
+
+def _unreadable_check(error: str) -> GpuCheck:
+    return GpuCheck(None, None, None, 0, None, 0, judge(None, error=error[:REASON_LIMIT]), UNREADABLE)
 
 
 def _check(device: GpuDevice, tolerance_bytes: int, baseline_bytes: int) -> GpuCheck:
+    processes = device.processes
+    listed = len(processes) if isinstance(processes, tuple | list) else -1
     reading = GpuReading(
         used_bytes=device.memory_used,
         reserved_bytes=device.memory_reserved,
-        listed_processes=len(device.processes),
+        listed_processes=listed,
         processes_read=device.processes_read,
     )
-    instance = None
-    uuid = device.uuid
-    if device.mig is not None:
-        instance = f"MIG {device.mig.profile} GI {device.mig.gpu_instance_id}"
-        uuid = device.mig.uuids[0] if device.mig.uuids else uuid
     verdict = judge(reading, tolerance_bytes=tolerance_bytes, baseline_bytes=baseline_bytes)
-    if verdict.clean:
-        state = CLEAN
-    elif device.processes or verdict.held_bytes > tolerance_bytes:
-        state = DIRTY
-    else:
-        state = UNREADABLE
+    instance, uuid = None, device.uuid
+    mig = device.mig
+    if isinstance(mig, MigInstance):
+        instance = f"MIG {mig.profile} GI {mig.gpu_instance_id}"
+        uuids = mig.uuids
+        uuid = uuids[0] if isinstance(uuids, tuple | list) and uuids else uuid
+    index = device.index if type(device.index) is int else None
     return GpuCheck(
-        device.index, uuid, instance, device.memory_used, device.memory_reserved, len(device.processes), verdict, state
+        index,
+        (uuid if isinstance(uuid, str) else shown(uuid))[:NAME_LIMIT],
+        None if instance is None else instance[:NAME_LIMIT],
+        device.memory_used,
+        device.memory_reserved,
+        listed,
+        verdict,
+        verdict.state,
     )
 
 
@@ -120,20 +175,77 @@ class Options:
 @dataclass(frozen=True)
 class Outcome:
     status: str
-    """``clean``, ``dirty``, ``unreadable``, or ``passed-open`` (unreadable, let through by --fail-open)."""
+    """``clean``, ``dirty``, ``unreadable``, ``passed-open`` (unreadable, let through by --fail-open), or
+    ``stopped`` (SIGTERM or SIGINT before every GPU was clean)."""
     exit_status: int
     polls: int
     waited_s: float
     checks: tuple[GpuCheck, ...]
-    """The last poll's."""
+    """The last poll's (none when stopped before the first)."""
     message: str | None
     """The termination message (None when clean)."""
 
 
+class Stopped(BaseException):
+    """SIGTERM (the kubelet deleting the pod) while the gate waits (SIGINT is Python's own
+    KeyboardInterrupt): a BaseException, as that one is, so that no ``except Exception`` takes it."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 def poll_line(elapsed_s: float, checks: Sequence[GpuCheck]) -> str:
-    """What one poll saw, one line."""
-    parts = [f"{c.label}: {c.state}, {c.verdict.reason}" for c in checks]
-    return f"preflight: {elapsed_s:.1f} s: " + "; ".join(parts)
+    """What one poll saw, one line, escaped: a UUID or a reason that names a newline forges no line."""
+    return escape(f"preflight: {elapsed_s:.1f} s: {_seen(checks)}", POLL_LINE_LIMIT)
+
+
+def _seen(checks: Sequence[GpuCheck]) -> str:
+    return "; ".join(f"{c.label}: {c.state}, {c.verdict.reason}" for c in checks)
+
+
+class PollLog:
+    """The poll lines, bounded: a poll that saw what the last line shown said is shown again only
+    LOG_EVERY_S after it (at the default 2 s interval every poll is shown), and no more than
+    POLL_LOG_LIMIT bytes of them are printed in all."""
+
+    def __init__(self, progress: Callable[[str], None]) -> None:
+        self._progress = progress
+        self._last: tuple[str, float] | None = None
+        self._bytes = 0
+        self._cut = False
+
+    def poll(self, elapsed_s: float, checks: Sequence[GpuCheck]) -> None:
+        seen = _seen(checks)
+        if self._cut or (self._last is not None and self._last[0] == seen and elapsed_s - self._last[1] < LOG_EVERY_S):
+            return
+        line = poll_line(elapsed_s, checks)
+        if self._bytes + len(line) + 1 > POLL_LOG_LIMIT:
+            self._cut = True
+            self._progress(f"preflight: {elapsed_s:.1f} s: {POLL_LOG_LIMIT} bytes of polls shown, the rest are not")
+            return
+        self._bytes += len(line) + 1
+        self._last = (seen, elapsed_s)
+        self._progress(line)
+
+
+def read_within(read: Callable[[], GpuSnapshot], timeout_s: float) -> GpuSnapshot:
+    """``read()``, or an unavailable snapshot when it has not returned within ``timeout_s``: NVML can
+    hang (a GPU falling off the bus), and the gate must still end. The read runs in a daemon thread,
+    which a hung call leaves behind: the gate exits without it."""
+    box: list[GpuSnapshot] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(read())
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="preflight-read", daemon=True).start()
+    if not done.wait(max(timeout_s, 0.0)):
+        return GpuSnapshot(available=False, reason=f"NVML did not answer within {timeout_s:.1f} s")
+    return box[0] if box else GpuSnapshot(available=False, reason="NVML read ended without a snapshot")
 
 
 def run_preflight(
@@ -143,21 +255,38 @@ def run_preflight(
     progress: Callable[[str], None],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    within: Callable[[Callable[[], GpuSnapshot], float], GpuSnapshot] = read_within,
 ) -> Outcome:
-    """Poll until every GPU is clean or ``options.wait_s`` has passed (one poll at least)."""
+    """Poll until every GPU is clean or the ``options.wait_s`` deadline (on ``clock``, monotonic) has
+    passed, one poll at least; a read in flight at the deadline is given READ_GRACE_S more. Polls
+    are on a grid of ``options.interval_s`` (at least MIN_INTERVAL_S) from the start: a slow read
+    skips the grid points it overran instead of polling at once to catch up. SIGTERM or SIGINT
+    (Stopped, KeyboardInterrupt) ends it with a ``stopped`` outcome."""
     start = clock()
-    polls = 0
-    while True:
-        checks = checks_of(read(), options.tolerance_bytes, options.baseline_bytes)
-        polls += 1
+    deadline = start + options.wait_s
+    interval = max(options.interval_s, MIN_INTERVAL_S)
+    log = PollLog(progress)
+    polls, elapsed, step = 0, 0.0, 0
+    checks: tuple[GpuCheck, ...] = ()
+    try:
+        while True:
+            snapshot = within(read, max(deadline - clock(), 0.0) + READ_GRACE_S)
+            checks = checks_of(snapshot, options.tolerance_bytes, options.baseline_bytes)
+            polls += 1
+            elapsed = clock() - start
+            log.poll(elapsed, checks)
+            if all(c.verdict.clean for c in checks):
+                return Outcome(CLEAN, ExitStatus.OK, polls, round(elapsed, 3), checks, None)
+            step = max(step + 1, int(elapsed / interval) + 1)  # the next grid point after now
+            next_at = step * interval
+            if next_at > options.wait_s:
+                break
+            sleep(max(0.0, start + next_at - clock()))
+    except (Stopped, KeyboardInterrupt) as exc:
+        name = exc.signal_name if isinstance(exc, Stopped) else "SIGINT"
         elapsed = clock() - start
-        progress(poll_line(elapsed, checks))
-        if all(c.verdict.clean for c in checks):
-            return Outcome(CLEAN, ExitStatus.OK, polls, round(elapsed, 3), checks, None)
-        next_at = polls * options.interval_s  # on a fixed grid: a slow read does not cost a poll
-        if next_at > options.wait_s:
-            break
-        sleep(max(0.0, start + next_at - clock()))
+        message = stopped_message(name, checks, elapsed)
+        return Outcome(STOPPED, ExitStatus.INTERRUPTED, polls, round(elapsed, 3), checks, message)
     status = DIRTY if any(c.state == DIRTY for c in checks) else UNREADABLE
     if status == UNREADABLE and options.fail_open:
         message = failure_message(checks, elapsed, options, passed_open=True)
@@ -181,7 +310,7 @@ def failure_message(
     if worst.state == UNREADABLE:
         cause = "the gate fails closed on a GPU it cannot read"
         fix = f"check the NVIDIA driver and device plugin on {node} (alert GpuzombieNvmlUnavailable)"
-    elif worst.processes:
+    elif worst.processes > 0:
         cause = "a process this container can see holds it (from a pod: one of the pod's own, started before the gate)"
         fix = f"look at this pod's init containers and sidecars; `gpuzombie trace` on {node} names the holder"
     else:
@@ -190,11 +319,27 @@ def failure_message(
     return escape(f"gpuzombie preflight: {held}{more}; {cause}; fix: {fix}", MESSAGE_LIMIT)
 
 
+def stopped_message(signal_name: str, checks: Sequence[GpuCheck], elapsed_s: float | None) -> str:
+    """The termination message of a gate stopped by a signal before every GPU was clean (``elapsed_s``
+    None: outside its polls)."""
+    bad = [c for c in checks if c.state != CLEAN]
+    if elapsed_s is None:
+        return escape(f"gpuzombie preflight: stopped by {signal_name}; the pod's workload did not start", MESSAGE_LIMIT)
+    if not bad:
+        seen = "before its first poll ended"
+    else:
+        worst = max(bad, key=lambda c: (c.state == DIRTY, c.verdict.held_bytes))
+        more = f" (+{len(bad) - 1} more not clean)" if len(bad) > 1 else ""
+        seen = f"while {worst.label} was {worst.state}: {worst.verdict.reason}{more}"
+    text = f"gpuzombie preflight: stopped by {signal_name} after {elapsed_s:.0f} s, {seen}; the pod's workload did not start"
+    return escape(text, MESSAGE_LIMIT)
+
+
 def write_termination_message(path: str, message: str) -> str | None:
-    """Write ``message`` where the kubelet reads it; why not, or None when written."""
+    """Write ``message`` where the kubelet reads it (``files.write_message``: no link followed, no FIFO
+    waited on, nothing truncated that is not the gate's own); why not, or None when written."""
     try:
-        with open(path, "w") as f:
-            f.write(message + "\n")
+        write_message(path, message + "\n")
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
     return None
@@ -208,9 +353,9 @@ def outcome_json(outcome: Outcome, termination_log: str | None) -> str:
             "instance": c.instance,
             "state": c.state,
             "held_mib": round(c.verdict.held_bytes / MIB, 1),
-            "used_mib": round(c.used_bytes / MIB, 1),
-            "reserved_mib": None if c.reserved_bytes is None else round(c.reserved_bytes / MIB, 1),
-            "processes": c.processes,
+            "used_mib": _mib_or_none(c.used_bytes),
+            "reserved_mib": _mib_or_none(c.reserved_bytes),
+            "processes": c.processes if c.processes >= 0 else None,
             "reason": c.verdict.reason,
         }
         for c in outcome.checks
@@ -227,7 +372,14 @@ def outcome_json(outcome: Outcome, termination_log: str | None) -> str:
             "termination_log": termination_log,
         },
         indent=1,
+        allow_nan=False,  # JSON has no NaN: one reaching here is a bug, said as one (internal error)
     )
+
+
+def _mib_or_none(value: object) -> float | None:
+    """A byte count in MiB; None (JSON null) for a value that is none (a NaN, a string, -1)."""
+    count = byte_count(value)
+    return None if count is None else round(count / MIB, 1)
 
 
 class SnapshotFile:
@@ -239,11 +391,13 @@ class SnapshotFile:
         self.path = path
 
     def read(self) -> GpuSnapshot:
+        """The snapshot in the file (``files.read_bounded``: a regular file, at most 1 MiB, never
+        blocking), or an unavailable one saying why not."""
         try:
-            with open(self.path) as f:
-                return FakeNvml.from_dict(json.load(f)).read()
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            return GpuSnapshot(available=False, reason=f"NVML stand-in {self.path}: {type(exc).__name__}: {exc}")
+            return FakeNvml.from_dict(json.loads(read_bounded(self.path))).read()
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            why = f"NVML stand-in {self.path}: {type(exc).__name__}: {exc}"
+            return GpuSnapshot(available=False, reason=why[:REASON_LIMIT])
 
 
 def site_packages() -> list[str]:
@@ -290,13 +444,21 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         description="Before a GPU workload starts: wait until every GPU (or MIG instance) NVML shows this "
         "container is clean (nothing held beyond the driver's reservation, no process listed). Exit 0 clean "
         "(or unreadable with --fail-open), 1 dirty or unreadable after --wait (a one-line message in "
-        "--termination-log), 2 usage error, 130 interrupted.",
+        "--termination-log), 2 usage or internal error, 130 stopped by SIGTERM or SIGINT (the message written).",
     )
     ap.add_argument(
-        "--wait", type=_seconds, default=DEFAULT_WAIT_S, metavar="S", help="poll up to S seconds (default 60)"
+        "--wait",
+        type=_seconds,
+        default=DEFAULT_WAIT_S,
+        metavar="S",
+        help=f"poll until S seconds have passed (default 60; a read begun by then may take {READ_GRACE_S:.0f} s more)",
     )
     ap.add_argument(
-        "--interval", type=_seconds, default=DEFAULT_INTERVAL_S, metavar="S", help="between polls (default 2)"
+        "--interval",
+        type=_seconds,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"between polls (default 2; at least {MIN_INTERVAL_S})",
     )
     ap.add_argument(
         "--tolerance-mib",
@@ -334,17 +496,66 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """While the gate waits, SIGTERM raises Stopped (once: a second one is ignored while the gate
+    writes why it stopped), so that it ends with its message instead of dying by the signal. Only
+    in the main thread (elsewhere Python gives no signal handler); the old handler is put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    taken: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not taken:
+            taken.append(signum)
+            raise Stopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = "gpuzombie preflight", out: TextIO | None = None) -> int:
+    """The gate's entry point (the click command's and the zipapp's): an exit code and never a
+    traceback; an internal error is one line (and the termination message) and exit 2, fail-closed."""
     out = out or sys.stdout
     err = sys.stderr
     try:
         args = build_parser(prog).parse_args(argv)
     except UsageError as exc:
-        print(f"gpuzombie: usage error: {exc} (see '{prog} --help')", file=err)
+        print(escape(f"gpuzombie: usage error: {exc} (see '{prog} --help')", MESSAGE_LIMIT), file=err)
         return ExitStatus.ERROR
     if args.interval <= 0:
         print(f"gpuzombie: usage error: --interval must be above 0 (see '{prog} --help')", file=err)
         return ExitStatus.ERROR
+    with stopped_by_signals():
+        try:
+            return _gate(args, out, err)
+        except (Stopped, KeyboardInterrupt) as exc:  # before the first poll, or while the outcome is written
+            name = exc.signal_name if isinstance(exc, Stopped) else "SIGINT"
+            message = stopped_message(name, (), None)
+            print(message, file=out, flush=True)
+            if args.termination_log:
+                write_termination_message(args.termination_log, message)
+            return ExitStatus.INTERRUPTED
+        except Exception as exc:  # noqa: BLE001 - the last line of defence, as gpuzombie.cli.main has it
+            if os.environ.get("GPUZOMBIE_DEBUG"):
+                import traceback  # only here: 2 ms of the gate's start-up otherwise
+
+                traceback.print_exc()
+            what = f"{type(exc).__name__}: {exc}"
+            line = f"gpuzombie: internal error: {what} (set GPUZOMBIE_DEBUG=1 for details)"
+            print(escape(line, MESSAGE_LIMIT), file=err, flush=True)
+            if args.termination_log:
+                message = f"gpuzombie preflight: internal error ({what}); the gate fails closed"
+                write_termination_message(args.termination_log, escape(message, MESSAGE_LIMIT))
+            return ExitStatus.ERROR
+
+
+def _gate(args: Any, out: TextIO, err: TextIO) -> int:
     options = Options(
         args.wait,
         args.interval,
@@ -359,17 +570,13 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "gpuzombie preflight"
     def progress(line: str) -> None:
         print(line, file=progress_to, flush=True)
 
-    try:
-        outcome = run_preflight(lambda: read_gpus(backend), options, progress=progress)
-    except KeyboardInterrupt:
-        print("gpuzombie: interrupted", file=err)
-        return ExitStatus.INTERRUPTED
+    outcome = run_preflight(lambda: read_gpus(backend), options, progress=progress)
     written = None
     if outcome.message is not None and args.termination_log:
         why_not = write_termination_message(args.termination_log, outcome.message)
         written = None if why_not else args.termination_log
         if why_not:
-            print(f"preflight: termination message not written: {why_not}", file=err)
+            print(escape(f"preflight: termination message not written: {why_not}", MESSAGE_LIMIT), file=err)
     if args.json:
         print(outcome_json(outcome, written), file=out, flush=True)
     elif outcome.message is not None:

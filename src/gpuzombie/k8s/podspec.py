@@ -449,6 +449,7 @@ class PodSpec:
     share_process_namespace: bool
     host_pid: bool
     windows: bool
+    """It can run on Windows nodes only (``windows_only``): none of the rules apply there."""
     raw: Mapping[str, Any]
 
     @property
@@ -461,6 +462,42 @@ class PodSpec:
         by an init container blocks the pod's start; by a sidecar, its whole life); not ephemeral
         ones (a debugger attached by hand)."""
         return tuple(c for c in self.init_containers + self.containers if c.gpu)
+
+
+OS_LABELS = ("kubernetes.io/os", "beta.kubernetes.io/os")
+"""The node labels the kubelet sets to its OS, ``linux`` or ``windows`` (the beta one deprecated, still set)."""
+
+
+def _windows_term(term: Any) -> bool:
+    """A nodeSelectorTerm that only a Windows node matches: one of its expressions (ANDed) asks an OS
+    label to be ``In`` windows alone, or ``NotIn`` linux."""
+    expressions = term.get("matchExpressions") if isinstance(term, Mapping) else None
+    for e in expressions if isinstance(expressions, list) else []:
+        values = e.get("values") if isinstance(e, Mapping) else None
+        if not isinstance(values, list) or e.get("key") not in OS_LABELS:
+            continue
+        if e.get("operator") == "In" and values and all(v == "windows" for v in values):
+            return True
+        if e.get("operator") == "NotIn" and "linux" in values:
+            return True
+    return False
+
+
+def windows_only(spec: Mapping[str, Any]) -> bool:
+    """The pod can run on Windows nodes only: ``spec.os.name: windows``, a ``nodeSelector`` on the
+    node's OS label, or a required node affinity every term of which (they are ORed) asks for it.
+    Lenient: a field of a wrong type says nothing."""
+    os_field = spec.get("os")
+    if isinstance(os_field, Mapping) and os_field.get("name") == "windows":
+        return True
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and any(selector.get(label) == "windows" for label in OS_LABELS):
+        return True
+    affinity = spec.get("affinity")
+    node = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node, Mapping) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    return isinstance(terms, list) and bool(terms) and all(_windows_term(t) for t in terms)
 
 
 def _pod_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:
@@ -537,7 +574,7 @@ def read_pod_spec(
         grace_seconds=grace,
         share_process_namespace=boolean(share, "spec.shareProcessNamespace") if strict else share is True,
         host_pid=spec.get("hostPID") is True,
-        windows=mapping(spec.get("os"), "spec.os").get("name") == "windows",
+        windows=mapping(spec.get("os"), "spec.os").get("name") == "windows" or windows_only(spec),
         raw=spec,
     )
     if strict:

@@ -266,6 +266,8 @@ def run_lab_pod(
     check_can_make_pods()
     for left in clean_dead_runs():  # a SIGKILLed run's containerd, shims, pods, mounts
         progress(f"removed what a dead run left in {left.path}: {len(left.processes)} process(es)")
+        for problem in left.problems:
+            progress(f"  {problem}")
     nvml = nvml or default_backend()
     gpus = nvml.read()
     check_runnable(manifest, config)

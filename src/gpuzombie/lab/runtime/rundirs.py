@@ -149,9 +149,13 @@ def run_processes(run: Path, cgroups: Iterable[str], procfs: Procfs | None = Non
     return [ProcessIdentity(pid, by_pid[pid].start_ticks) for pid in order if not by_pid[pid].is_zombie]
 
 
-def kill_processes(processes: Iterable[ProcessIdentity]) -> int:
-    """SIGKILL each through a pidfd checked against its start time; wait for them to exit. The
-    number signalled."""
+def kill_processes(
+    processes: Iterable[ProcessIdentity], wait_s: float = KILL_WAIT_S
+) -> tuple[int, list[tuple[int, str]]]:
+    """SIGKILL each through a pidfd checked against its start time, then wait, at most ``wait_s``,
+    until each is gone: exited *and* reaped (a killed child stays a zombie, its pid and process
+    table slot held, until its parent, or init once the parent is killed too, waits for it). The
+    number signalled, and (pid, one line saying why) for each that is not gone by then."""
     handles = []
     for identity in processes:
         handle, _state = ProcessHandle.open(identity)
@@ -160,14 +164,64 @@ def kill_processes(processes: Iterable[ProcessIdentity]) -> int:
                 handles.append(handle)
             else:
                 handle.close()
-    deadline = time.monotonic() + KILL_WAIT_S
-    while handles and time.monotonic() < deadline:
-        if all(h.liveness() is not Liveness.ALIVE for h in handles):
-            break
-        time.sleep(0.02)
-    for h in handles:
-        h.close()
-    return len(handles)
+    signalled = len(handles)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            handles = [h for h in handles if not _reaped(h)]
+            if not handles or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        return signalled, [(h.identity.pid, _not_ended(h.identity, wait_s)) for h in handles]
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _reaped(handle: ProcessHandle) -> bool:
+    """The process is gone from the process table: signal 0 through its pidfd finds no process (a
+    zombie still takes it; a pidfd polls readable already when its process exits)."""
+    if handle.pidfd is None:
+        return True
+    try:
+        signal.pidfd_send_signal(handle.pidfd, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _not_ended(identity: ProcessIdentity, wait_s: float, procfs: Procfs | None = None) -> str:
+    """One line: why a killed process is still there (its pid is still its own: its pidfd is open)."""
+    procfs = procfs or Procfs()
+    fields = procfs.stat(identity.pid)
+    if fields is None or fields.start_ticks != identity.start_ticks:
+        return f"pid {identity.pid}: killed, gone only as the wait ended"
+    who = f"pid {identity.pid} ({fields.comm})"
+    if fields.state in ("Z", "X"):
+        parent = procfs.stat(fields.ppid)
+        named = f"pid {fields.ppid} ({parent.comm})" if parent is not None else f"pid {fields.ppid}"
+        return f"{who} killed, but not reaped {wait_s:g} s later: its parent {named} has not waited for it"
+    frozen = [path for path in _freezer_paths(procfs.cgroup(identity.pid) or ()) if _frozen(path)]
+    hint = f", frozen by the cgroup freezer {frozen[0]} (thaw it: SIGKILL waits for that)" if frozen else ""
+    return f"{who} still alive {wait_s:g} s after SIGKILL (state {fields.state}{hint})"
+
+
+def _freezer_paths(cgroup_lines: Iterable[str], base: str = "/sys/fs/cgroup") -> list[str]:
+    """The v1 freezer cgroup directories of a process (``N:freezer:/path``)."""
+    paths = []
+    for line in cgroup_lines:
+        _id, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if "freezer" in controllers.split(","):
+            paths.append(os.path.join(base, "freezer", path.lstrip("/")))
+    return paths
+
+
+def _frozen(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "freezer.state")) as f:
+            return f.read().strip() != "THAWED"
+    except OSError:
+        return False
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -217,6 +271,8 @@ class RunLeftovers:
     shim_sockets: tuple[str, ...]
     removed: bool = False
     problems: tuple[str, ...] = ()
+    not_ended: tuple[int, ...] = ()
+    """The processes killed but not gone (exited and reaped) by the end of the wait."""
 
 
 def find(run: Path) -> RunLeftovers:
@@ -233,14 +289,22 @@ def find(run: Path) -> RunLeftovers:
     )
 
 
-def remove_run(run: Path) -> list[str]:
-    """Kill the run's processes, unmount, remove its cgroups, shim sockets and directory; what could
-    not be removed, one line each. Also the backstop of a live run's own tear-down."""
+def remove_run(run: Path, kill_wait_s: float = KILL_WAIT_S) -> list[str]:
+    """Kill the run's processes and wait until they are gone (``kill_wait_s`` at most per round),
+    unmount, remove its cgroups, shim sockets and directory; what could not be ended or removed, one
+    line each. Also the backstop of a live run's own tear-down."""
+    return _remove_run(run, kill_wait_s)[0]
+
+
+def _remove_run(run: Path, kill_wait_s: float) -> tuple[list[str], tuple[int, ...]]:
+    """remove_run's lines, and the pids killed but not gone."""
     cgroups = recorded_cgroups(run)
-    kill_processes(run_processes(run, cgroups))
-    kill_processes(run_processes(run, cgroups))  # a shim may have started one as it died
+    first = run_processes(run, cgroups)
+    left = kill_processes(first, kill_wait_s)[1]
+    again = [p for p in run_processes(run, cgroups) if p not in first]  # a shim may have started one as it died
+    left += kill_processes(again, kill_wait_s)[1]
+    problems = [line for _pid, line in left]
     unmount(mounts_under(run))
-    problems: list[str] = []
     for relative in sorted(cgroups, key=lambda p: p.count("/"), reverse=True):
         problems += remove_cgroup(relative)
     for socket in shim_sockets(run):
@@ -249,7 +313,7 @@ def remove_run(run: Path) -> list[str]:
     shutil.rmtree(run, ignore_errors=True)
     if run.exists():
         problems.append(f"cannot remove {run}")
-    return problems
+    return problems, tuple(pid for pid, _line in left)
 
 
 def runs(root: Path = LAB_STATE_ROOT) -> list[Path]:
@@ -261,15 +325,18 @@ def runs(root: Path = LAB_STATE_ROOT) -> list[Path]:
     return [p for p in entries if p.is_dir() and owner_of(p) is not None]
 
 
-def clean_dead_runs(root: Path = LAB_STATE_ROOT, *, dry_run: bool = False) -> list[RunLeftovers]:
-    """What the runs whose owner is gone left, removed (unless ``dry_run``); live runs untouched."""
+def clean_dead_runs(
+    root: Path = LAB_STATE_ROOT, *, dry_run: bool = False, kill_wait_s: float = KILL_WAIT_S
+) -> list[RunLeftovers]:
+    """What the runs whose owner is gone left, removed (unless ``dry_run``); live runs untouched.
+    Returns once what it killed is gone, or ``kill_wait_s`` has passed (what is not: ``not_ended``)."""
     done = []
     for run in runs(root):
         found = find(run)
         if found.owner_alive:
             continue
         if not dry_run:
-            problems = remove_run(run)
-            found = replace(found, removed=not run.exists(), problems=tuple(problems))
+            problems, left = _remove_run(run, kill_wait_s)
+            found = replace(found, removed=not run.exists(), problems=tuple(problems), not_ended=left)
         done.append(found)
     return done
