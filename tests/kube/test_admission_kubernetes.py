@@ -37,6 +37,8 @@ DIFFERENCES = {
     "opt-in: prestop": "opt-ins are the webhook's: the policy makes the fix without the hook",
     "opt-in: grace-seconds": "opt-ins are the webhook's: the policy leaves the grace as it is",
 }
+IMAGE = "localhost/gpu-zombie/gpuzombie-node:0.1.0"
+"""The chart's default image: the webhook's --image and the policy's init container alike."""
 SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 PLACEHOLDER_IMAGE = "registry.example.com/completed-by-the-test:1"
 GPU_NAMES = [*podspec._GPU_NAMES, *(f"{prefix}1g.10gb" for prefix in podspec._GPU_PREFIXES)]
@@ -115,10 +117,6 @@ def serving_verdict(pod: dict[str, Any]) -> str | None:
     return annotate["value"] if isinstance(annotate["value"], str) else annotate["value"][chart.INJECTED]
 
 
-IMAGE = "localhost/gpu-zombie/gpuzombie-node:0.1.0"
-"""The chart's default image: the webhook's --image and the policy's init container alike."""
-
-
 def resource_pod(resource: str) -> dict[str, Any]:
     pod = chart.probe_pod(f"res-{re.sub(r'[^a-z0-9]+', '-', resource)}")
     pod["spec"]["containers"][0]["command"] = S1
@@ -174,7 +172,7 @@ def through(kube, api: Api, webhook: Webhook) -> Iterator[Through]:
     webhook_resources = {r: injected(_dry_run(api, resource_pod(r))) is not None for r in GPU_NAMES + NOT_GPUS}
     # The policy alone: the chart's policy and binding (policy.enabled, the chart's image), the
     # webhook's configuration deleted (the chart refuses both at once).
-    policy_objects = chart.admission_objects(chart.render({"policy": {"enabled": True}}, kube_version(kube)))
+    policy_objects = chart.admission_objects(chart.render({"policy": {"enabled": True}}, webhook.version))
     assert {o["kind"] for o in policy_objects} == {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
     errors_before = _errors(api)
     chart.delete_all(api, [webhook.configuration])
@@ -204,10 +202,6 @@ def through(kube, api: Api, webhook: Webhook) -> Iterator[Through]:
         errors_after[0] - errors_before[0],
         errors_after[1] - errors_before[1],
     )
-
-
-def kube_version(kube) -> str:
-    return json.loads(kube.cli("cluster", "status", "--json").stdout)["kubernetes_version"]
 
 
 def test_the_policy_gives_the_webhooks_pod_where_cel_can(through: Through):
