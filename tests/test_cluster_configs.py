@@ -50,6 +50,7 @@ def test_kubelet_config_carries_what_this_machine_needs() -> None:
     assert kubelet["cgroupRoot"] == "/gpuzombie-cluster0"
     assert kubelet["containerRuntimeEndpoint"] == f"unix://{LAYOUT.containerd_socket}"
     assert kubelet["imageGCHighThresholdPercent"] == 100  # imported images must survive
+    assert kubelet["podLogsDir"].startswith(str(LAYOUT.root))  # another instance's kubelet would clean it
 
 
 def test_containerd_restricts_oom_score_adj_and_keeps_state_inside() -> None:

@@ -35,7 +35,6 @@ OPTIONAL = (
     "jsonpatch",
     "jsonpointer",
     "ruamel",  # admission (webhook --patch)
-    "celpy",  # cel-python: the tests' CEL evaluation of the webhook's matchConditions
     "hypothesis",
     "build",
     "grpc_tools",

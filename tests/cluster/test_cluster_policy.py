@@ -2,7 +2,7 @@
 the webhook's settings and validated strictly against the Kubernetes schemas that have it (1.36, where
 it is GA, and the newest kubernetes-validate knows); refused beside the webhook; and
 deploy/admission/mutating-admission-policy.yaml kept equal to it (scripts/render-policy.sh writes it). What its
-CEL does is tests/test_admission_policy.py's."""
+CEL does, evaluated by the real API server, is tests/kube/test_admission_kubernetes.py's."""
 
 from __future__ import annotations
 
@@ -15,13 +15,6 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kuberne
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 
 from cluster_support import CHART, REPO, helm, render  # noqa: E402
-
-import cel_standin  # noqa: E402
-from test_admission_policy import compared, policy  # noqa: E402, F401
-
-# compared and policy are the CEL tests' fixtures (every test pod with the policy's and `webhook
-# --patch`'s result), imported to be reused; a test's own `policy` variable shadows the fixture.
-# ruff: noqa: F811
 
 KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 VERSIONS = ("1.36.0", kubernetes_validate.latest_version())
@@ -129,18 +122,3 @@ def test_the_plain_manifest_is_the_chart(helm_binary):
         if d
     ]
     assert shipped == _without_helm_labels(rendered), "run scripts/render-policy.sh"
-
-
-def test_the_api_server_calls_the_webhook_for_every_pod_it_would_fix(helm_binary, compared):
-    """The webhook's matchConditions (the chart's, shared with the policy) hold for every pod that
-    `webhook --patch` changes: before, they left out gpu.shared, DRA claims, KAI fractions and GPU init
-    containers, so the API server never sent those pods, whatever the webhook's code could do."""
-    rendered = render(helm_binary, {"webhook": {"enabled": True}}, namespace=NAMESPACE, kube_version="1.36.0")
-    configuration = next(o for o in rendered if o["kind"] == "MutatingWebhookConfiguration")
-    conditions = [c["expression"] for c in configuration["webhooks"][0]["matchConditions"]]
-    fixed = {name: pod for name, (pod, _, webhook) in compared.items() if webhook != pod}
-    assert len(fixed) >= 40, sorted(fixed)
-    missed = [
-        name for name, pod in fixed.items() if not all(cel_standin.Evaluator({}, pod).evaluate(e) for e in conditions)
-    ]
-    assert not missed, missed

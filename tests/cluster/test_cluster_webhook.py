@@ -1,7 +1,7 @@
 """The chart's admission webhook through the real helm binary: off by default; its objects with every
 toggle validated strictly (Kubernetes schemas at the rendered version and the newest, cert-manager's
 Certificate and Issuer against cert-manager's own CRD schemas); the Deployment's command accepted by
-the real CLI; the CEL matchConditions evaluated by a CEL implementation (cel-python) on pods; the
+the real CLI (the matchConditions, evaluated by the real API server: tests/kube/test_admission_kubernetes.py); the
 audit alert through promtool; and `helm template` output checked by `gpuzombie check`."""
 
 from __future__ import annotations
@@ -177,42 +177,6 @@ def test_the_real_cli_accepts_the_deployments_command(helm_binary, toggle):
                 "values"
             ]
         )
-
-
-def _pod(resources: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "c", "image": "i"}
-    if resources is not None:
-        container["resources"] = resources
-    meta: dict[str, Any] = {"name": "p"}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    return {"metadata": meta, "spec": {"containers": [{"name": "side", "image": "s"}, container]}}
-
-
-@pytest.mark.parametrize(
-    ("pod", "called"),
-    [
-        (_pod({"limits": {"nvidia.com/gpu": "1"}}), True),
-        (_pod({"requests": {"nvidia.com/mig-3g.40gb": "1"}}), True),
-        (_pod({"limits": {"amd.com/gpu": "2"}}, {"team": "ml"}), True),
-        (_pod({"limits": {"cpu": "2"}}), False),
-        (_pod({}), False),
-        (_pod(), False),
-        (_pod({"limits": {"nvidia.com/gpu": "1"}}, {"gpuzombie.dev/inject": "false"}), False),
-        (_pod({"limits": {"nvidia.com/gpu": "1"}}, {"gpuzombie.dev/inject": "true"}), True),
-    ],
-)
-def test_match_conditions_select_gpu_pods(helm_binary, pod, called):
-    """The CEL the API server evaluates before calling, run by cel-python (a stand-in for cel-go,
-    the API server's own: the expressions use only standard CEL macros and functions)."""
-    celpy = pytest.importorskip("celpy", reason="cel-python is in the 'test' extra")
-    (hook,) = webhook_objects(helm_binary, TOGGLES["cert-manager"])["MutatingWebhookConfiguration"]["webhooks"]
-    env = celpy.Environment()
-    results = [
-        bool(env.program(env.compile(c["expression"])).evaluate({"object": celpy.json_to_cel(pod)}))
-        for c in hook["matchConditions"]
-    ]
-    assert all(results) is called
 
 
 def test_promtool_checks_and_tests_the_audit_alert():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from kube.api import Api, object_path, wait_for
+
 UP_TIMEOUT_S = 600
 """Beside load a first start took 25-60 s here; the binary is built before pytest (make test)."""
+NODE_IMAGE_TIMEOUT_S = 900
+"""A cold build of the node image (pip of the node requirements) took 45 s here, an import 5-10 s."""
+WEBHOOK_READY_TIMEOUT_S = 300
+"""Two webhook pods from a fresh image: 15-20 s here."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +33,12 @@ class Kube:
     kubeconfig: Path
     env: dict[str, str]
 
-    def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout: float = 120, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [sys.executable, "-m", "gpuzombie", *args],
+            input=input_text,
             env=self.env,
             capture_output=True,
             text=True,
@@ -39,8 +49,17 @@ class Kube:
             raise AssertionError(f"gpuzombie {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
         return done
 
-    def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.cli("cluster", "kubectl", "--", *args, timeout=timeout, check=check)
+    def kubectl(
+        self, *args: str, timeout: float = 120, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cli("cluster", "kubectl", "--", *args, timeout=timeout, check=check, input_text=input_text)
+
+    def node_env(self) -> dict[str, str]:
+        """This environment with `gpuzombie cluster env`'s exports: KUBECONFIG, the CRI and
+        PodResources sockets, kubectl on PATH (what `eval "$(gpuzombie cluster env)"` gives a shell)."""
+        lines = self.cli("cluster", "env").stdout.splitlines()
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+        return {**self.env, **{k: shlex.split(v)[0] for k, v in exported.items()}}
 
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
@@ -96,3 +115,99 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
             check=False,
         )
         assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="session")
+def api(kube: Kube) -> Api:
+    """The API server over REST as the admin (tests/kube/api.py)."""
+    return Api(kube.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def node_image(kube: Kube) -> str:
+    """The chart's node image, built from this machine's files and imported into the node's
+    containerd (``gpuzombie cluster node-image``; cached: a second session imports it in seconds)."""
+    done = kube.cli("cluster", "node-image", timeout=NODE_IMAGE_TIMEOUT_S)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """The chart's webhook deployed: every object applied, and its MutatingWebhookConfiguration
+    (deleted and applied again by the tests that switch it off)."""
+
+    objects: list[dict]
+    configuration: dict
+    ca: Path
+    version: str
+    """The cluster's Kubernetes version, as helm is given it (--kube-version)."""
+
+
+@pytest.fixture(scope="session")
+def webhook(kube: Kube, api: Api, node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """`helm template` of the chart with the webhook on and no cert-manager (a TLS Secret made here
+    and its CA as webhook.caBundle: the chart's own path without it), applied as it is; its two
+    replicas run `gpuzombie webhook` from the node image, and the API server reaches them through
+    the Service's endpoints (--enable-aggregator-routing: no kube-proxy here)."""
+    from kube import chart
+    from pki import make_pki
+
+    pki = make_pki(tmp_path_factory.mktemp("webhook-pki"), ecdsa=True)
+    version = json.loads(kube.cli("cluster", "status", "--json").stdout)["kubernetes_version"]
+    objects = chart.admission_objects(
+        chart.render(chart.webhook_values((pki / "ca.pem").read_bytes(), "webhook-tls"), version)
+    )
+    assert {o["kind"] for o in objects} == {
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "PodDisruptionBudget",
+        "MutatingWebhookConfiguration",
+    }
+    for namespace in (chart.NAMESPACE, chart.PROBE_NAMESPACE):
+        api.ensure_namespace(namespace)
+    secret = chart.tls_secret("webhook-tls", pki / "server.pem", pki / "server.key")
+    chart.apply_all(api, [secret, *objects])
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    wanted = deployment["spec"]["replicas"]
+    wait_for(
+        "the webhook's replicas to be available",
+        lambda: api.call("GET", object_path(deployment)).body.get("status", {}).get("availableReplicas") == wanted,
+        timeout=WEBHOOK_READY_TIMEOUT_S,
+    )
+    chart.wait_until_admission(api, fixed=True, webhook_called=True)
+    (configuration,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    try:
+        yield Webhook(objects, configuration, pki / "ca.pem", version)
+    finally:
+        chart.delete_all(api, [*objects, secret])
+
+
+GPUS = 4
+"""STAND-IN for a GPU node's device plugin: the node has no GPU and no nvidia device plugin, so its
+status is given ``nvidia.com/gpu: 4`` (an extended resource, patched into the node's status as the
+Kubernetes docs' "Advertise Extended Resources for a Node" does): GPU pods schedule and run, and the
+kubelet allocates no device to them (PodResources lists none)."""
+
+
+@pytest.fixture(scope="session")
+def gpus(kube: Kube, api: Api) -> Iterator[int]:
+    path = "/api/v1/nodes/gpuzombie-node/status"
+
+    def patch(value: str | None) -> None:
+        body = {"status": {"capacity": {"nvidia.com/gpu": value}}}
+        reply = api.call("PATCH", path, body, content_type="application/merge-patch+json")
+        assert reply.ok, reply.body
+
+    patch(str(GPUS))
+    wait_for(
+        "the node's allocatable GPUs",
+        lambda: (
+            api.call("GET", "/api/v1/nodes/gpuzombie-node").body["status"]["allocatable"].get("nvidia.com/gpu")
+            == str(GPUS)
+        ),
+    )
+    try:
+        yield GPUS
+    finally:
+        patch(None)

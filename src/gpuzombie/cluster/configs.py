@@ -60,6 +60,9 @@ def kubelet_config(layout: Layout, ports: Ports) -> str:
         "cgroupDriver": "cgroupfs",  # no systemd here; containerd 1.6 cannot tell the kubelet (no RuntimeConfig)
         "cgroupRoot": layout.cgroup_root,  # apart from the lab's /kubepods pods, which the kubelet would kill as orphans
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        # Not /var/log/pods, which every kubelet on the machine shares: another instance's kubelet
+        # removes the log directories of pods it does not know (kubectl logs: "no such file").
+        "podLogsDir": str(layout.root / "pod-logs"),
         "address": layout.node_ip,
         "port": ports.kubelet,
         "readOnlyPort": 0,
