@@ -76,7 +76,8 @@ def test_the_table_escapes_every_name_of_the_manifest_and_its_file(tmp_path: Pat
 
 def test_a_name_that_is_rich_markup_is_shown_as_written():
     """Before: `gpuzombie: internal error: MarkupError: closing tag '[/x]' ...`, exit 2, no table."""
-    done = gpuzombie("check", "-", stdin=json.dumps(pod("[bold]p[/]", ["python3", "t.py"], container="[/x]")))
+    markup = json.dumps(pod("[bold]p[/]", ["python3", "t.py"], container="[/x]"))
+    done = gpuzombie("check", "--fail-on", "warning", "-", stdin=markup)
     assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr
     assert "[/x]" in done.stdout and "[bold]p[/]" in done.stdout
 

@@ -46,7 +46,7 @@ RUN = {
     ".venv/bin/gpuzombie lab run --grace 2 --size-mib 64 --device cpu --out /tmp/lab": Expect(
         frozenset({0}), (r"CPU STAND-IN", r"s1-nofix")
     ),
-    ".venv/bin/gpuzombie check deploy/": Expect(frozenset({1}), (r"GZ001", r"pod-nofix\.yaml")),
+    ".venv/bin/gpuzombie check deploy/": Expect(frozenset({0}), (r"GZ001", r"pod-nofix\.yaml", r"0 error\(s\)")),
     ".venv/bin/gpuzombie webhook --patch deploy/pod-nofix.yaml": Expect(
         frozenset({0}), (r"shareProcessNamespace: true",)
     ),

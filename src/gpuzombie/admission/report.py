@@ -103,8 +103,8 @@ class CheckReport:
     reported, and the run exits 2."""
     disabled: frozenset[str] = frozenset()
     """Rules not run (``--disable``)."""
-    fail_on: rules.Severity = rules.Severity.WARNING
-    """The least severity that fails the check (``--fail-on``)."""
+    fail_on: rules.Severity = rules.DEFAULT_FAIL_ON
+    """The least severity that fails the check (``--fail-on``; by default only certain waste)."""
     unread: list[PodResult] = field(default_factory=list)
     """GPU requests outside every template read (GZ007), each on the object it stands in."""
     gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
@@ -183,7 +183,7 @@ class CheckReport:
 
     @property
     def failed(self) -> bool:
-        """A finding at ``fail_on`` or above fails a check (by default errors and warnings: notes are advice)."""
+        """A finding at ``fail_on`` or above fails a check (by default errors only: certain waste)."""
         least = SEVERITY_RANK[self.fail_on]
         return any(SEVERITY_RANK[f.severity] >= least for _, f in self.findings)
 
