@@ -266,7 +266,7 @@ def test_the_readmes_prevent_it_commands_run_as_shown():
     commands = [
         line.split("#")[0].split()[1:] for line in shown.splitlines() if line.startswith(venv_cli) and "|" not in line
     ]
-    assert [c[:1] for c in commands] == [["check"], ["webhook"]]
+    assert [c[:1] for c in commands] == [["check"], ["webhook"], ["webhook"]]
     cli = [sys.executable, "-m", "gpuzombie"]
     check = subprocess.run([*cli, *commands[0]], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert check.returncode == 0  # GZ001 without command is a warning: possible (the ENTRYPOINT may be an init)

@@ -90,11 +90,11 @@ def test_check_error_lines_escape_the_names_of_files(tmp_path: Path):
 
 def test_webhook_patch_messages_escape_names(tmp_path: Path):
     """The warnings were escaped; an error (a GpuzombieError, printed by cli/main.py) was not.
-    Before: `--patch` without --image printed the pod's name raw: ESC ]0;owned BEL and U+202E (on a
+    Before: `--patch` without --image (now `--in-place` without it) printed the pod's name raw: ESC ]0;owned BEL and U+202E (on a
     terminal the CSI sequences too; click strips only those, only through a pipe)."""
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(pod(HOSTILE, S1, container="c\x1b[5m")))
-    error = gpuzombie("webhook", "--patch", str(path))
+    error = gpuzombie("webhook", "--patch", str(path), "--in-place")
     assert "the fix adds an init container" in one_line_error(error)
     assert raw_characters(error.stderr) == [] and "evil\\x1b[2J\\x1b]0;owned\\x07\\u202etxt.exe" in error.stderr
     path.write_text(yaml.safe_dump(pod(HOSTILE, None, container="c\x1b[5m")))  # no command: a warning, no image

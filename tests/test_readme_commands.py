@@ -50,6 +50,10 @@ RUN = {
     ".venv/bin/gpuzombie webhook --patch deploy/pod-nofix.yaml": Expect(
         frozenset({0}), (r"shareProcessNamespace: true",)
     ),
+    ".venv/bin/gpuzombie webhook --patch tests/fixtures/labpod/pod-nofix-command.yaml "
+    "--image REGISTRY/gpu-zombie/gpuzombie-node:0.1.0": Expect(
+        frozenset({0}), (r"/\.gpuzombie/tini-static", r"image: REGISTRY/gpu-zombie/gpuzombie-node:0\.1\.0")
+    ),
     ".venv/bin/gpuzombie webhook --patch deploy/pod-nofix.yaml | .venv/bin/gpuzombie lab pod - --grace 5": Expect(
         frozenset({0}), (r"deletion → free \d", r"whole grace \(5 s\) waited: no")
     ),
