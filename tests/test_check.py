@@ -106,7 +106,7 @@ def test_every_kind_with_a_pod_template(tmp_path):
     done = gpuzombie("check", "--json", str(path))
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
-    assert report["schema"] == "gpuzombie.check/v1"
+    assert report["schema"] == "gpuzombie.check/1"
     found = {(p["kind"], p["name"], p["pointer"]): [f["rule"] for f in p["findings"]] for p in report["pods"]}
     assert found == {
         ("Deployment", "train", "/spec/template"): ["GZ001"],

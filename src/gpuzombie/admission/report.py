@@ -1,5 +1,5 @@
 """``gpuzombie check``'s report: the pods found in the inputs, their findings, and two renderings
-of it as data: the versioned JSON (``gpuzombie.check/v1``) and SARIF 2.1.0 for code-scanning UIs."""
+of it as data: the versioned JSON (``gpuzombie.check/1``) and SARIF 2.1.0 for code-scanning UIs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from gpuzombie import __version__
 from gpuzombie.admission import rules
 from gpuzombie.k8s import podspec
 
-SCHEMA = "gpuzombie.check/v1"
+SCHEMA = "gpuzombie.check/1"
+"""The form every schema id of gpuzombie has, ``gpuzombie.<command>/<N>``; until issue 35 it was
+``gpuzombie.check/v1``, which a consumer of older output may still meet (``SCHEMAS_READ``)."""
+SCHEMAS_READ = ("gpuzombie.check/v1", SCHEMA)
+"""The ids of check's JSON that mean this layout: the rename changed the id, not a field."""
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SUPPRESS = "gpuzombie.dev/suppress"
 """The annotation that suppresses named rules for one object, each with its reason:

@@ -199,7 +199,7 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
 
 @click.command()
 @click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/v1).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/1, docs/admission.md).")
 @click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
 @click.option(
     "--disable",

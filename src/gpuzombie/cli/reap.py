@@ -70,7 +70,7 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 )
 @pod_resources_socket_option
 @trust_runtime_option
-@json_option
+@json_option("gpuzombie.reap/1", "docs/reap.md")
 @procfs_option
 def command(
     yes: bool,
