@@ -60,6 +60,7 @@ RUN = {
     "python3 -m venv /opt/gpuzombie && /opt/gpuzombie/bin/pip install '.[exporter]'": Expect(
         frozenset({0}), (r"Successfully installed .*gpuzombie",)
     ),
+    ".venv/bin/pip wheel --no-deps -w dist .": Expect(frozenset({0}), (r"gpuzombie-0\.1\.0-py3-none-any\.whl",)),
 }
 SERVERS = {".venv/bin/gpuzombie exporter": "http://127.0.0.1:9844/metrics"}  # run, scraped, then SIGTERM
 SLOW_RUN = {"make image": Expect(frozenset({0}), (r"built localhost/gpu-zombie/gpuzombie-node:",))}
