@@ -15,7 +15,7 @@ IMAGE_DEBIAN_PACKAGES ?= podman runc debootstrap
 LAB_ARGS ?= --out lab-out
 LINTED := src tests benchmarks scripts
 
-.PHONY: help debian venv lab test lint fix proto
+.PHONY: help debian venv lab test lint fix proto torch
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -52,6 +52,14 @@ test: debian venv  ## lint, types, the import contracts and the tests (tests/kub
 	$(PYTHON) -m mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports --no-cache
 	$(PYTHON) -m pytest -q
+
+# The CPU build of PyTorch, for `lab run --scenario nccl` (gloo) and graceful's torch tests without a GPU:
+# PyPI serves only the CUDA build (about 5 GB with its CUDA wheels); PyTorch's own CPU index has the
+# same version as +cpu, which the test extra's pin (torch==TORCH_VERSION) accepts. TORCH_INDEX: a mirror.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+torch: venv  ## the CPU build of PyTorch into .venv (lab run --scenario nccl; PyPI has only the CUDA build)
+	$(PYTHON) -m pip install -q 'torch==$(TORCH_VERSION)' --index-url $(TORCH_INDEX)
 
 lint: venv  ## ruff, mypy and the import contracts (lint-imports) only
 	$(PYTHON) -m ruff check $(LINTED)

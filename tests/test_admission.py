@@ -37,7 +37,12 @@ ARGV_CASES = [
     pytest.param(S1, None, "sleep", "tini", "GZ001", id="sh -c '... & exec sleep infinity'"),
     pytest.param(["bash", "-c", "python3 t.py & sleep infinity"], None, "shell", "tini", "GZ001", id="bash & sleep"),
     pytest.param(["/bin/sh", "-ec", "python3 t.py & wait"], None, "shell", "tini", "GZ001", id="sh -ec & wait"),
-    pytest.param(["sleep", "infinity"], None, "sleep", "tini", "GZ001", id="sleep infinity"),
+    pytest.param(["sleep", "infinity"], None, "sleep", "tini", "GZ008", id="sleep infinity"),
+    pytest.param(
+        ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server"], None, "shell", "tini", "GZ008", id="sh -c"
+    ),
+    pytest.param(["bash", "-c", "python3 t.py | tee log"], None, "shell", "tini", "GZ008", id="bash stays"),
+    pytest.param(["python3", "-m", "vllm.entrypoints.openai.api_server"], None, "program", "tini", "GZ002", id="vllm"),
     pytest.param(["python3", "train.py"], None, "program", "tini", "GZ002", id="python as PID 1"),
     pytest.param(["sh", "-c"], ["exec python3 t.py"], "program", "tini", "GZ002", id="script in args"),
     pytest.param(["sh", "-c", "a && b || c; exec python3 t.py"], None, "program", "tini", "GZ002", id="&& is not &"),

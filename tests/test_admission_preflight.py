@@ -153,7 +153,10 @@ def test_patch_with_the_preflight_flag(tmp_path: Path):
     plain = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
     assert CONTAINER not in plain.stdout
     no_image = subprocess.run([*run[:-2], "--preflight"], capture_output=True, text=True, timeout=60, check=False)
-    assert no_image.returncode == 2 and "--image" in no_image.stderr
+    assert no_image.returncode == 0 and "the chart's default" in no_image.stderr  # printed: the chart's image
+    in_place = [*run[:-2], "--preflight", "--in-place"]
+    refused = subprocess.run(in_place, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "--image" in refused.stderr  # written back: it must be named
 
 
 def test_the_lab_runs_the_patched_pod_and_gives_only_the_node_name():

@@ -28,6 +28,7 @@ def deployment(name: str, command: list[str] | None, annotations: dict[str, str]
 
 PLAIN = ["python", "train.py"]  # GZ002 (warning): a program as PID 1, no init
 SHELL = ["sh", "-c", "python3 train.py & exec sleep infinity"]  # GZ001 (error)
+DASH = ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server --model m"]  # GZ008 (error): dash stays PID 1
 
 
 def write(directory: pathlib.Path, name: str, *objects: dict[str, Any]) -> pathlib.Path:
@@ -56,14 +57,32 @@ def test_disable_turns_a_rule_off_for_the_run(tmp_path):
 
 def test_fail_on_sets_the_least_severity_that_fails():
     plain = yaml.safe_dump(deployment("plain", PLAIN))  # a warning
-    assert gpuzombie("check", "-", stdin=plain).returncode == 1  # the default: warnings fail
-    assert gpuzombie("check", "--fail-on", "error", "-", stdin=plain).returncode == 0
+    assert gpuzombie("check", "-", stdin=plain).returncode == 0  # the default: only errors (certain waste) fail
+    assert gpuzombie("check", "--fail-on", "warning", "-", stdin=plain).returncode == 1
     entrypoint = yaml.safe_dump(deployment("entrypoint", None))  # GZ006, a note
     assert gpuzombie("check", "-", stdin=entrypoint).returncode == 0
     assert gpuzombie("check", "--fail-on", "note", "-", stdin=entrypoint).returncode == 1
     shell = yaml.safe_dump(deployment("shell", SHELL))
     assert gpuzombie("check", "--fail-on", "error", "-", stdin=shell).returncode == 1
+    assert gpuzombie("check", "-", stdin=shell).returncode == 1
     assert "'fatal' is not one of" in one_line_error(gpuzombie("check", "--fail-on", "fatal", "-", stdin=shell))
+
+
+def test_the_certain_case_has_its_own_rule_and_fails_by_default_the_possible_one_does_not():
+    """Issue 35 (2): `sh -c 'python3 -m vllm …'` (dash stays PID 1, drops SIGTERM: the whole grace,
+    certain) got the same GZ002 warning as `python3 -m vllm` (which handles SIGTERM itself), and the
+    default --fail-on warning failed both, so teams would `--disable GZ002` and lose the dash case."""
+    both = yaml.safe_dump_all([deployment("dash", DASH), deployment("vllm", ["python3", *DASH[2].split()[1:]])])
+    done = gpuzombie("check", "--json", "-", stdin=both)
+    assert done.returncode == 1, done.stdout  # the default fails on the certain one
+    report = json.loads(done.stdout)
+    levels = {(p["name"], f["rule"], f["severity"]) for p in report["pods"] for f in p["findings"]}
+    assert levels == {("dash", "GZ008", "error"), ("vllm", "GZ002", "warning")}
+    assert report["summary"]["fail_on"] == "error" and report["rules"]["GZ008"]["name"] == "pid1-drops-sigterm"
+    off = gpuzombie("check", "--disable", "GZ002", "-", stdin=both)  # GZ002 off: the dash case still fails
+    assert off.returncode == 1 and "GZ008" in off.stdout
+    sarif = json.loads(gpuzombie("check", "--sarif", "-", stdin=both).stdout)["runs"][0]
+    assert {(r["ruleId"], r["level"]) for r in sarif["results"]} == {("GZ008", "error"), ("GZ002", "warning")}
 
 
 def test_the_suppress_annotation_keeps_the_finding_marked_with_its_reason(tmp_path):

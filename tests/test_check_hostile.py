@@ -76,7 +76,8 @@ def test_the_table_escapes_every_name_of_the_manifest_and_its_file(tmp_path: Pat
 
 def test_a_name_that_is_rich_markup_is_shown_as_written():
     """Before: `gpuzombie: internal error: MarkupError: closing tag '[/x]' ...`, exit 2, no table."""
-    done = gpuzombie("check", "-", stdin=json.dumps(pod("[bold]p[/]", ["python3", "t.py"], container="[/x]")))
+    markup = json.dumps(pod("[bold]p[/]", ["python3", "t.py"], container="[/x]"))
+    done = gpuzombie("check", "--fail-on", "warning", "-", stdin=markup)
     assert done.returncode == 1 and "internal error" not in done.stderr, done.stderr
     assert "[/x]" in done.stdout and "[bold]p[/]" in done.stdout
 
@@ -89,11 +90,11 @@ def test_check_error_lines_escape_the_names_of_files(tmp_path: Path):
 
 def test_webhook_patch_messages_escape_names(tmp_path: Path):
     """The warnings were escaped; an error (a GpuzombieError, printed by cli/main.py) was not.
-    Before: `--patch` without --image printed the pod's name raw: ESC ]0;owned BEL and U+202E (on a
+    Before: `--patch` without --image (now `--in-place` without it) printed the pod's name raw: ESC ]0;owned BEL and U+202E (on a
     terminal the CSI sequences too; click strips only those, only through a pipe)."""
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(pod(HOSTILE, S1, container="c\x1b[5m")))
-    error = gpuzombie("webhook", "--patch", str(path))
+    error = gpuzombie("webhook", "--patch", str(path), "--in-place")
     assert "the fix adds an init container" in one_line_error(error)
     assert raw_characters(error.stderr) == [] and "evil\\x1b[2J\\x1b]0;owned\\x07\\u202etxt.exe" in error.stderr
     path.write_text(yaml.safe_dump(pod(HOSTILE, None, container="c\x1b[5m")))  # no command: a warning, no image

@@ -5,10 +5,12 @@ shells run it (bash, dash and busybox here, as PID 1 in a real PID namespace whe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +25,8 @@ FLEET = Path(__file__).parent / "fixtures" / "fleet"
 
 # file -> [(template path, GPU containers, ((container, rule, severity), ...))], by hand after reading
 # each manifest. GZ006: command not set (the operator's or the image's ENTRYPOINT runs). GZ002:
-# PID 1 known and not an init. GZ007: a GPU request where no pod template is (TrainJob's
+# PID 1 known and not an init (a program, or a shell that traps SIGTERM). GZ008: a shell that
+# stays PID 1 and drops SIGTERM (`sh -c`: dash, the CUDA images' sh): the whole grace, certain. GZ007: a GPU request where no pod template is (TrainJob's
 # resourcesPerNode: the pods come from a runtime not in the file). KServe's predictor.tensorflow is
 # one container (kserve-container) whose command the ServingRuntime gives: GZ006.
 PLAIN = ()
@@ -47,7 +50,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
         ("", ("mps-ctr0", "mps-ctr1"), (("mps-ctr0", "GZ002", "warning"), ("mps-ctr1", "GZ002", "warning")))
     ],
     "jobset/site_static_examples_workload-aware-scheduling_dra_jobset.yaml": [  # DRA claim, assumed GPU
-        ("spec.replicatedJobs[0].template.spec.template", ("worker",), (("worker", "GZ002", "warning"),))
+        ("spec.replicatedJobs[0].template.spec.template", ("worker",), (("worker", "GZ008", "error"),))
     ],
     "jobset/site_static_examples_workload-aware-scheduling_dra_resourceclaimtemplate.yaml": [],
     "kai/batch_pytorch-job.yaml": [
@@ -108,13 +111,13 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
         ("spec.leaderWorkerTemplate.leaderTemplate", ("sglang-leader",), (("sglang-leader", "GZ002", "warning"),)),
         ("spec.leaderWorkerTemplate.workerTemplate", ("sglang-worker",), (("sglang-worker", "GZ002", "warning"),)),
     ],
-    "lws/tensorrt-llm_lws.yaml": [  # sh -c 'a; b'
-        ("spec.leaderWorkerTemplate.leaderTemplate", ("leader",), (("leader", "GZ002", "warning"),)),
-        ("spec.leaderWorkerTemplate.workerTemplate", ("worker",), (("worker", "GZ002", "warning"),)),
+    "lws/tensorrt-llm_lws.yaml": [  # sh -c 'a; b': dash stays PID 1
+        ("spec.leaderWorkerTemplate.leaderTemplate", ("leader",), (("leader", "GZ008", "error"),)),
+        ("spec.leaderWorkerTemplate.workerTemplate", ("worker",), (("worker", "GZ008", "error"),)),
     ],
-    "lws/vllm_GPU_lws.yaml": [
-        ("spec.leaderWorkerTemplate.leaderTemplate", ("vllm-leader",), (("vllm-leader", "GZ002", "warning"),)),
-        ("spec.leaderWorkerTemplate.workerTemplate", ("vllm-worker",), (("vllm-worker", "GZ002", "warning"),)),
+    "lws/vllm_GPU_lws.yaml": [  # sh -c 'bash …': dash stays PID 1
+        ("spec.leaderWorkerTemplate.leaderTemplate", ("vllm-leader",), (("vllm-leader", "GZ008", "error"),)),
+        ("spec.leaderWorkerTemplate.workerTemplate", ("vllm-worker",), (("vllm-worker", "GZ008", "error"),)),
     ],
     "trainer/flux_lammps-train-gpus.yaml": [  # TrainJob: resourcesPerNode, the runtime is elsewhere
         ("spec.trainer.resourcesPerNode.limits.nvidia.com/gpu", (), ((None, "GZ007", "warning"),))
@@ -274,7 +277,8 @@ spec:
     report = _read(tmp_path / "w.yaml", argo)
     assert report.pods == [] and [p.ref.path for p in report.unread] == ["spec.templates[0].resource.manifest"]
     assert "nvidia.com/gpu: 8 in an embedded manifest" in report.unread[0].findings[0].message
-    assert report.failed
+    assert report.unread[0].findings[0].severity is rules.Severity.WARNING  # not checked: possible, shown
+    assert not report.failed and dataclasses.replace(report, fail_on=rules.Severity.WARNING).failed
     (result,) = report.to_sarif()["runs"][0]["results"]
     assert result["ruleId"] == "GZ007" and result["locations"][0]["physicalLocation"]["region"] == {"startLine": 10}
     assert result["message"]["text"].startswith("Workflow/w spec.templates[0].resource.manifest: nvidia.com/gpu: 8")
@@ -351,13 +355,52 @@ def test_the_trap_idiom_is_not_gz001_and_exits_on_sigterm_as_pid1():
         wait_until(lambda: not pid1.is_running() or pid1.status() == psutil.STATUS_ZOMBIE, timeout=20)
 
 
+SERVER = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(60)"
+"""A program that handles SIGTERM itself, as vLLM's server does."""
+
+
+def _catches_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_the_certain_case_drops_sigterm_as_pid1_and_the_possible_one_need_not():
+    """GZ008 (error) is what PID 1 does, not a guess: dash as PID 1 of a real PID namespace, its
+    program in the foreground, is still there 3 s after SIGTERM (the kubelet would wait the whole
+    grace); the same program as PID 1 itself (GZ002, a warning) exits at once on its own handler."""
+    if shutil.which("dash") is None:
+        pytest.skip("no dash")
+    script = f"python3 -c '{SERVER}'"
+    (certain,) = rules.check_pod_spec(_spec("dash", "-c", script))
+    (possible,) = rules.check_pod_spec(_spec("python3", "-c", SERVER))
+    assert (certain.rule, certain.severity, possible.rule, possible.severity) == (
+        "GZ008",
+        rules.Severity.ERROR,
+        "GZ002",
+        rules.Severity.WARNING,
+    )
+    with PidNamespace("dash", "-c", script) as ns:
+        wait_until(lambda: ns.children())
+        pid1 = psutil.Process(ns.pid1)
+        os.kill(ns.pid1, signal.SIGTERM)
+        time.sleep(3)
+        assert pid1.is_running() and pid1.status() != psutil.STATUS_ZOMBIE  # dropped: the whole grace
+    with PidNamespace("python3", "-c", SERVER) as ns:
+        pid1 = psutil.Process(ns.pid1)
+        wait_until(lambda: _catches_sigterm(ns.pid1))  # its handler set: before it, PID 1 drops SIGTERM too
+        os.kill(ns.pid1, signal.SIGTERM)
+        wait_until(lambda: not pid1.is_running() or pid1.status() == psutil.STATUS_ZOMBIE, timeout=10)
+
+
 def test_gz002_says_what_pid1_is_and_never_that_a_program_ignores_sigterm():
     program = rules.check_pod_spec(_spec("python3", "-m", "vllm.entrypoints.openai.api_server"))[0].message
     assert "never gets SIGTERM" not in program and "reaps no orphaned processes" in program
     execd = rules.check_pod_spec(_spec("bash", "-c", "cd /app && torchrun train.py"))[0].message
     assert execd.startswith("PID 1 is torchrun (bash -c 'cd /app && torchrun train.py'), which bash execs")
-    stays = rules.check_pod_spec(_spec("sh", "-c", "./setup.sh; python3 serve.py"))[0].message
-    assert "if it is dash" in stays
+    (stays,) = rules.check_pod_spec(_spec("sh", "-c", "./setup.sh; python3 serve.py"))
+    assert (stays.rule, stays.severity) == ("GZ008", rules.Severity.ERROR)  # certain: dash stays, drops SIGTERM
+    assert "where sh is dash" in stays.message and "whole grace (30 s)" in stays.message
 
 
 def patch_manifests(text: str, policy: object) -> tuple[list[object], list[str]]:
@@ -477,7 +520,8 @@ def test_a_document_past_the_search_bound_is_a_finding(tmp_path, monkeypatch):
     items = ",".join("{a: 1}" for _ in range(60))
     report = _read(tmp_path / "big.yaml", f"kind: Big\nmetadata: {{name: b}}\nspec: {{items: [{items}]}}\n")
     (unread,) = report.unread
-    assert "not searched to the end" in unread.findings[0].message and report.failed
+    assert "not searched to the end" in unread.findings[0].message
+    assert dataclasses.replace(report, fail_on=rules.Severity.WARNING).failed
 
 
 # -- containers standing for a pod: Argo templates, KServe model formats ---------------------------

@@ -95,3 +95,25 @@ def test_every_command_the_help_texts_name_exists():
             words = tuple(named.split())
             known = [words[:n] for n in range(len(words), 0, -1) if words[:n] in commands]
             assert known, f"gpuzombie {' '.join(path)} --help names 'gpuzombie{named}', which is no command"
+
+
+def test_the_nccl_scenario_without_torch_names_the_cpu_build_and_its_make_target(tmp_path):
+    """Issue 35 (8): the hint was `pip install torch`, which takes PyPI's CUDA build (about 5 GB with
+    its CUDA wheels). It names `make torch` now, the CPU build of the version the test extra pins."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER.format(blocked={"torch"}))
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO / 'src'}", "PATH": "/usr/bin:/bin"}
+    argv = ["lab", "run", "--scenario", "nccl", "--device", "cpu", "--out", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", *argv], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    pin = next(r for r in EXTRAS["test"] if r.startswith("torch=="))
+    makefile = (REPO / "Makefile").read_text()
+    version = re.search(r"^TORCH_VERSION \?= (\S+)$", makefile, re.MULTILINE)[1]
+    index = re.search(r"^TORCH_INDEX \?= (\S+)$", makefile, re.MULTILINE)[1]
+    assert pin == f"torch=={version}" and index.endswith("/whl/cpu")
+    assert "`make torch`" in line and f"{VENV}/bin/pip install {pin} --index-url {index}" in line
+    dry = subprocess.run(["make", "-n", "torch"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert f"-m pip install -q '{pin}' --index-url {index}" in dry.stdout, dry.stdout
+    assert "torch" in subprocess.run(["make", "help"], capture_output=True, text=True, cwd=REPO).stdout

@@ -163,8 +163,11 @@ def test_containers_sharing_an_alias_get_the_mount_once():
 
 
 def test_the_install_image_is_required_where_the_fix_adds_it(tmp_path):
-    shown = one_line_error(gpuzombie("webhook", "--patch", str(VLLM)))
+    copy = tmp_path / "vllm.yaml"  # --in-place: a printed --patch takes the chart's default (test_webhook_patch_image)
+    copy.write_text(VLLM.read_text())
+    shown = one_line_error(gpuzombie("webhook", "--patch", str(copy), "--in-place"))
     assert "Deployment/vllm-gemma-deployment" in shown and "--image" in shown and "localhost" not in shown
+    assert copy.read_text() == VLLM.read_text()
     config = tmp_path / "gpuzombie.yaml"
     config.write_text("image: registry.example.com/from-config:1\n")
     from_config = yaml.safe_load(patch(VLLM, "--config", str(config)))

@@ -46,9 +46,13 @@ RUN = {
     ".venv/bin/gpuzombie lab run --grace 2 --size-mib 64 --device cpu --out /tmp/lab": Expect(
         frozenset({0}), (r"CPU STAND-IN", r"s1-nofix")
     ),
-    ".venv/bin/gpuzombie check deploy/": Expect(frozenset({1}), (r"GZ001", r"pod-nofix\.yaml")),
+    ".venv/bin/gpuzombie check deploy/": Expect(frozenset({0}), (r"GZ001", r"pod-nofix\.yaml", r"0 error\(s\)")),
     ".venv/bin/gpuzombie webhook --patch deploy/pod-nofix.yaml": Expect(
         frozenset({0}), (r"shareProcessNamespace: true",)
+    ),
+    ".venv/bin/gpuzombie webhook --patch tests/fixtures/labpod/pod-nofix-command.yaml "
+    "--image REGISTRY/gpu-zombie/gpuzombie-node:0.1.0": Expect(
+        frozenset({0}), (r"/\.gpuzombie/tini-static", r"image: REGISTRY/gpu-zombie/gpuzombie-node:0\.1\.0")
     ),
     ".venv/bin/gpuzombie webhook --patch deploy/pod-nofix.yaml | .venv/bin/gpuzombie lab pod - --grace 5": Expect(
         frozenset({0}), (r"deletion → free \d", r"whole grace \(5 s\) waited: no")
@@ -56,6 +60,7 @@ RUN = {
     "python3 -m venv /opt/gpuzombie && /opt/gpuzombie/bin/pip install '.[exporter]'": Expect(
         frozenset({0}), (r"Successfully installed .*gpuzombie",)
     ),
+    ".venv/bin/pip wheel --no-deps -w dist .": Expect(frozenset({0}), (r"gpuzombie-0\.1\.0-py3-none-any\.whl",)),
 }
 SERVERS = {".venv/bin/gpuzombie exporter": "http://127.0.0.1:9844/metrics"}  # run, scraped, then SIGTERM
 SLOW_RUN = {"make image": Expect(frozenset({0}), (r"built localhost/gpu-zombie/gpuzombie-node:",))}

@@ -56,7 +56,8 @@ def test_each_toggle_renders_exactly_its_pod(key):
     pod_name, lab_scenario = SCENARIOS[key]
     assert list(pods_by_name(objects)) == [pod_name]
     pod = pods_by_name(objects)[pod_name]
-    assert pod["metadata"]["labels"]["gpuzombie.io/scenario"] == lab_scenario
+    assert pod["metadata"]["labels"]["gpuzombie.dev/scenario"] == lab_scenario
+    assert pod["metadata"]["labels"]["gpuzombie.io/scenario"] == lab_scenario  # the old domain, an alias
     validate_strictly(pod)
 
 

@@ -65,6 +65,8 @@ metadata:
   labels:
     {{- include "gpu-zombie-test.labels" $root | nindent 4 }}
     app.kubernetes.io/component: scenario
+    gpuzombie.dev/scenario: {{ $s.id }}
+    {{- /* the label's first domain, kept as an alias for selectors written against it (docs/experiment-chart.md) */}}
     gpuzombie.io/scenario: {{ $s.id }}
 spec:
   terminationGracePeriodSeconds: {{ int $v.terminationGracePeriodSeconds }}

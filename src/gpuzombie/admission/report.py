@@ -1,5 +1,5 @@
 """``gpuzombie check``'s report: the pods found in the inputs, their findings, and two renderings
-of it as data: the versioned JSON (``gpuzombie.check/v1``) and SARIF 2.1.0 for code-scanning UIs."""
+of it as data: the versioned JSON (``gpuzombie.check/1``) and SARIF 2.1.0 for code-scanning UIs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from gpuzombie import __version__
 from gpuzombie.admission import rules
 from gpuzombie.k8s import podspec
 
-SCHEMA = "gpuzombie.check/v1"
+SCHEMA = "gpuzombie.check/1"
+"""The form every schema id of gpuzombie has, ``gpuzombie.<command>/<N>``; until issue 35 it was
+``gpuzombie.check/v1``, which a consumer of older output may still meet (``SCHEMAS_READ``)."""
+SCHEMAS_READ = ("gpuzombie.check/v1", SCHEMA)
+"""The ids of check's JSON that mean this layout: the rename changed the id, not a field."""
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SUPPRESS = "gpuzombie.dev/suppress"
 """The annotation that suppresses named rules for one object, each with its reason:
@@ -103,8 +107,8 @@ class CheckReport:
     reported, and the run exits 2."""
     disabled: frozenset[str] = frozenset()
     """Rules not run (``--disable``)."""
-    fail_on: rules.Severity = rules.Severity.WARNING
-    """The least severity that fails the check (``--fail-on``)."""
+    fail_on: rules.Severity = rules.DEFAULT_FAIL_ON
+    """The least severity that fails the check (``--fail-on``; by default only certain waste)."""
     unread: list[PodResult] = field(default_factory=list)
     """GPU requests outside every template read (GZ007), each on the object it stands in."""
     gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
@@ -183,7 +187,7 @@ class CheckReport:
 
     @property
     def failed(self) -> bool:
-        """A finding at ``fail_on`` or above fails a check (by default errors and warnings: notes are advice)."""
+        """A finding at ``fail_on`` or above fails a check (by default errors only: certain waste)."""
         least = SEVERITY_RANK[self.fail_on]
         return any(SEVERITY_RANK[f.severity] >= least for _, f in self.findings)
 

@@ -107,7 +107,7 @@ def read_input(path: str) -> str:
 def build_report(
     paths: tuple[str, ...],
     disabled: frozenset[str] = frozenset(),
-    fail_on: str = "warning",
+    fail_on: str = "error",
     gpu_device_classes: tuple[str, ...] = (),
 ) -> Any:
     """Every input checked; one that cannot be read or understood is recorded, the others still are."""
@@ -190,7 +190,7 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
 
 @click.command()
 @click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/v1).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/1, docs/admission.md).")
 @click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
 @click.option(
     "--disable",
@@ -203,9 +203,10 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
 @click.option(
     "--fail-on",
     type=click.Choice(["error", "warning", "note"]),
-    default="warning",
+    default="error",
     show_default=True,
-    help="The least severity that makes the check exit 1.",
+    help="The least level that makes the check exit 1: error, certain waste (every deletion holds the GPU "
+    "its whole grace); warning, possible waste (it depends on the program); note, cannot tell or advice.",
 )
 @gpu_device_class_option
 def command(
@@ -217,8 +218,9 @@ def command(
     gpu_device_classes: tuple[str, ...],
 ) -> int:
     """Check Kubernetes manifests for GPU pods that hold their memory after deletion: PID 1 a shell
-    or sleep with background work, no init, a preStop that only waits, a grace the preStop does not
-    fit in, torchrun's shutdown timeout past the grace. The same rules as `gpuzombie webhook`.
+    or sleep (with background work, or alone: it drops SIGTERM), no init, a preStop that only waits, a
+    grace the preStop does not fit in, torchrun's shutdown timeout past the grace. The same rules as
+    `gpuzombie webhook`.
 
     Reads Pods and pod templates wherever they live: the built-in workloads, custom resources (KubeRay,
     Kubeflow, LeaderWorkerSet, JobSet, Volcano, KServe...; docs/admission.md lists them), `kind:
@@ -231,9 +233,19 @@ def command(
     A finding is suppressed for one object (and kept, marked, in --json and --sarif) by the
     annotation `gpuzombie.dev/suppress: "GZ002: why; GZ006: why"` on the object or its pod template.
 
-    Exit 0 when clean (by default notes are advice: --fail-on), 1 with findings at --fail-on or
-    above, 2 when an input cannot be read or understood (each named on stderr; every other input is
-    still checked and reported).
+    \b
+    Levels (docs/admission.md, "Levels"):
+      error    certain waste: the manifest shows every deletion holds the GPU
+               its whole grace (sh -c 'python3 -m vllm ...': dash stays PID 1,
+               drops SIGTERM); fails by default
+      warning  possible waste: it depends on the program (python3 -m vllm as
+               PID 1 handles SIGTERM itself, if it has a handler; nothing
+               reaps its orphans); fails with --fail-on warning
+      note     cannot tell (no command: the image's ENTRYPOINT), or advice
+
+    Exit 0 when nothing at --fail-on or above (by default: no error), 1 with findings at --fail-on
+    or above, 2 when an input cannot be read or understood (each named on stderr; every other input
+    is still checked and reported).
     """
     if as_json and sarif:
         raise click.UsageError("--json and --sarif are exclusive")

@@ -92,7 +92,11 @@ tls_reload_option = click.option(
     hidden=True,
     help="How often the TLS files are checked for a renewed certificate (a server's, 30 s by default).",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in the README).")
+
+
+def json_option(schema: str, page: str) -> Callable[[CommandFn], CommandFn]:
+    """``--json``, its help naming the schema id and the page of docs/ that documents it."""
+    return click.option("--json", "as_json", is_flag=True, help=f"Print JSON (schema {schema}, {page}).")
 
 
 def _apply(fn: CommandFn, options: Iterable[Callable[[CommandFn], CommandFn]]) -> CommandFn:

@@ -28,10 +28,17 @@ def load_manifest(stream: IO[str]) -> Any:
         raise GpuzombieError(needs_extra("lab pod", "labpod", exc)) from exc
     from gpuzombie.lab.manifest import ManifestError, load_pod
 
+    shown = "stdin" if stream.name == "<stdin>" else stream.name
     try:
-        return load_pod(stream.read())
+        text = stream.read()
+    except UnicodeDecodeError as exc:  # a binary file: before, "internal error: UnicodeDecodeError"
+        raise GpuzombieError(f"{shown}: not UTF-8 text (byte {exc.start + 1}), so not a Pod manifest") from exc
+    except OSError as exc:
+        raise GpuzombieError(f"cannot read {shown}: {exc.strerror or exc}") from exc
+    try:
+        return load_pod(text)
     except ManifestError as exc:
-        raise GpuzombieError(f"{stream.name}: {exc}") from exc
+        raise GpuzombieError(f"{shown}: {exc}") from exc
 
 
 def host_path_grant_of(value: str) -> HostPathGrant:
@@ -89,7 +96,12 @@ def host_path_grant_of(value: str) -> HostPathGrant:
     help="Let hostPath volumes at or under PATH be bound (repeatable); read-only unless :rw and the "
     "volumeMount is not readOnly. Without it every hostPath is refused: the manifest runs as root.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print each run as one line of JSON (schema gpuzombie.labpod/2).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print each run as one line of JSON (schema gpuzombie.labpod/2, docs/lab.md).",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

@@ -12,7 +12,7 @@ from gpuzombie.units import MIB
 
 @click.command()
 @procfs_option
-@json_option
+@json_option("gpuzombie.observe/1", "docs/observe.md")
 @ghost_options
 @click.option(
     "--text-to-stderr",

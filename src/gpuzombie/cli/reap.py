@@ -70,7 +70,7 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 )
 @pod_resources_socket_option
 @trust_runtime_option
-@json_option
+@json_option("gpuzombie.reap/1", "docs/reap.md")
 @procfs_option
 def command(
     yes: bool,
@@ -95,10 +95,48 @@ def command(
     runtime does not list (not the kubelet's runtime), and without the kubelet's PodResources
     unless --trust-runtime-without-kubelet: it could not tell stale from unknown.
 
+    With --json a refusal is JSON too, {"schema": "gpuzombie.reap/1", "refused": LINE, "exit_status":
+    2, ...} on stdout (and the line on stderr): no stale_pods key, so it never reads as "nothing stale".
+
     Exit 0: nothing stale, or every target ended; 1: a dry run found targets, a process survived
     (state D: not killable), or a process could not be read; 2: usage or environment error
     (no CRI runtime, not root, not the host PID namespace).
     """
+    try:
+        return _reap(
+            yes,
+            pod_uids,
+            timeout,
+            kill_wait,
+            no_nvml,
+            cri_socket,
+            cri_timeout,
+            pod_resources_socket,
+            trust_runtime,
+            as_json,
+            procfs,
+        )
+    except GpuzombieError as exc:
+        if as_json:  # a script reading stdout learns why, not an empty document
+            from gpuzombie.reap.run import SCHEMA
+
+            echo_json({"schema": SCHEMA, "refused": str(exc), "exit_status": int(exc.status), "dry_run": not yes})
+        raise
+
+
+def _reap(
+    yes: bool,
+    pod_uids: frozenset[str] | None,
+    timeout: float,
+    kill_wait: float,
+    no_nvml: bool,
+    cri_socket: str | None,
+    cri_timeout: float,
+    pod_resources_socket: str,
+    trust_runtime: bool,
+    as_json: bool,
+    procfs: str,
+) -> int:
     from gpuzombie.cli.common import nvml_backend
     from gpuzombie.k8s.liveness import PodLister
     from gpuzombie.k8s.names import RuntimeNames

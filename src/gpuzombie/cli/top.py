@@ -45,7 +45,9 @@ def _app_module() -> Any:
     help="Refresh every S seconds (one node scan each).",
 )
 @click.option("--once", is_flag=True, help="Print one frame as text and exit (scripts; needs no Textual).")
-@click.option("--json", "as_json", is_flag=True, help="With --once: the frame as JSON (schema gpuzombie.top/1).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --once: the frame as JSON (schema gpuzombie.top/1, docs/top.md)."
+)
 @click.option("--tree", is_flag=True, help="With --once: every pod's processes under it.")
 @click.option(
     "--sort",

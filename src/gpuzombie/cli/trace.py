@@ -30,7 +30,7 @@ from gpuzombie.units import MIB
 
 @click.command()
 @procfs_option
-@json_option
+@json_option("gpuzombie.trace/1", "docs/trace.md")
 @node_source_options
 @ghost_options
 def command(

@@ -83,8 +83,21 @@ def _configured_image(image: str | None, config: str | None) -> str | None:
     return chosen
 
 
-def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_classes: tuple[str, ...]) -> int:
-    """Each input's fix: printed (one input), or written back to the files it changes (--in-place)."""
+def _image_hint() -> str:
+    from gpuzombie import __version__
+
+    return f"--image REGISTRY/gpu-zombie/gpuzombie-node:{__version__}"
+
+
+def _patch(
+    sources: tuple[str, ...],
+    policy: Any,
+    in_place: bool,
+    gpu_device_classes: tuple[str, ...],
+    image_defaulted: bool = False,
+) -> int:
+    """Each input's fix: printed (one input), or written back to the files it changes (--in-place).
+    ``image_defaulted``: the policy's image is the chart's default (a printed --patch given none)."""
     from gpuzombie.cli.check import MAX_INPUT_BYTES, SUFFIXES, read_input, require_admission_extra
 
     require_admission_extra("yaml", "ruamel.yaml")
@@ -114,15 +127,23 @@ def _patch(sources: tuple[str, ...], policy: Any, in_place: bool, gpu_device_cla
             result = patch_text(source.text, policy, classes)
         except (ManifestError, PatchError) as exc:
             raise GpuzombieError(f"{shown}: {exc}") from exc
-        if result.needs_image and not policy.image:
+        if result.needs_image and not policy.image:  # --in-place: the image goes into the repository
             raise GpuzombieError(
-                f"{shown}: {result.needs_image[0]}: the fix adds an init container of gpuzombie's image: "
-                "give its image with --image, GPUZOMBIE_WEBHOOK_IMAGE or --config FILE (image: ...)"
+                f"{shown}: {result.needs_image[0]}: the fix adds an init container of gpuzombie's image, "
+                f"which --in-place writes into the file: give your registry's with {_image_hint()} "
+                "(or GPUZOMBIE_WEBHOOK_IMAGE, or image: in --config FILE)"
             )
         results.append((source, result))
     for _, result in results:
         for line in result.warnings:
             click.echo(f"gpuzombie webhook: {escape(line, 4096)}", err=True)
+        if image_defaulted and result.needs_image:
+            click.echo(
+                f"gpuzombie webhook: the init container's image is {policy.image}, the chart's default (what "
+                f"`make image` builds; a node has it only where it was built or imported): {_image_hint()} "
+                "for your registry's",
+                err=True,
+            )
     if not in_place:
         sys.stdout.write(results[0][1].text)
         return int(ExitStatus.OK)
@@ -213,8 +234,9 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     envvar="GPUZOMBIE_WEBHOOK_IMAGE",
     metavar="IMAGE",
     help="Image of the injected init containers (ships /usr/bin/tini-static, /opt/gpuzombie/prestop.pyz and "
-    "/opt/gpuzombie/preflight.pyz): "
-    "required to serve, and for a --patch that adds it; no default. Env: GPUZOMBIE_WEBHOOK_IMAGE.",
+    "/opt/gpuzombie/preflight.pyz), e.g. REGISTRY/gpu-zombie/gpuzombie-node:VERSION: required to serve and "
+    "for --patch --in-place where the fix adds one; a printed --patch defaults to the chart's default image, "
+    "localhost/gpu-zombie/gpuzombie-node:VERSION (said on stderr). Env: GPUZOMBIE_WEBHOOK_IMAGE.",
 )
 @click.option(
     "--namespace",
@@ -300,6 +322,15 @@ def command(
     and --namespace, pods annotated gpuzombie.dev/inject: "false" or already mutated. Never denies
     a pod. With --patch FILE|- it prints the manifests with the fix instead (GitOps): comments, key
     order, quoting, block scalars and anchors are kept, and only the fixed lines change.
+
+    \b
+    A container with `command` gets an init container of gpuzombie's image,
+    so name your registry's (as the chart's image.registry does):
+      gpuzombie webhook --patch FILE \\
+        --image REGISTRY/gpu-zombie/gpuzombie-node:VERSION
+    --in-place needs it; a printed --patch without it takes the chart's
+    default, localhost/gpu-zombie/gpuzombie-node:VERSION, and says so.
+
     A DRA claim is a GPU there when its claim or template in the input has a GPU device class
     (--gpu-device-class adds classes); serving, every claim is taken for one (a pod names no class).
 
@@ -309,11 +340,19 @@ def command(
     run or not writable (then nothing is written), a port in use; 130 on Ctrl-C.
     """
     chosen = _configured_image(image, config)
+    # A printed --patch is a preview (a diff, `| gpuzombie lab pod -`): it may take the chart's default
+    # image. --in-place writes the image into a repository that clusters apply, and serving puts it in
+    # every GPU pod: there a reference no node can pull must be chosen, not defaulted (docs/admission.md).
+    defaulted = bool(patch_sources) and not in_place and not chosen
+    if defaulted:
+        from gpuzombie.admission.mutate import DEFAULT_IMAGE
+
+        chosen = DEFAULT_IMAGE
     policy = _policy(mode, chosen or "", namespace, skip_namespace, opt_in, preflight)
     if in_place and not patch_sources:
         raise click.UsageError("--in-place goes with --patch")
     if patch_sources:
-        return _patch(patch_sources, policy, in_place, gpu_device_classes)
+        return _patch(patch_sources, policy, in_place, gpu_device_classes, image_defaulted=defaulted)
     if gpu_device_classes:
         raise click.UsageError(
             "--gpu-device-class goes with --patch: a pod under review names its DRA claims, not their "
@@ -322,7 +361,9 @@ def command(
     if not serving["tls_cert"] or not serving["tls_key"]:
         raise click.UsageError("serving needs --tls-cert and --tls-key (the API server calls webhooks over HTTPS)")
     if not chosen:
-        raise click.UsageError("serving needs --image (or GPUZOMBIE_WEBHOOK_IMAGE, or image: in --config)")
+        raise click.UsageError(
+            f"serving needs {_image_hint()} (or GPUZOMBIE_WEBHOOK_IMAGE, or image: in --config; the chart passes it)"
+        )
     from gpuzombie.admission.app import make_app
 
     def log(line: str) -> None:

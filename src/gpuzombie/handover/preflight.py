@@ -445,6 +445,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "container is clean (nothing held beyond the driver's reservation, no process listed). Exit 0 clean "
         "(or unreadable with --fail-open), 1 dirty or unreadable after --wait (a one-line message in "
         "--termination-log), 2 usage or internal error, 130 stopped by SIGTERM or SIGINT (the message written).",
+        epilog="This help is argparse's, not click's as the other commands' are: the gate runs in the init "
+        "container the webhook injects as `python3 -S -I /opt/gpuzombie/preflight.pyz`, with the standard "
+        "library only (no click in a user's image), and `gpuzombie preflight` is the same parser "
+        "(docs/handover.md).",
     )
     ap.add_argument(
         "--wait",
@@ -487,7 +491,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"where the one-line failure message goes (default {TERMINATION_LOG}; '' for none)",
     )
-    ap.add_argument("--json", action="store_true", help="the result as JSON on stdout (the polls on stderr)")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help=f"the result as JSON on stdout, schema {SCHEMA} (docs/handover.md); the polls on stderr",
+    )
     ap.add_argument(
         "--nvml-standin",
         metavar="FILE",

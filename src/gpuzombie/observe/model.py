@@ -1,7 +1,7 @@
 """``observe()``: one snapshot of a PID namespace (or a node) and its GPUs, judged; and its JSON form.
 
 The JSON form (``ObserveReport.to_dict``) is a stable contract, schema ``gpuzombie.observe/1``,
-documented in the README; the lab and the pod scripts parse it.
+documented in docs/observe.md; the lab and the pod scripts parse it.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ OPTIONS: tuple[HookOption, ...] = (
         envvar="GPUZOMBIE_PRESTOP_PID1_LOG",
         convert=switch,
     ),
-    HookOption("--json", Kind.FLAG, "Print JSON (schema in the README).", dest="as_json"),
+    HookOption("--json", Kind.FLAG, "Print JSON (schema gpuzombie.prestop/1, docs/prestop.md).", dest="as_json"),
     HookOption(
         "--procfs",
         Kind.VALUE,

@@ -33,6 +33,12 @@ from gpuzombie.lab.nccl.sampling import (
 )
 from gpuzombie.workloads.memory import torch_installed
 
+TORCH_HINT = (
+    "the NCCL scenario needs torch: in the gpuzombie clone run `make torch`, the CPU build (about 200 MB; "
+    ".venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu); a plain "
+    "`pip install torch` takes PyPI's CUDA build, about 5 GB with its CUDA wheels"
+)
+"""The version is the test extra's pin (pyproject.toml), which the +cpu build satisfies too."""
 SCHEMA = "gpuzombie.nccl/1"
 GOAL_S = 5.0
 WRAP_UP_S = 25.0
@@ -88,7 +94,7 @@ def run_nccl_comparison(
     ``budget_s`` caps the whole run (a device call has 10 minutes): the window then ends early
     enough to leave ``WRAP_UP_S`` for stopping the ranks and writing the results."""
     if not torch_installed():
-        raise NcclScenarioError("the NCCL scenario needs torch (pip install torch)")
+        raise NcclScenarioError(TORCH_HINT)
     nvml = nvml or default_backend()
     ranks, device = _resolve(ranks, device, nvml)
     specs = specs or case_specs(collective_timeout_s)
