@@ -65,6 +65,14 @@ RUN = {
 SERVERS = {".venv/bin/gpuzombie exporter": "http://127.0.0.1:9844/metrics"}  # run, scraped, then SIGTERM
 SLOW_RUN = {"make image": Expect(frozenset({0}), (r"built localhost/gpu-zombie/gpuzombie-node:",))}
 ELSEWHERE = {
+    '.venv/bin/gpuzombie cluster up && eval "$(.venv/bin/gpuzombie cluster env)"': (
+        "tests/kube/conftest.py starts the real cluster with `gpuzombie cluster up` (its own directory and "
+        "instance); tests/kube/test_cluster_node.py runs `cluster env`, `status` and `down`"
+    ),
+    ".venv/bin/gpuzombie lab run --runtime all --device cpu --grace 5 --out /tmp/lab-all": (
+        "tests/kube/test_lab_kubernetes.py runs the kubernetes runtime on the session's cluster; the "
+        "namespaces and containerd runtimes run in tests/test_lab*.py"
+    ),
     "helm install gpuzombie charts/gpuzombie --namespace gpuzombie --create-namespace "
     "--set image.registry=REGISTRY --set serviceMonitor.enabled=true --set prometheusRule.enabled=true": (
         "tests/cluster/test_cluster_readme.py renders it with the real helm (helm template, same flags)"
