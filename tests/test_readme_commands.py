@@ -60,9 +60,14 @@ RUN = {
 SERVERS = {".venv/bin/gpuzombie exporter": "http://127.0.0.1:9844/metrics"}  # run, scraped, then SIGTERM
 SLOW_RUN = {"make image": Expect(frozenset({0}), (r"built localhost/gpu-zombie/gpuzombie-node:",))}
 ELSEWHERE = {
-    "helm install gpuzombie charts/gpuzombie --namespace gpuzombie --create-namespace "
+    "helm install gpuzombie charts/gpuzombie --namespace gpuzombie "
     "--set image.registry=REGISTRY --set serviceMonitor.enabled=true --set prometheusRule.enabled=true": (
-        "tests/cluster/test_cluster_readme.py renders it with the real helm (helm template, same flags)"
+        "tests/cluster/test_cluster_readme.py renders it with the real helm (helm template, same flags); "
+        "tests/cluster/test_cluster_pod_security.py installs it on a real API server"
+    ),
+    "kubectl create namespace gpuzombie": "tests/cluster/test_cluster_pod_security.py runs it on a real API server",
+    "kubectl label namespace gpuzombie pod-security.kubernetes.io/enforce=privileged": (
+        "tests/cluster/test_cluster_pod_security.py runs it on a real API server, before the helm install"
     ),
     "helm upgrade gpuzombie charts/gpuzombie -n gpuzombie --reuse-values --set webhook.enabled=true": (
         "tests/cluster/test_cluster_readme.py renders it over the install's values: one release, both parts"
