@@ -17,7 +17,7 @@ HELM=$(scripts/get-helm.sh)
 # PLACEHOLDER: REGISTRY.example.com/gpu-zombie/gpuzombie-node (the init container's image, which
 # ships /usr/bin/tini-static). The namespaces kube-system and gpuzombie are left alone.
 HEADER
-  "$HELM" template gpuzombie charts/gpuzombie --namespace gpuzombie --set policy.enabled=true \
+  "$HELM" template gpuzombie charts/gpuzombie --namespace gpuzombie --kube-version v1.36.0 --set policy.enabled=true \
     --set image.registry=REGISTRY.example.com --show-only templates/mutating-admission-policy.yaml |
     grep -v -E '^# Source:|^ *(helm\.sh/chart|app\.kubernetes\.io/managed-by):' | sed '1{/^---$/d}'
 } > deploy/admission/mutating-admission-policy.yaml

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+import gpuzombie
 
 pytest.importorskip("prometheus_client", reason="prometheus-client is in the 'exporter' extra")
 
@@ -303,6 +307,33 @@ def test_failed_scan_is_a_metric_not_a_500():
         exporter.stop()
     assert m["gpuzombie_scan_success"] == {(): 0.0}
     assert m["gpuzombie_scan_errors_total"] == {(): 2.0} and "gpuzombie_zombies" not in m
+
+
+def test_build_info_names_the_running_version_whatever_the_scan_did(served):
+    """Issue 35 (9): no series said which version a node runs, so a rollout could not be followed.
+    gpuzombie_build_info is 1 with the package's version, on a good scan and on a failed one, and
+    the real promtool's linter passes the whole exposition."""
+
+    def broken():
+        raise FileNotFoundError(2, "No such file or directory", "/host/proc")
+
+    expected = {labels(version=gpuzombie.__version__, python_version=platform.python_version()): 1.0}
+    url, _ = served
+    assert scrape(url)["gpuzombie_build_info"] == expected
+    registry = CollectorRegistry()
+    registry.register(NodeCollector(broken, min_interval=0))
+    exporter = PrometheusExporter(registry, listen=parse_listen("127.0.0.1:0"))
+    port = exporter.start().port
+    try:
+        assert scrape(f"http://127.0.0.1:{port}/metrics")["gpuzombie_build_info"] == expected
+    finally:
+        exporter.stop()
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read()
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_once_prints_the_exposition(node, tmp_path, capsys):

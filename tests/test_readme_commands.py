@@ -73,9 +73,14 @@ ELSEWHERE = {
         "tests/kube/test_lab_kubernetes.py runs the kubernetes runtime on the session's cluster; the "
         "namespaces and containerd runtimes run in tests/test_lab*.py"
     ),
-    "helm install gpuzombie charts/gpuzombie --namespace gpuzombie --create-namespace "
+    "helm install gpuzombie charts/gpuzombie --namespace gpuzombie "
     "--set image.registry=REGISTRY --set serviceMonitor.enabled=true --set prometheusRule.enabled=true": (
-        "tests/cluster/test_cluster_readme.py renders it with the real helm (helm template, same flags)"
+        "tests/cluster/test_cluster_readme.py renders it with the real helm (helm template, same flags); "
+        "tests/cluster/test_cluster_pod_security.py installs it on a real API server"
+    ),
+    "kubectl create namespace gpuzombie": "tests/cluster/test_cluster_pod_security.py runs it on a real API server",
+    "kubectl label namespace gpuzombie pod-security.kubernetes.io/enforce=privileged": (
+        "tests/cluster/test_cluster_pod_security.py runs it on a real API server, before the helm install"
     ),
     "helm upgrade gpuzombie charts/gpuzombie -n gpuzombie --reuse-values --set webhook.enabled=true": (
         "tests/cluster/test_cluster_readme.py renders it over the install's values: one release, both parts"

@@ -39,15 +39,16 @@ TLS = {"enabled": True, "secretName": "gpuzombie-tls", "clientAuth": True}
 SCRAPE_TLS = {"ca": {"secret": {"name": "gpuzombie-tls", "key": "ca.crt"}}, "serverName": "gpuzombie"}
 TOGGLES: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "operator": {
-        "serviceMonitor": {"enabled": True},
-        "podMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True},
-    },
+    "operator": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "pod-monitor": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "locked-down": {
         "networkPolicy": {"enabled": True},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-        "podMonitor": {"enabled": True},
+        "exporter": {"tls": {**TLS, "scrapeTlsConfig": SCRAPE_TLS}},
+    },
+    "locked-down-pods": {
+        "networkPolicy": {"enabled": True},
+        "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "exporter": {"tls": {**TLS, "scrapeTlsConfig": SCRAPE_TLS}},
     },
     "bare": {
@@ -74,6 +75,8 @@ TOGGLES: dict[str, dict[str, Any]] = {
     },
 }
 ALL_ON = {**TOGGLES["operator"], "networkPolicy": {"enabled": True}}
+MONITORS = {kind: {f"{kind[0].lower()}{kind[1:]}": {"enabled": True}} for kind in ("ServiceMonitor", "PodMonitor")}
+"""One monitor at a time: both are refused (test_both_monitors_are_refused)."""
 
 # The experiment chart's toggles: its defaults, nothing, the DaemonSet alone, each scenario alone.
 EXPERIMENT_SCENARIOS = list(yaml.safe_load((EXPERIMENT_CHART / "values.yaml").read_text())["scenarios"])
@@ -123,8 +126,18 @@ def test_defaults_render_the_agent_service_and_dashboard(helm_binary):
     kinds = sorted(o["kind"] for o in render(helm_binary))
     assert kinds == ["ConfigMap", "DaemonSet", "Service"]
     assert sorted(o["kind"] for o in render(helm_binary, ALL_ON)) == sorted(
-        ["ConfigMap", "DaemonSet", "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy"]
+        ["ConfigMap", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "NetworkPolicy"]
     )
+    assert "PodMonitor" in {o["kind"] for o in render(helm_binary, MONITORS["PodMonitor"])}
+
+
+def test_both_monitors_are_refused(helm_binary):
+    """Issue 35 (9): serviceMonitor and podMonitor together scraped every agent twice, silently (the
+    same job, instance and node: Prometheus keeps one copy and counts the other as duplicates)."""
+    values = {**MONITORS["ServiceMonitor"], **MONITORS["PodMonitor"]}
+    got = helm(helm_binary, "template", "gpuzombie", str(CHART), values=values)
+    assert got.returncode != 0
+    assert "serviceMonitor.enabled and podMonitor.enabled: choose one" in got.stderr, got.stderr
 
 
 def test_names_are_release_scoped(helm_binary):
@@ -213,9 +226,8 @@ def test_tls_mounts_the_secret_and_probes_over_https(helm_binary):
 
 
 def test_monitors_relabel_node_and_keep_the_workload_labels(helm_binary):
-    objects = by_kind(render(helm_binary, ALL_ON))
     for kind, endpoints in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints")):
-        spec = objects[kind]["spec"]
+        spec = by_kind(render(helm_binary, MONITORS[kind]))[kind]["spec"]
         assert spec["jobLabel"] == "app.kubernetes.io/name"  # job="gpuzombie", what the alerts select
         (endpoint,) = spec[endpoints]
         relabel = endpoint["relabelings"]
@@ -255,7 +267,7 @@ def test_dashboard_configmap_embeds_the_import_file(helm_binary):
 )
 def test_crd_validation_rejects_unknown_and_mistyped_fields(helm_binary, kind, path):
     """The operator schemas made strict: a typo in a monitor fails here, not silently in the cluster."""
-    obj = by_kind(render(helm_binary, ALL_ON))[kind]
+    obj = by_kind(render(helm_binary, MONITORS[kind]))[kind]
     endpoint = obj
     for key in path:
         endpoint = endpoint[key]

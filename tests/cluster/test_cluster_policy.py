@@ -99,9 +99,38 @@ def test_refused_beside_the_webhook(helm_binary):
     assert "policy.enabled and webhook.enabled: choose one" in got.stderr
 
 
+@pytest.mark.parametrize("kube_version", ["1.25.0", "1.30.0", "1.35.4", "1.35.9-gke.1000"])
+def test_refused_before_kubernetes_1_36(helm_binary, kube_version):
+    """Issue 35 (9): policy.enabled rendered for Kubernetes 1.30, whose API server has no
+    admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (GA in 1.36): the install failed on the
+    kind, or a cluster that had the beta on ran another version of it. Providers' versions (GKE's
+    1.35.9-gke.1000) are semver pre-releases: compared as their release."""
+    got = helm(
+        helm_binary,
+        "template",
+        "gpuzombie",
+        str(CHART),
+        "--kube-version",
+        f"v{kube_version}",
+        values={"policy": {"enabled": True}},
+    )
+    assert got.returncode != 0
+    # helm 3 drops the pre-release part of --kube-version, helm 4 keeps it
+    assert (
+        "policy.enabled needs Kubernetes >= 1.36" in got.stderr and f"not v{kube_version.split('-')[0]}" in got.stderr
+    )
+
+
+@pytest.mark.parametrize("kube_version", ["1.36.0", "1.36.0-rc.1", "1.36.2-gke.1100", "1.37.2"])
+def test_rendered_from_kubernetes_1_36(helm_binary, kube_version):
+    objects = render(helm_binary, {"policy": {"enabled": True}}, namespace=NAMESPACE, kube_version=kube_version)
+    assert {o["kind"] for o in objects} >= KINDS
+
+
 def test_the_audit_alert_comes_with_the_policy(helm_binary):
     values = {"policy": {"enabled": True}, "prometheusRule": {"enabled": True}}
-    (rule,) = [o for o in render(helm_binary, values, namespace=NAMESPACE) if o["kind"] == "PrometheusRule"]
+    rendered = render(helm_binary, values, namespace=NAMESPACE, kube_version="1.36.0")
+    (rule,) = [o for o in rendered if o["kind"] == "PrometheusRule"]
     assert "gpuzombie-admission" in {g["name"] for g in rule["spec"]["groups"]}
 
 
@@ -115,7 +144,9 @@ def _without_helm_labels(obj: Any) -> Any:
 
 def test_the_plain_manifest_is_the_chart(helm_binary):
     values = {"policy": {"enabled": True}, "image": {"registry": "REGISTRY.example.com"}}
-    rendered = [o for o in render(helm_binary, values, namespace=NAMESPACE) if o["kind"] in KINDS]
+    rendered = [
+        o for o in render(helm_binary, values, namespace=NAMESPACE, kube_version="1.36.0") if o["kind"] in KINDS
+    ]
     shipped = [
         d
         for d in yaml.safe_load_all((REPO / "deploy" / "admission" / "mutating-admission-policy.yaml").read_text())

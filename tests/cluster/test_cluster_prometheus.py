@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+import gpuzombie
+
 pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 
 import yaml
@@ -327,6 +329,40 @@ def test_every_dashboard_query_and_variable_parses_and_returns_data(prometheus):
         if "DCGM_" in expr:
             uuids = {series["metric"]["UUID"] for series in api(base, "query", query=expr)["result"]}
             assert uuids == {"GPU-0000", "GPU-1111"}, (title, uuids)
+    # The on-call row (issue 35, 5) on this node: GPU 0's ghost and GPU 1's stale holder make two dirty
+    # GPUs, 1000 MiB each; the D-state holder holds only /dev/nvidia0 (no memory); the nofix pod,
+    # deleted 10 minutes ago, still holds its GPU memory; the exporter is up.
+    on_call = {
+        title.removesuffix(" A"): api(base, "query", query=expr)["result"] for title, expr in dashboard_queries()
+    }
+    values = {
+        title: [float(s["value"][1]) for s in on_call[title]]
+        for title in (
+            "Dirty GPUs now",
+            "Held by stale holders",
+            "Held by ghosts",
+            "Held by D-state holders",
+            "Pods in grace waste",
+            "Exporters down",
+        )
+    }
+    assert values == {
+        "Dirty GPUs now": [2.0],
+        "Held by stale holders": [1000 * 1024 * 1024],
+        "Held by ghosts": [1000 * 1024 * 1024],
+        "Held by D-state holders": [0.0],
+        "Pods in grace waste": [1.0],
+        "Exporters down": [0.0],
+    }
+    # A GPU is its node and index: each line of "GPU memory accounted" names both.
+    for title, expr in dashboard_queries():
+        if title.startswith("GPU memory accounted"):
+            assert {(s["metric"]["node"], s["metric"]["gpu"]) for s in api(base, "query", query=expr)["result"]} <= {
+                (NODE, "0"),
+                (NODE, "1"),
+            }
+    (version,) = on_call["Versions running"]
+    assert version["metric"] == {"version": gpuzombie.__version__} and version["value"][1] == "1"
     # The host process in D: outside any pod, not in the agent's (the scrape's target labels).
     (host,) = api(base, "query", query='gpuzombie_dstate_seconds{pod_uid=""}')["result"]
     assert "namespace" not in host["metric"] and "pod" not in host["metric"], host
@@ -378,6 +414,28 @@ def test_an_exporter_that_stops_answering_under_an_annotation_job_is_down_not_ab
         (series,) = wait_until(lambda: api(base, "query", query=down)["result"], timeout=60)
         assert (series["metric"]["job"], series["metric"]["node"]) == (JOB, NODE)
         assert api(base, "query", query=alert_rules()["GpuzombieExporterAbsent"])["result"] == []
-        (panel,) = [expr for title, expr in dashboard_queries() if title == "Exporters up A"]
+        (panel,) = [expr for title, expr in dashboard_queries() if title == "Exporters up (the 10 lowest) A"]
         (shown,) = api(base, "query", query=panel)["result"]
         assert shown["value"][1] == "0"
+
+
+def test_the_dashboard_preview_renders_every_panel_from_prometheus(prometheus, tmp_path):
+    """A look at it (tests/cluster/dashboard_preview.py: Grafana's grid and panel kinds drawn from the
+    real Prometheus, not Grafana), as a PNG: in $GPUZOMBIE_DASHBOARD_PNG when set, for a person."""
+    import os
+
+    import dashboard_preview
+
+    base, _ = prometheus
+    board = json.loads(DASHBOARD.read_text())
+    text = dashboard_preview.page(base, board)
+    assert "query failed" not in text
+    assert text.count('class="stat"') == 6 and ">2<" in text  # the on-call row; two dirty GPUs
+    assert text.count('<a title="${runbook}#gpuzombiedirtygpublockspreflight">') >= 1
+    if dashboard_preview.chromium() is None:
+        pytest.skip("chromium is not installed (Debian package chromium): the HTML rendered, no PNG")
+    out = pathlib.Path(os.environ.get("GPUZOMBIE_DASHBOARD_PNG") or tmp_path / "dashboard.png")
+    if "GPUZOMBIE_DASHBOARD_PNG" in os.environ:
+        time.sleep(60)  # for a person: a minute of lines, not a point each
+    dashboard_preview.screenshot(base, out, board)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 50_000

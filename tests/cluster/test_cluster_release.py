@@ -22,7 +22,7 @@ RUNS = {
     "webhook": {"exporter": {"enabled": False}, "webhook": {"enabled": True}},
     "both": {"webhook": {"enabled": True}},
 }
-OPERATOR = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+OPERATOR = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
 
 
 def _values(run: str, operator: bool) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def test_one_release_runs_the_exporter_the_webhook_or_both(helm_binary, run, ope
     for obj in objects:
         validate_strictly(obj)
     components = _components(objects)
-    agent = AGENT_KINDS | ({"ServiceMonitor", "PodMonitor", "NetworkPolicy"} if operator else set())
+    agent = AGENT_KINDS | ({"ServiceMonitor", "NetworkPolicy"} if operator else set())
     assert components.get("node-agent", set()) - {"PrometheusRule"} == (agent if run != "webhook" else set())
     assert components.get("admission-webhook", set()) >= (WEBHOOK_KINDS if run != "exporter" else set())
     assert run != "exporter" or "admission-webhook" not in components
@@ -69,7 +69,7 @@ def test_a_release_of_the_policy_alone_has_no_agent(helm_binary):
     """policy.enabled (the MutatingAdmissionPolicy) with the exporter off: the policy, its binding and
     the admission audit alert; no DaemonSet."""
     values = {"exporter": {"enabled": False}, "policy": {"enabled": True}, "prometheusRule": {"enabled": True}}
-    objects = render(helm_binary, values, namespace="gpuzombie")
+    objects = render(helm_binary, values, namespace="gpuzombie", kube_version="1.36.0")
     kinds = {o["kind"] for o in objects}
     assert "DaemonSet" not in kinds and "MutatingAdmissionPolicy" in kinds, kinds
     (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]

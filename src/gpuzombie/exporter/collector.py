@@ -8,6 +8,7 @@ read the same results: ready once a scan has read the node (and while the last o
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuzombie import __version__
 from gpuzombie.exporter.metrics import node_metrics
 from gpuzombie.trace.scan import NodeScan
 
@@ -101,6 +103,15 @@ class NodeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         result = self.latest()
         ok = result.scan is not None
+        # Served whatever the scan did, so a rollout is followed on broken nodes too:
+        # count by (version) (gpuzombie_build_info).
+        build = GaugeMetricFamily(
+            "gpuzombie_build_info",
+            "1, labelled with the running gpuzombie's version and its Python's.",
+            labels=["version", "python_version"],
+        )
+        build.add_metric([__version__, platform.python_version()], 1.0)
+        yield build
         yield GaugeMetricFamily(
             "gpuzombie_scan_success",
             "1 when the last scan read the node, 0 when it failed (then the node metrics are absent).",

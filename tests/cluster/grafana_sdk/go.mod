@@ -1,0 +1,5 @@
+module gpuzombie.test/grafana_sdk
+
+go 1.21
+
+require github.com/grafana/grafana-foundation-sdk/go v0.0.22
