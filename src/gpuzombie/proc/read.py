@@ -36,6 +36,10 @@ CAPS: dict[str, int] = {
 """The most bytes read from each kind of file. Larger is refused (``too_large``), except the truncated kinds."""
 
 TRUNCATED_KINDS = frozenset({"cmdline", "cpuinfo"})
+PAGED_KINDS = frozenset({"mountinfo", "children"})
+"""procfs files the kernel hands over a page of records per read (seq_file iterators): read to the
+end. A single read of a node's mountinfo stopped at 4 KiB, so ``cluster down`` missed the kubelet's
+bind mount of its root whenever more than a page of mounts (other pods') came before it."""
 
 
 class Reason(str, Enum):
@@ -106,8 +110,11 @@ def _read(path: str, kind: str) -> tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise HostileFile(path, Reason.NOT_REGULAR, f"not a regular file ({stat.filemode(info.st_mode)})")
-        # A short read is the end: a regular file and a procfs file hand over what they hold at once.
+        # A short read is the end: a regular file and most procfs files hand over what they hold at
+        # once; a paged one a page at a time, until a read returns nothing.
         data = os.read(fd, cap + 1)
+        while kind in PAGED_KINDS and len(data) <= cap and (more := os.read(fd, cap + 1 - len(data))):
+            data += more
     finally:
         os.close(fd)
     if len(data) > cap:
