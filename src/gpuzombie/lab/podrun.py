@@ -109,7 +109,7 @@ def kube_notes(pod: KubePod) -> list[str]:
     and how the node differs from a GPU node, for the output."""
     from gpuzombie.lab.runtime.kube import NETWORK_NOTE
 
-    changes = [f"applied with kubectl apply after the lab's changes for this node: {c}" for c in pod.changes]
+    changes = [f"kubectl apply gets the lab's change for this node: {c}" for c in pod.changes]
     return [
         *changes,
         f"python3 in a container is the lab's ({LAB_PYTHON_BIN}/python3, as the scenarios run it), the project on PYTHONPATH",

@@ -792,13 +792,7 @@ class KubePod:
                 if name not in exits and _exited(pid, ticks):
                     exits[name] = self.events.now()
             if not accepted and request.poll() is not None:
-                accepted = True
-                if request.returncode != 0:
-                    self.cluster.check("deleting the pod")
-                    errors.seek(0)
-                    last = (errors.read().strip().splitlines() or ["no output"])[-1]
-                    raise KubeError(f"kubectl delete (deleting the pod): {last[:300]}")
-                self.events.add("delete-accepted", "kubectl delete returned: the API server set the deletionTimestamp")
+                accepted = self._accepted(request, errors)
             now = time.monotonic()
             if now - last_hook > 0.02:
                 last_hook = now
@@ -809,10 +803,25 @@ class KubePod:
             if now > deadline:
                 raise KubeError(f"pod {self.name}: its containers still run {limit} s after the deletion")
             time.sleep(0.005)
+        if not accepted:  # the containers were gone before kubectl had its answer
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                request.wait(KUBECTL_TIMEOUT_S)
+            self._accepted(request, errors)
         if self._hook_seen and not self.events.first("prestop-end"):
             self._hook_cut = True
             self.events.add("prestop-cut-off", "the preStop hook went with its container at the grace's end")
         return exits
+
+    def _accepted(self, request: subprocess.Popen[str], errors: IO[str]) -> bool:
+        """kubectl delete's answer: an event, or the KubeError of a refusal (or of a dead component)."""
+        if request.returncode not in (0, None):
+            self.cluster.check("deleting the pod")
+            errors.seek(0)
+            last = (errors.read().strip().splitlines() or ["no output"])[-1]
+            raise KubeError(f"kubectl delete (deleting the pod): {last[:300]}")
+        if request.returncode == 0:
+            self.events.add("delete-accepted", "kubectl delete returned: the API server set the deletionTimestamp")
+        return True
 
     def _exit_of(self, name: str, seen: float) -> tuple[float, int | None]:
         """When the container exited and its code: its CRI status (the runtime's clock, to the
