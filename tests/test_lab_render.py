@@ -153,7 +153,10 @@ def test_observe_log_is_observes_own_text_of_its_json_snapshot():
     s = report["summary"]
     obs = Observation("after-kill", 1.0, 0, 0, (), done.returncode, s, None)
     log = render_observation(obs, text)
-    assert log.endswith("run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)\n" + done.stderr)
+    assert log.endswith(
+        "run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime, or kubectl exec itself on "
+        "kubernetes)\n" + done.stderr
+    )
     assert "[2] Process tree" in log and f"summary: {s['zombies']} zombies, {s['orphans']} orphans," in log
     assert "\x1b" not in log and not any(line.startswith("summary: 0 zombies -> HEALTHY") for line in log.split("\n"))
     assert f"{evil.pid}  " in log  # the forger is in observe's process tree

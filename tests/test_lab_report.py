@@ -17,7 +17,7 @@ from gpuzombie.lab.results import SCHEMA, load, merge_results
 from gpuzombie.lab.scenarios import PodSubject, ScenarioSubject
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-COMMITTED = [RESULTS, RESULTS / "runtimes", RESULTS / "labpod-cpu", RESULTS / "labpod-h200"]
+COMMITTED = [RESULTS, RESULTS / "runtimes", RESULTS / "runtimes-cpu", RESULTS / "labpod-cpu", RESULTS / "labpod-h200"]
 """Every committed lab results folder that ``lab report`` renders (results/nccl is the NCCL run's own)."""
 
 

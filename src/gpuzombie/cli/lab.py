@@ -27,7 +27,7 @@ DEFAULT_OUT = Path("lab-out")
 @click.group(short_help="Run the original experiment's scenarios as pods here and measure them.")
 def command() -> None:
     """Run the original experiment's scenarios (and S5, shareProcessNamespace) as pods on this machine, PID
-    namespaces or real CRI pods on containerd, and write their results."""
+    namespaces, real CRI pods on containerd or real Pods on a single-node Kubernetes, and write their results."""
 
 
 def summary_table(runs: list[LabRun]) -> Table:
@@ -80,11 +80,13 @@ def summary_table(runs: list[LabRun]) -> Table:
 )
 @click.option(
     "--runtime",
-    type=click.Choice([*RUNTIMES, "both"]),
+    type=click.Choice([*RUNTIMES, "both", "all"]),
     default="namespaces",
     show_default=True,
     help="namespaces: PID namespaces made here; containerd: real CRI pods (a private containerd unless "
-    "--cri-socket); both: each scenario on both, side by side in comparison.md.",
+    "--cri-socket); kubernetes: Pods through the API server of `gpuzombie cluster` (the cluster up at "
+    "$GPUZOMBIE_CLUSTER_DIR, left up; else one started for the run and stopped at its end); both: "
+    "namespaces and containerd; all: the three; side by side in comparison.md.",
 )
 @click.option(
     "--cri-socket",
@@ -237,15 +239,26 @@ def run_command(
     preStop by ExecSync, StopContainer, StopPodSandbox, RemovePodSandbox.
 
     \b
+    --runtime kubernetes: each pod a Pod on the real single-node cluster
+    (gpuzombie cluster), created with kubectl apply and deleted with
+    kubectl delete --grace-period: the kubelet runs preStop, SIGTERM and
+    the SIGKILL at the grace's end. It uses the cluster up at
+    $GPUZOMBIE_CLUSTER_DIR (instance $GPUZOMBIE_CLUSTER_INSTANCE) and
+    leaves it up; with none up there it starts one and stops it at the
+    end. CPU stand-in only (the node has no GPU device plugin).
+
+    \b
     --scenario nccl: N ranks in collectives, rank 0 SIGKILLed, the five
     cases (--cases) compared side by side in one window (docs/nccl.md).
 
     \b
     Exit codes: 0 every pod left nothing behind (and every NCCL case ran),
     1 processes were left after a deletion or an NCCL case failed to
-    start, 2 usage or environment error or a failed CRI call, 130
-    interrupted (Ctrl-C or SIGTERM stops the pods, the NCCL ranks and a
-    private containerd; nothing is left running).
+    start, 2 usage or environment error, a failed CRI or kubectl call, or
+    a cluster component (kubelet, API server...) gone mid-run (named),
+    130 interrupted (Ctrl-C or SIGTERM stops the pods, the NCCL ranks, a
+    private containerd and a cluster the run started; nothing is left
+    running).
     """
     console = Console(stderr=True, log_path=False)
     size_given = click.get_current_context().get_parameter_source("size_mib") is not ParameterSource.DEFAULT
@@ -258,7 +271,7 @@ def run_command(
         device=device,
         backend=backend,
         ranks=ranks,
-        runtimes=RUNTIMES if runtime == "both" else (runtime,),
+        runtimes={"both": RUNTIMES[:2], "all": RUNTIMES}.get(runtime, (runtime,)),
         repeat=repeat,
         cri_socket=cri_socket,
         image_archives=image_archives,

@@ -51,8 +51,19 @@ def host_path_grant_of(value: str) -> HostPathGrant:
     return HostPathGrant(os.path.normpath(path), writable=mode == "rw")
 
 
-@click.command("pod", short_help="Run a Pod manifest on the lab's containerd and measure its deletion.")
+@click.command(
+    "pod", short_help="Run a Pod manifest on the lab's containerd (or the cluster) and measure its deletion."
+)
 @click.argument("manifest", type=click.File("r"))
+@click.option(
+    "--runtime",
+    type=click.Choice(["containerd", "kubernetes"]),
+    default="containerd",
+    show_default=True,
+    help="containerd: a private containerd, the kubelet's CRI calls made by the lab; kubernetes: the "
+    "manifest kubectl apply'd to `gpuzombie cluster` (the cluster up at $GPUZOMBIE_CLUSTER_DIR, left "
+    "up; else one started for the run and stopped at its end) and deleted through its API server.",
+)
 @click.option(
     "--grace",
     type=click.IntRange(0, 600),
@@ -111,6 +122,7 @@ def host_path_grant_of(value: str) -> HostPathGrant:
 )
 def pod_command(
     manifest: IO[str],
+    runtime: str,
     grace: int | None,
     device: str,
     image_archives: Path | None,
@@ -135,6 +147,14 @@ def pod_command(
     ENTRYPOINT is empty), so a container runs command + args. A field the lab
     cannot apply is refused by name; those without effect on a lab node
     (pull secrets, scheduling, probes) are listed.
+
+    \b
+    --runtime kubernetes: the manifest is kubectl apply'd to the real
+    single-node cluster, unpatched but for what a node without a registry
+    needs (listed before the pod starts: the lab's image, the host's
+    directories as read-only hostPath volumes, no nvidia.com/gpu on the CPU
+    stand-in); kubectl delete --grace-period deletes it and the kubelet runs
+    the preStop hook, SIGTERM and SIGKILL. CPU stand-in only.
 
     \b
     Exit codes: 0 the pod was gone within the grace and left nothing,
@@ -166,12 +186,14 @@ def pod_command(
     resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))
     grants = tuple(host_path_grant_of(value) for value in host_paths)
     config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout, host_paths=grants)
+    if runtime == "kubernetes" and resolved == "cuda":
+        raise GpuzombieError("--runtime kubernetes: the cluster's node has no GPU device plugin; use --device cpu")
     try:
-        check_runnable(parsed, config)  # before anything is made, and before the notes
+        check_runnable(parsed, config, runtime)  # before anything is made, and before the notes
     except LabError as exc:
         raise GpuzombieError(f"{manifest.name}: {exc}") from exc
     console = Console(stderr=True, log_path=False)
-    for note in lab_notes(parsed, config):
+    for note in lab_notes(parsed, config) if runtime == "containerd" else ():
         console.print(Text.assemble(("lab pod:", "yellow"), " ", escape(note, 1000)))  # a hostPath is the manifest's
     try:
         with console.status("starting") as status:
@@ -189,6 +211,8 @@ def pod_command(
                 nvml=nvml,
                 progress=say,
                 repeat=repeat,
+                runtime=runtime,
+                document=doc,
             )
     except (CriError, LabError) as exc:
         raise GpuzombieError(str(exc)) from exc

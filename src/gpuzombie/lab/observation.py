@@ -169,7 +169,8 @@ def render_observation(obs: Observation, observe_text: str | None) -> str:
         lines.append("(the pod has no process)")
     lines += [
         "",
-        "# gpuzombie observe, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime)",
+        "# gpuzombie observe, run inside the pod (kubectl exec: nsenter, or ExecSync on a CRI runtime, or kubectl "
+        "exec itself on kubernetes)",
     ]
     if obs.observe_error:
         lines.append(f"# {obs.observe_error}")

@@ -28,8 +28,13 @@ def pods_md(pods: Mapping[str, RunRecord]) -> list[str]:
         "",
         "## Pods (gpuzombie lab pod)",
         "",
-        "Manifests run on the lab's containerd as the kubelet runs them; every image is the lab's "
-        "(busybox with the host's directories), with an empty ENTRYPOINT.",
+        "Manifests run on the lab's containerd as the kubelet runs them"
+        + (
+            " (`-kubernetes`: kubectl apply'd to a real single-node cluster, run and deleted by its kubelet)"
+            if any(e.runtime == "kubernetes" for e in pods.values())
+            else ""
+        )
+        + "; every image is the lab's (busybox with the host's directories), with an empty ENTRYPOINT.",
         "",
         "| run | PID 1 | grace | zombies / orphans before deletion | deletion → free | waited whole grace | "
         "grace waste (GiB·s) | preStop exit | left after deletion |",

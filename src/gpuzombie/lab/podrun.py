@@ -10,12 +10,14 @@ writes them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.errors import PodError
@@ -34,10 +36,13 @@ from gpuzombie.lab.runtime.manifestpod import (
     PodRunConfig,
     host_path_grant,
 )
-from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion
+from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion, LabPod
 from gpuzombie.lab.scenarios import LabConfig, LabRun, Measurement, PodSubject
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
+
+if TYPE_CHECKING:
+    from gpuzombie.lab.runtime.kube import KubePod, KubeRuntime
 
 SETTLE_S = 1.0
 """The pod is measured once its processes and memory held have not changed for this long, none running."""
@@ -56,6 +61,7 @@ DEFAULTS_NOTE = (
 )
 ENTRYPOINT_NOTE = "an image's ENTRYPOINT is taken as empty (the lab's image has none): a container runs command + args"
 Progress = Callable[[str], None]
+LAB_POD_RUNTIMES = ("containerd", "kubernetes")
 
 
 class PodRssProbe:
@@ -63,7 +69,7 @@ class PodRssProbe:
 
     source = "RSS of the pod's processes (CPU stand-in)"
 
-    def __init__(self, pod: ManifestPod) -> None:
+    def __init__(self, pod: LabPod) -> None:
         self.pod = pod
 
     def read(self) -> tuple[int, int]:
@@ -98,10 +104,25 @@ def lab_notes(manifest: PodManifest, config: PodRunConfig) -> list[str]:
     return notes
 
 
-def check_runnable(manifest: PodManifest, config: PodRunConfig) -> None:
+def kube_notes(pod: KubePod) -> list[str]:
+    """What the lab changed in the manifest for the cluster's node (``kubespec.node_document``),
+    and how the node differs from a GPU node, for the output."""
+    from gpuzombie.lab.runtime.kube import NETWORK_NOTE
+
+    changes = [f"kubectl apply gets the lab's change for this node: {c}" for c in pod.changes]
+    return [
+        *changes,
+        f"python3 in a container is the lab's ({LAB_PYTHON_BIN}/python3, as the scenarios run it), the project on PYTHONPATH",
+        NETWORK_NOTE,
+        "the pod is deleted with kubectl delete --grace-period: the kubelet runs the preStop hook, StopContainer "
+        "and the SIGKILL at the grace's end",
+    ]
+
+
+def check_runnable(manifest: PodManifest, config: PodRunConfig, runtime: str = "containerd") -> None:
     """What the kubelet (or this host, or ``--allow-host-path``) refuses before the first container,
     in one line."""
-    if cni_bin_dir() is None:
+    if runtime == "containerd" and cni_bin_dir() is None:
         raise PodError(
             "each pod gets its own network namespace, which needs the CNI plugins loopback and static "
             "(Debian: apt-get install containernetworking-plugins; make debian installs it)"
@@ -141,11 +162,27 @@ class _PodMeasurement(Measurement):
     keep_prestop_log = True
 
     def __init__(
-        self, runtime: CriRuntime, manifest: PodManifest, config: PodRunConfig, nvml: NvmlBackend, progress: Progress
+        self,
+        runtime: CriRuntime | KubeRuntime,
+        manifest: PodManifest,
+        config: PodRunConfig,
+        nvml: NvmlBackend,
+        progress: Progress,
+        document: Mapping[str, Any] | None = None,
     ) -> None:
+        from gpuzombie.lab.runtime.kube import KubePod, KubeRuntime
+
         self.manifest, self.config = manifest, config
         events = EventLog()
-        pod = ManifestPod(runtime, manifest, config, events)
+        pod: ManifestPod | KubePod
+        applied: Mapping[str, Any] | None = None
+        if isinstance(runtime, KubeRuntime):
+            assert document is not None
+            pod = KubePod(runtime, manifest, config, events, document=document)
+            self.runtime_name, self.notes, applied = "kubernetes", kube_notes(pod), pod.document
+        else:
+            pod = ManifestPod(runtime, manifest, config, events)
+            self.runtime_name, self.notes = "containerd", lab_notes(manifest, config)
         self.grace = pod.grace
         self.at_delete = 0
         try:
@@ -163,6 +200,10 @@ class _PodMeasurement(Measurement):
             pod.kill()
             raise
         self.manifest_pod = pod
+        if applied is not None:  # what the API server was given, beside the logs; the changes said first
+            self.logs["pod.json"] = json.dumps(applied, indent=2) + "\n"
+            for note in self.notes:
+                progress(f"lab pod: {note}")
 
     def busy(self, pids: frozenset[int]) -> bool:
         """A process of the pod is running (state R): still setting up, e.g. importing torch before
@@ -189,6 +230,10 @@ class _PodMeasurement(Measurement):
         self.manifest_pod.init = pid1.comm if pid1 else "?"
 
     def deleting(self) -> str:
+        if self.runtime_name == "kubernetes":
+            return (
+                f"deleting the pod (kubectl delete --grace-period={self.grace}: the kubelet's preStop, StopContainer)"
+            )
         return f"deleting the pod (grace {self.grace} s, as the kubelet: preStop, StopContainer)"
 
     def worker_bytes(self, deletion: Deletion) -> int:
@@ -198,7 +243,8 @@ class _PodMeasurement(Measurement):
         return max(self.at_delete, 1)
 
     def run(self) -> LabRun:
-        self.say(f"starting {self.manifest.namespace}/{self.manifest.name} on the lab's containerd")
+        where = "the cluster (kubectl apply)" if self.runtime_name == "kubernetes" else "the lab's containerd"
+        self.say(f"starting {self.manifest.namespace}/{self.manifest.name} on {where}")
         deletion, metrics = self.measure()
         pod = self.manifest_pod
         hooks = [c.name for c in self.manifest.containers if c.prestop is not None]
@@ -207,7 +253,7 @@ class _PodMeasurement(Measurement):
             device=self.config.device,
             backend=CPU_STANDIN if self.standin else "the pod's workload",
             size_mib=self.at_delete // MIB,
-            runtime="containerd",
+            runtime=self.runtime_name,
             gpu_index=self.config.gpu_index,
         )
         pod_info = {
@@ -222,7 +268,7 @@ class _PodMeasurement(Measurement):
             "containers": [c.name for c in self.manifest.containers],
             "prestop_containers": hooks,
             "pid1_comm": pod.init,
-            "notes": lab_notes(self.manifest, self.config),
+            "notes": self.notes,
         }
         return LabRun(
             subject=PodSubject(run_key_for(self.manifest), pod_info),
@@ -252,17 +298,23 @@ def run_lab_pod(
     nvml: NvmlBackend | None = None,
     progress: Progress = lambda _: None,
     repeat: int = 1,
+    runtime: str = "containerd",
+    document: Mapping[str, Any] | None = None,
 ) -> tuple[list[LabRun], Path]:
-    """``lab pod`` as a library call: a private containerd, the pod run and measured ``repeat``
-    times (``-runN`` folders after the first), OUT/results.json (merged with earlier runs of the
-    same kind) and the report. Ctrl-C or SIGTERM removes the pod and the containerd before
-    KeyboardInterrupt propagates."""
+    """``lab pod`` as a library call: a private containerd (or, ``runtime="kubernetes"``, the
+    cluster: the manifest ``document`` applied through its API server), the pod run and measured
+    ``repeat`` times (``-runN`` folders after the first), OUT/results.json (merged with earlier runs
+    of the same kind) and the report. Ctrl-C or SIGTERM removes the pod and the containerd (or a
+    cluster the run started) before KeyboardInterrupt propagates."""
     from gpuzombie.lab import report
     from gpuzombie.lab.results import write_results
     from gpuzombie.lab.runner import check_can_make_pods, interrupts_as_keyboard_interrupt
     from gpuzombie.lab.runtime.cri import cri_runtime
+    from gpuzombie.lab.runtime.kube import kube_runtime
     from gpuzombie.lab.runtime.rundirs import clean_dead_runs
 
+    if runtime == "kubernetes" and document is None:
+        raise PodError("--runtime kubernetes applies the manifest itself: pass its document")
     check_can_make_pods()
     for left in clean_dead_runs():  # a SIGKILLed run's containerd, shims, pods, mounts
         progress(f"removed what a dead run left in {left.path}: {len(left.processes)} process(es)")
@@ -270,15 +322,18 @@ def run_lab_pod(
             progress(f"  {problem}")
     nvml = nvml or default_backend()
     gpus = nvml.read()
-    check_runnable(manifest, config)
+    check_runnable(manifest, config, runtime)
+    gpu = config.device == "cuda"
     with (
         interrupts_as_keyboard_interrupt(),
-        cri_runtime(socket=None, gpu=config.device == "cuda", archives=archives) as cri,
+        kube_runtime(progress=progress, gpu=gpu)
+        if runtime == "kubernetes"
+        else cri_runtime(socket=None, gpu=gpu, archives=archives) as pods,
     ):
         runs = []
         for attempt in range(1, repeat + 1):
             say = progress if repeat == 1 else (lambda line, n=attempt: progress(f"[{n}/{repeat}] {line}"))
-            run = _PodMeasurement(cri, manifest, config, nvml, say).run()
+            run = _PodMeasurement(pods, manifest, config, nvml, say, document).run()
             runs.append(replace(run, attempt=attempt))
     path = write_results(runs, out, command=command, gpus=gpus)
     report.build(out)

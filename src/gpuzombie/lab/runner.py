@@ -28,6 +28,7 @@ from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_ins
 
 if TYPE_CHECKING:
     from gpuzombie.lab.runtime.cri import CriRuntime
+    from gpuzombie.lab.runtime.kube import KubeRuntime
 
 Progress = Callable[[str], None]
 NCCL = "nccl"
@@ -147,7 +148,7 @@ def run_one(
     config: LabConfig,
     nvml: NvmlBackend,
     progress: Progress,
-    runtime: CriRuntime | None = None,
+    runtime: CriRuntime | KubeRuntime | None = None,
     attempt: int = 1,
 ) -> LabRun:
     """One scenario; a pod that cannot start or a workload that fails raises a ``LabError``, which
@@ -177,10 +178,21 @@ def interrupts_as_keyboard_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lab_runtime(request: LabRequest, runtime: str, gpu: bool) -> Iterator[CriRuntime | None]:
-    """Nothing for PID namespaces; a CRI runtime (private containerd, or ``--cri-socket``) otherwise."""
+def lab_runtime(
+    request: LabRequest, runtime: str, gpu: bool, progress: Progress = lambda _: None
+) -> Iterator[CriRuntime | KubeRuntime | None]:
+    """Nothing for PID namespaces; a CRI runtime (private containerd, or ``--cri-socket``) for
+    containerd; the cluster (one that is up, or one started for the run) for kubernetes."""
     if runtime == "namespaces":
         yield None
+        return
+    if runtime == "kubernetes":
+        try:  # grpcio and the CRI stubs (the node's containerd is asked for pids): the node extra
+            from gpuzombie.lab.runtime.kube import kube_runtime
+        except ImportError as exc:
+            raise GpuzombieError(needs_extra("--runtime kubernetes", "node", exc)) from exc
+        with kube_runtime(progress=progress, gpu=gpu) as kube:
+            yield kube
         return
     try:  # grpcio and the CRI stubs are an extra
         from gpuzombie.k8s.cri import CriError
@@ -206,10 +218,16 @@ def with_option(argv: Sequence[str], option: str, value: str) -> list[str]:
 
 def check_request(request: LabRequest) -> None:
     """What the runtimes cannot do, in one line before anything starts."""
-    if "containerd" in request.runtimes and request.config.grace != int(request.config.grace):
-        raise GpuzombieError("--runtime containerd: the CRI takes the grace in whole seconds (use --grace 2, 30...)")
-    if "containerd" in request.runtimes and request.config.uid is not None:
+    whole_seconds = {"containerd": "the CRI", "kubernetes": "terminationGracePeriodSeconds"}
+    for runtime, why in whole_seconds.items():
+        if runtime in request.runtimes and request.config.grace != int(request.config.grace):
+            raise GpuzombieError(f"--runtime {runtime}: {why} takes the grace in whole seconds (use --grace 2, 30...)")
+    if set(request.runtimes) - {"namespaces"} and request.config.uid is not None:
         raise GpuzombieError("--uid: only on the namespaces runtime")
+    if "kubernetes" in request.runtimes and request.device == "cuda":
+        raise GpuzombieError(
+            "--runtime kubernetes: the cluster's node has no GPU device plugin (nvidia.com/gpu); use --device cpu"
+        )
     nccl_only = [o for o in request.nccl.given() if o != "--size-mib"]
     if nccl_only and NCCL not in request.scenarios:
         raise GpuzombieError(f"{', '.join(nccl_only)}: only with --scenario nccl")
@@ -261,7 +279,7 @@ def run_lab(
         with interrupts_as_keyboard_interrupt():
             for runtime in request.runtimes if pods else ():
                 config = replace(base, device=device, backend=backend, runtime=runtime)
-                with lab_runtime(request, runtime, gpu=device == "cuda") as cri:
+                with lab_runtime(request, runtime, gpu=device == "cuda", progress=say) as cri:
                     for attempt in range(1, request.repeat + 1):
                         for name in pods:
                             step += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import re
 import shlex
@@ -41,6 +42,9 @@ from gpuzombie.workloads.memory import CPU_STANDIN
 
 if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when used
     from gpuzombie.lab.runtime.cri import CriRuntime
+    from gpuzombie.lab.runtime.kube import KubeRuntime
+
+    PodRuntime = CriRuntime | KubeRuntime
 
 Progress = Callable[[str], None]
 SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.MULTILINE)
@@ -81,7 +85,7 @@ true`` (the pod's pause is PID 1 and reaps; no tini). ``s4-fullfix-fasthook`` is
 hook (the stdlib-only zipapp), run by name beside S4 to compare the two hooks in one run."""
 DEFAULT_SCENARIOS = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid")
 """What ``--scenario all`` runs."""
-RUNTIMES = ("namespaces", "containerd")
+RUNTIMES = ("namespaces", "containerd", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,8 @@ class LabConfig:
     sample_interval: float = 0.01
     ready_timeout: float = 180.0
     runtime: str = "namespaces"
-    """``namespaces`` (PID namespaces made here) or ``containerd`` (CRI pods on a real runtime)."""
+    """``namespaces`` (PID namespaces made here), ``containerd`` (CRI pods on a real runtime) or
+    ``kubernetes`` (Pods through the API server of a real cluster, run by its kubelet)."""
 
     @property
     def prestop_timeout(self) -> float:
@@ -434,7 +439,7 @@ class _Run(Measurement):
         nvml: NvmlBackend,
         progress: Progress,
         log: IO[str],
-        runtime: CriRuntime | None,
+        runtime: PodRuntime | None,
         attempt: int,
     ) -> None:
         self.scenario, self.config, self.attempt = scenario, config, attempt
@@ -442,6 +447,8 @@ class _Run(Measurement):
         self.victim_reaped = False
         self.init = config.init if (config.init and scenario.init not in ("sleep", PAUSE)) else scenario.init
         self.then = main_process(scenario, config)
+        self.pod_document: Mapping[str, Any] | None = None
+        """On the kubernetes runtime: the Pod object the lab applied (written beside the logs)."""
         events = EventLog()
         pod = self._make_pod(runtime, log, events)
         super().__init__(
@@ -455,22 +462,30 @@ class _Run(Measurement):
             cri_socket=runtime.socket if runtime else None,
             label=f"{scenario.name}: ",
         )
+        if self.pod_document is not None:
+            self.logs["pod.json"] = json.dumps(self.pod_document, indent=2) + "\n"
 
-    def _make_pod(self, runtime: CriRuntime | None, log: IO[str], events: EventLog) -> LabPod:
+    def _make_pod(self, runtime: PodRuntime | None, log: IO[str], events: EventLog) -> LabPod:
         s, c = self.scenario, self.config
         if runtime is None:
             hook = prestop_command(c, s.hook) if s.prestop else None
             return Pod(s.name, self.init, parent_command(s, c), log=log, events=events, then=self.then, prestop=hook)
         from gpuzombie.k8s.cri import BindMount
         from gpuzombie.lab.runtime.cri import LAB_NAMESPACE
+        from gpuzombie.lab.runtime.kube import KubePod, KubeRuntime
         from gpuzombie.lab.runtime.manifestpod import HOOK_PATH, ManifestPod, PodRunConfig
 
         manifest = scenario_manifest(
             s, c, self.init, self.then, image=runtime.image, namespace=LAB_NAMESPACE, zipapp=HOOK_PATH
         )
         init = manifest.containers[0].argv[0]  # the init's binary, where the lab's mounts may miss it
-        extra = (BindMount(init, init, readonly=True),) if os.path.isabs(init) else ()
         config = PodRunConfig(device=c.device, gpu_index=c.gpu_index)
+        if isinstance(runtime, KubeRuntime):
+            extra_paths = [init] if os.path.isabs(init) else []
+            pod = KubePod(runtime, manifest, config, events, extra_mounts=extra_paths, capture_hook=True)
+            self.pod_document = pod.document
+            return pod
+        extra = (BindMount(init, init, readonly=True),) if os.path.isabs(init) else ()
         return ManifestPod(runtime, manifest, config, events, extra_mounts=extra)
 
     def deleting(self) -> str:
@@ -589,10 +604,11 @@ def run_scenario(
     *,
     nvml: NvmlBackend | None = None,
     progress: Progress = lambda _: None,
-    runtime: CriRuntime | None = None,
+    runtime: PodRuntime | None = None,
     attempt: int = 1,
 ) -> LabRun:
-    """Run one scenario end to end (as a CRI pod on ``runtime``, else as PID namespaces made here);
+    """Run one scenario end to end (as a CRI pod or a Kubernetes Pod on ``runtime``, else as PID
+    namespaces made here);
     the pod is gone when this returns, whatever happened."""
     with tempfile.NamedTemporaryFile("w+", prefix=f"gpuzombie-{scenario.name}-", suffix=".log") as log:
         return _Run(scenario, config, nvml or default_backend(), progress, log, runtime, attempt).run()

@@ -40,6 +40,7 @@ from gpuzombie.lab.runtime.cri import (
     KUBELET_MIN_GRACE_S,
     KUBELET_RUNTIME_TIMEOUT_S,
     CriRuntime,
+    GpuParts,
     find_gpu_parts,
     lab_environment,
     parse_cri_log,
@@ -96,7 +97,19 @@ class PodRunConfig:
     """Where hostPath volumes may point (none by default: the manifest is untrusted)."""
 
 
-def _opt_children() -> list[str]:
+def lab_container_environment(gpu: GpuParts | None) -> dict[str, str]:
+    """What every lab container's environment starts from: busybox's /bin first on PATH, then the
+    lab's Python; the project on PYTHONPATH (the manifest's own variables go on top)."""
+    env = lab_environment(os.environ, gpu)
+    head, _, rest = env["PATH"].partition(":")  # the image's /bin, then the lab's Python
+    env["PATH"] = ":".join([head, LAB_PYTHON_BIN, rest])
+    project = str(Path(__file__).resolve().parents[2])  # the gpuzombie package, as the lab image has it
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, project]))
+    return env
+
+
+def opt_children() -> list[str]:
     """The host's /opt entries, mounted one by one (so /opt/gpuzombie can be a mount of its own)."""
     try:
         return sorted(str(p) for p in Path("/opt").iterdir() if p.name != "gpuzombie")
@@ -203,7 +216,7 @@ class ManifestPod:
     def _mounts(self, c: Container) -> tuple[BindMount, ...]:
         base = [m for m in self.runtime.mounts if m.container_path != "/opt"]
         taken = {m.container_path for m in base}
-        base += [BindMount(p, p, readonly=True) for p in _opt_children() if p not in taken]
+        base += [BindMount(p, p, readonly=True) for p in opt_children() if p not in taken]
         base.append(BindMount(self.hook, HOOK_PATH, readonly=True))
         base.append(BindMount(self.preflight, PREFLIGHT_PATH, readonly=True))
         base += self.extra_mounts
@@ -219,12 +232,7 @@ class ManifestPod:
         return m.read_only or grant is None or not grant.writable
 
     def _env(self, c: Container) -> dict[str, str]:
-        env = lab_environment(os.environ, self.gpu if c.resources.gpus else None)
-        head, _, rest = env["PATH"].partition(":")  # the image's /bin, then the lab's Python
-        env["PATH"] = ":".join([head, LAB_PYTHON_BIN, rest])
-        project = str(Path(__file__).resolve().parents[2])  # the gpuzombie package, as the lab image has it
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, project]))
+        env = lab_container_environment(self.gpu if c.resources.gpus else None)
         if not (c.resources.gpus and self.gpu):
             env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
         env.update(dict(c.env))
