@@ -37,6 +37,23 @@ class BuildError(GpuzombieError):
     """The binary could not be found or built; one line."""
 
 
+def _module_directory(env: str, name: str) -> Path:
+    """go/<name> of the clone this package runs from, or the directory ``env`` names."""
+    given = os.environ.get(env)
+    directory = Path(given) if given else Path(__file__).resolve().parents[3] / "go" / name
+    if not (directory / "go.mod").is_file():
+        raise BuildError(f"no go/{name} module at {directory}: the build needs the gpuzombie clone (or {env})")
+    return directory
+
+
+def _required_version(directory: Path, module: str) -> str:
+    """The release of ``module`` that ``directory``'s go.mod requires."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", (directory / "go.mod").read_text(), re.M)
+    if not match:
+        raise BuildError(f"{directory / 'go.mod'} requires no {module} release")
+    return match.group(1)
+
+
 @dataclass(frozen=True)
 class KubeSource:
     """The Go module that builds the binary, and the release it pins."""
@@ -45,23 +62,12 @@ class KubeSource:
 
     @classmethod
     def locate(cls) -> KubeSource:
-        env = os.environ.get(KUBE_SOURCE_ENV)
-        directory = Path(env) if env else Path(__file__).resolve().parents[3] / "go" / "kube"
-        if not (directory / "go.mod").is_file():
-            raise BuildError(
-                f"no go/kube module at {directory}: cluster build needs the gpuzombie clone (or {KUBE_SOURCE_ENV})"
-            )
-        return cls(directory)
+        return cls(_module_directory(KUBE_SOURCE_ENV, "kube"))
 
     @property
     def kubernetes_version(self) -> str:
         """The k8s.io/kubernetes release go.mod requires (``v1.37.2``)."""
-        match = re.search(
-            r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", (self.directory / "go.mod").read_text(), re.M
-        )
-        if not match:
-            raise BuildError(f"{self.directory / 'go.mod'} requires no k8s.io/kubernetes release")
-        return match.group(1)
+        return _required_version(self.directory, "k8s.io/kubernetes")
 
     def ldflags(self) -> str:
         version = self.kubernetes_version
@@ -210,25 +216,12 @@ class ContainerdSource:
 
     @classmethod
     def locate(cls) -> ContainerdSource:
-        env = os.environ.get(CONTAINERD_SOURCE_ENV)
-        directory = Path(env) if env else Path(__file__).resolve().parents[3] / "go" / "containerd"
-        if not (directory / "go.mod").is_file():
-            raise BuildError(
-                f"no go/containerd module at {directory}: the build needs the gpuzombie clone (or {CONTAINERD_SOURCE_ENV})"
-            )
-        return cls(directory)
+        return cls(_module_directory(CONTAINERD_SOURCE_ENV, "containerd"))
 
     @property
     def version(self) -> str:
         """The containerd release go.mod requires (``v2.4.2``)."""
-        match = re.search(
-            rf"^\s*(?:require\s+)?{re.escape(CONTAINERD_MODULE)}\s+(v\S+)",
-            (self.directory / "go.mod").read_text(),
-            re.M,
-        )
-        if not match:
-            raise BuildError(f"{self.directory / 'go.mod'} requires no {CONTAINERD_MODULE} release")
-        return match.group(1)
+        return _required_version(self.directory, CONTAINERD_MODULE)
 
     def ldflags(self) -> str:
         return f"-s -w -X {CONTAINERD_MODULE}/version.Version={self.version}"
