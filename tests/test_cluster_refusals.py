@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuzombie_cli import run_gpuzombie
 from markers import needs_root
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -38,14 +39,7 @@ def up(tmp_path: Path, instance: int, **env: str) -> tuple[subprocess.CompletedP
     full = dict(
         os.environ, GPUZOMBIE_CLUSTER_DIR=str(root), GPUZOMBIE_CLUSTER_INSTANCE=str(instance), PYTHONPATH=SRC, **env
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "cluster", "up"],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_gpuzombie(full, "cluster", "up", timeout=120)
     return done, root
 
 

@@ -25,6 +25,7 @@ import pytest
 from cluster_support import CHART, CRDS, REPO, helm
 from test_cluster_readme import quick_start
 
+from gpuzombie_cli import run_gpuzombie
 from markers import needs_root
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, needs_root]
@@ -119,14 +120,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         made.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         yield made
     finally:
-        down = subprocess.run(
-            [sys.executable, "-m", "gpuzombie", "cluster", "down"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        down = run_gpuzombie(env, "cluster", "down", timeout=300)
         root = Path(env["GPUZOMBIE_CLUSTER_DIR"])
         if root.exists():  # seen here, 2 runs in 4: down left the kubelet's bind mount of its dir (exit 2)
             for line in Path("/proc/self/mountinfo").read_text().splitlines():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuzombie_cli import run_gpuzombie
 from kube.api import Api, object_path, wait_for
 
 UP_TIMEOUT_S = 600
@@ -84,14 +85,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
         GPUZOMBIE_CLUSTER_DIR=str(root),
         PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "cluster", "up"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=UP_TIMEOUT_S,
-        check=False,
-    )
+    done = run_gpuzombie(env, "cluster", "up", timeout=UP_TIMEOUT_S)
     if done.returncode != 0:
         subprocess.run(
             [sys.executable, "-m", "gpuzombie", "cluster", "down"],
@@ -106,14 +100,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     try:
         yield Kube(root, kubeconfig, env)
     finally:
-        down = subprocess.run(
-            [sys.executable, "-m", "gpuzombie", "cluster", "down"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        down = run_gpuzombie(env, "cluster", "down", timeout=300)
         assert down.returncode == 0, down.stderr
 
 

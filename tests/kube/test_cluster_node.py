@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuzombie_cli import run_gpuzombie
 from kube.conftest import Kube
 
 BUSYBOX = "localhost/gpuzombie/busybox:static"
@@ -118,13 +119,6 @@ def test_down_after_a_sigkill_of_up_leaves_nothing(tmp_path: Path) -> None:
             break
     up.wait(60)
     assert _leftovers(root, f"gzcluster{instance}")["processes"], "nothing ran when up was killed"
-    down = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "cluster", "down"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    down = run_gpuzombie(env, "cluster", "down", timeout=300)
     assert down.returncode == 0, down.stderr
     assert _leftovers(root, f"gzcluster{instance}") == {"mounts": [], "processes": [], "bridge": "", "dir": False}
