@@ -43,6 +43,7 @@ from gpuzombie.lab.runtime.manifestpod import (
     HOOK_PATH,
     PREFLIGHT_PATH,
     PodRunConfig,
+    describe_pod,
     host_path_grant,
     lab_container_environment,
     opt_children,
@@ -664,10 +665,7 @@ class KubePod:
 
     @property
     def command_line(self) -> str:
-        share = ", shareProcessNamespace: true (pause as PID 1)" if self.manifest.share_process_namespace else ""
-        parts = [f"{c.name}: {shlex.join(c.argv)}" for c in self.manifest.containers]
-        inits = [f"init {c.name}: {shlex.join(c.argv)}" for c in self.manifest.init_containers]
-        return f"Kubernetes pod {self.namespace}/{self.name}{share}; " + "; ".join([*inits, *parts])
+        return describe_pod(f"Kubernetes pod {self.namespace}/{self.name}", self.manifest)
 
     @property
     def ids(self) -> dict[str, int | str]:

@@ -65,6 +65,14 @@ NET_RAW (raw and packet sockets: spoofing, and the kernel's packet-socket bugs).
 
 
 @dataclass(frozen=True)
+def describe_pod(what: str, manifest: PodManifest) -> str:
+    """One line of a pod's containers and their argv, for the run's log (both runtimes of manifests)."""
+    share = ", shareProcessNamespace: true (pause as PID 1)" if manifest.share_process_namespace else ""
+    parts = [f"{c.name}: {shlex.join(c.argv)}" for c in manifest.containers]
+    inits = [f"init {c.name}: {shlex.join(c.argv)}" for c in manifest.init_containers]
+    return f"{what}{share}; " + "; ".join([*inits, *parts])
+
+
 class HostPathGrant:
     """``--allow-host-path PATH[:rw]``: hostPath volumes at or under ``path`` may be bound, read-only
     unless ``writable``."""
@@ -332,10 +340,7 @@ class ManifestPod:
 
     @property
     def command_line(self) -> str:
-        share = ", shareProcessNamespace: true (pause as PID 1)" if self.manifest.share_process_namespace else ""
-        parts = [f"{c.name}: {shlex.join(c.argv)}" for c in self.manifest.containers]
-        inits = [f"init {c.name}: {shlex.join(c.argv)}" for c in self.manifest.init_containers]
-        return f"CRI pod {self.spec.namespace}/{self.spec.name}{share}; " + "; ".join([*inits, *parts])
+        return describe_pod(f"CRI pod {self.spec.namespace}/{self.spec.name}", self.manifest)
 
     @property
     def ids(self) -> dict[str, int | str]:
