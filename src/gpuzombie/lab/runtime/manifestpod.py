@@ -64,7 +64,6 @@ NET_RAW is the Pod Security Standards' baseline set and CRI-O's default; contain
 NET_RAW (raw and packet sockets: spoofing, and the kernel's packet-socket bugs)."""
 
 
-@dataclass(frozen=True)
 def describe_pod(what: str, manifest: PodManifest) -> str:
     """One line of a pod's containers and their argv, for the run's log (both runtimes of manifests)."""
     share = ", shareProcessNamespace: true (pause as PID 1)" if manifest.share_process_namespace else ""
@@ -73,6 +72,7 @@ def describe_pod(what: str, manifest: PodManifest) -> str:
     return f"{what}{share}; " + "; ".join([*inits, *parts])
 
 
+@dataclass(frozen=True)
 class HostPathGrant:
     """``--allow-host-path PATH[:rw]``: hostPath volumes at or under ``path`` may be bound, read-only
     unless ``writable``."""
