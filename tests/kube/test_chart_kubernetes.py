@@ -45,12 +45,16 @@ pytestmark = pytest.mark.timeout(1800)  # a cold kube-state-metrics build takes 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpuzombie"
 ALERTS = CHART / "files" / "gpuzombie-alerts.yaml"
-RELEASE = NAMESPACE = "gpuzombie"
+RELEASE = "gpuzombie"
+NAMESPACE = "gpuzombie-agent"
+"""Not tests/kube/chart.py's "gpuzombie", where the session's webhook fixture may be running."""
 WORKLOADS = "ml-chart"
 NODE = "gpuzombie-node"
 BUSYBOX = "localhost/gpuzombie/busybox:static"
 STANDIN_GPU = "gpuzombie.dev/standin-gpu"
-"""STAND-IN for nvidia.com/gpu: an extended resource patched into the node's status (2 of them)."""
+"""STAND-IN for nvidia.com/gpu: an extended resource patched into the node's status (2 of them). A
+name of its own: conftest's ``gpus`` stand-in is nvidia.com/gpu, which the session's webhook and
+policy would patch (tini as PID 1) and whose teardown removes it."""
 GIB = 1024 * MIB
 HELD = 2 * GIB
 """What the stand-in NVML says the holder pod's process holds."""
@@ -168,9 +172,8 @@ def _patch_standin_gpus(cluster: Cluster, count: str | None) -> None:
 
 
 @pytest.fixture(scope="module")
-def release(kube: Kube) -> Iterator[Release]:
+def release(kube: Kube, node_image: str) -> Iterator[Release]:
     cluster = Cluster(kube, helm_binary())
-    kube.cli("cluster", "node-image", timeout=900)
     cluster.apply(*monitoring.operator_crds())
     cluster.kubectl(
         "wait",
@@ -365,11 +368,15 @@ def test_the_exporter_names_real_pods_through_the_cri_and_podresources(
         "parent_is_pid1": "true",
     }
     assert value == 1
-    body = release.metrics()
+
     # Both dirty-GPU checks could be made: the runtime listed its pods and the kubelet's PodResources
-    # answered (a stale verdict needs both to agree; a foreign one needs PodResources).
-    checks = {labels["kind"]: v for labels, v in samples(body, "gpuzombie_dirty_gpu_check")}
-    assert checks == {"stale": 1.0, "foreign": 1.0}, checks
+    # answered (a stale verdict needs both to agree; a foreign one needs PodResources). A scan while
+    # the kubelet runs a pod the runtime has no sandbox of yet (one starting) cannot judge stale.
+    def checks() -> dict[str, float]:
+        return {labels["kind"]: v for labels, v in samples(release.metrics(), "gpuzombie_dirty_gpu_check")}
+
+    wait_for("both dirty-GPU checks made", lambda: checks() == {"stale": 1.0, "foreign": 1.0}, timeout=SCAN_WAIT_S)
+    body = release.metrics()
     assert samples(body, "gpuzombie_scan_success") == [({}, 1.0)]
     pid1 = [labels for labels, _ in samples(body, "gpuzombie_pid1_info") if labels["pod_uid"] == uid]
     assert pid1 and pid1[0]["program"] == "sleep" and pid1[0]["kind"] == "non_forking"
@@ -666,7 +673,7 @@ def test_the_handover_alert_on_real_objects(standin: Standin) -> None:
     (waiting,) = wait_for(
         "gpuzombie:preflight_waiting_pods", lambda: prom.query("gpuzombie:preflight_waiting_pods"), timeout=SCAN_WAIT_S
     )
-    assert waiting["metric"]["node"] == NODE and _value(waiting) == 1
+    assert waiting["metric"]["node"] == NODE and _value(waiting) >= 1  # gated (another module's may wait too)
     # The exporter: the stand-in GPU is not clean, and memory is held on it.
     (clean,) = prom.query(f'gpuzombie_gpu_handover_clean{{UUID="{STANDIN_UUID}"}}')
     assert _value(clean) == 0
@@ -683,8 +690,8 @@ def test_the_handover_alert_on_real_objects(standin: Standin) -> None:
     )
     assert alert["state"] == "pending"  # for: 10m; pending is the expression true on these objects
     assert {k: alert["labels"][k] for k in ("node", "gpu", "UUID")} == {"node": NODE, "gpu": "0", "UUID": STANDIN_UUID}
-    assert float(alert["value"]) == 1
-    assert "1 pod(s) on that node wait" in alert["annotations"]["description"], alert["annotations"]
+    assert float(alert["value"]) == _value(waiting)
+    assert f"{_value(waiting):.0f} pod(s) on that node wait" in alert["annotations"]["description"], alert
     # The pod itself waits in its gate, its workload not started.
     pod = standin.cluster.get("pod", "-n", WORKLOADS, "gated")
     (gate,) = [s for s in pod["status"]["initContainerStatuses"] if s["name"] == "gpuzombie-preflight"]
