@@ -24,6 +24,11 @@ NODE_IMAGE_TIMEOUT_S = 900
 """A cold build of the node image (pip of the node requirements) took 45 s here, an import 5-10 s."""
 WEBHOOK_READY_TIMEOUT_S = 300
 """Two webhook pods from a fresh image: 15-20 s here."""
+TEST_TIMEOUT_S = UP_TIMEOUT_S + NODE_IMAGE_TIMEOUT_S + WEBHOOK_READY_TIMEOUT_S
+"""pytest-timeout's bound of a kube test without one of its own: the suite's 120 s counts the session
+fixtures' set-up against the first test that uses them, and beside stress-ng --cpu 2 the cluster,
+the node image and the webhook took 122 s before test_admission_kubernetes' first test began (each
+fixture's own wait is bounded above)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.kube)
             item.add_marker(pytest.mark.slow)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
