@@ -531,15 +531,15 @@ class KubernetesDiscovery:
                 query = urllib.parse.parse_qs(url.query)
                 namespaces = [n for n in query.get("namespaces", [""])[0].split(",") if n]
                 try:
-                    body = json.dumps(discovery.targets(url.path.strip("/"), namespaces)).encode()
-                    self.send_response(200)
+                    body, status = json.dumps(discovery.targets(url.path.strip("/"), namespaces)).encode(), 200
                 except (AssertionError, KeyError, ValueError) as exc:
-                    body = str(exc).encode()
-                    self.send_response(500)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                    body, status = str(exc).encode(), 500
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a Prometheus stopping
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass
