@@ -206,7 +206,7 @@ def test_check_reads_helm_template_output(helm_binary):
     got = helm(helm_binary, "template", "gpu-zombie-test", str(EXPERIMENT_CHART))
     assert got.returncode == 0, got.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "gpuzombie", "check", "--json", "-"],
+        [sys.executable, "-m", "gpuzombie", "check", "--json", "--fail-on", "warning", "-"],
         input=got.stdout,
         capture_output=True,
         text=True,

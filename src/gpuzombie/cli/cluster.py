@@ -8,14 +8,14 @@ import os
 import shlex
 import subprocess
 import sys
+from types import ModuleType
+from typing import Any
 
 import click
 
 from gpuzombie.cluster.build import ensure_binary, ensure_containerd
-from gpuzombie.cluster.images import node_image_archive
 from gpuzombie.cluster.layout import Layout
-from gpuzombie.cluster.node import ClusterError, ClusterState, down, import_archive, status, up
-from gpuzombie.errors import GpuzombieError
+from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.jsonout import dumps
 
@@ -24,10 +24,20 @@ def _progress(line: str) -> None:
     click.echo(f"cluster: {line}", err=True)
 
 
-def _state_or_fail(layout: Layout) -> ClusterState:
-    state = ClusterState.read(layout.state_file)
+def _node() -> ModuleType:
+    """cluster.node, imported when a command runs: it needs the cluster and node extras (the PKI's
+    cryptography, the CRI client's grpcio), which `gpuzombie --help` must not."""
+    try:
+        from gpuzombie.cluster import node
+    except ImportError as exc:
+        raise GpuzombieError(needs_extra("gpuzombie cluster", "cluster,node", exc)) from None
+    return node
+
+
+def _state_or_fail(layout: Layout) -> Any:
+    state = _node().ClusterState.read(layout.state_file)
     if state is None:
-        raise ClusterError(f"no cluster at {layout.root} (gpuzombie cluster up starts one)")
+        raise GpuzombieError(f"no cluster at {layout.root} (gpuzombie cluster up starts one)")
     return state
 
 
@@ -58,7 +68,7 @@ def up_command() -> None:
     """Start the node; exit 0 once it is Ready. The last line on stdout is the kubeconfig's path.
     GPUZOMBIE_CLUSTER_RUNTIME=containerd2 runs it on containerd 2 (built from go/containerd)."""
     layout = Layout.from_env()
-    state = up(layout, layout.ports, _progress)
+    state = _node().up(layout, layout.ports, _progress)
     _progress(
         f"node Ready in {state.ready_s:.1f} s (Kubernetes {state.kubernetes_version}, containerd {state.containerd_version})"
     )
@@ -71,8 +81,11 @@ def node_image_command() -> None:
     running cluster's containerd; print its name."""
     layout = Layout.from_env()
     _state_or_fail(layout)
+    node = _node()
+    from gpuzombie.cluster.images import node_image_archive  # needs what node needs
+
     name, archive = node_image_archive(_progress)
-    import_archive(layout, name, archive)
+    node.import_archive(layout, name, archive)
     click.echo(name)
 
 
@@ -81,7 +94,7 @@ def down_command() -> None:
     """Stop the cluster and remove every process, mount, cgroup, interface and iptables chain it made."""
     layout = Layout.from_env()
     existed = layout.root.exists()
-    problems = down(layout)
+    problems = _node().down(layout)
     if problems:
         raise GpuzombieError("cluster down left: " + "; ".join(problems))
     _progress(f"removed {layout.root}" if existed else f"nothing at {layout.root}")
@@ -91,7 +104,7 @@ def down_command() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status_command(as_json: bool) -> None:
     """What runs, where the kubeconfig is, which versions. Exit 0 when up, 1 when not."""
-    result = status(Layout.from_env())
+    result = _node().status(Layout.from_env())
     if as_json:
         click.echo(dumps(result))
     elif not result.processes:
@@ -131,4 +144,4 @@ def kubectl_command(args: tuple[str, ...]) -> None:
     try:
         sys.exit(subprocess.run(argv, check=False).returncode)
     except OSError as exc:
-        raise ClusterError(f"cannot run kubectl: {exc.strerror}") from None
+        raise GpuzombieError(f"cannot run kubectl: {exc.strerror}") from None

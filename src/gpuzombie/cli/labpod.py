@@ -28,7 +28,8 @@ def load_manifest(stream: IO[str]) -> Any:
         raise GpuzombieError(needs_extra("lab pod", "labpod", exc)) from exc
     from gpuzombie.lab.manifest import ManifestError, load_pod
 
-    shown = "stdin" if stream.name == "<stdin>" else stream.name
+    name = getattr(stream, "name", "<stdin>")  # click's stdin may be any text stream
+    shown = "stdin" if name == "<stdin>" else str(name)
     try:
         text = stream.read()
     except UnicodeDecodeError as exc:  # a binary file: before, "internal error: UnicodeDecodeError"
@@ -174,7 +175,7 @@ def pod_command(
     try:
         parsed = parse_pod(doc)
     except ManifestError as exc:
-        raise GpuzombieError(f"{manifest.name}: {exc}") from exc
+        raise GpuzombieError(f"{getattr(manifest, 'name', 'stdin')}: {exc}") from exc
     try:  # grpcio and the CRI stubs are an extra
         from gpuzombie.k8s.cri import CriError
         from gpuzombie.lab.errors import LabError
@@ -191,7 +192,7 @@ def pod_command(
     try:
         check_runnable(parsed, config, runtime)  # before anything is made, and before the notes
     except LabError as exc:
-        raise GpuzombieError(f"{manifest.name}: {exc}") from exc
+        raise GpuzombieError(f"{getattr(manifest, 'name', 'stdin')}: {exc}") from exc
     console = Console(stderr=True, log_path=False)
     for note in lab_notes(parsed, config) if runtime == "containerd" else ():
         console.print(Text.assemble(("lab pod:", "yellow"), " ", escape(note, 1000)))  # a hostPath is the manifest's
