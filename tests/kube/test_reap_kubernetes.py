@@ -17,6 +17,7 @@ import contextlib
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,7 +185,9 @@ def test_a_holder_that_outlived_a_real_deletion_is_stale_and_a_live_pod_is_never
 
             Path(frozen, "freezer.state").write_text("THAWED")  # "the driver lets it go"
             wait_for("the holder gone", lambda: holder.poll() is not None, timeout=60)
-            assert holder.returncode == -9
+            # reap's SIGTERM and the SIGKILLs (reap's, the kubelet's) were all pending while it was
+            # frozen: whichever the kernel delivers first on the thaw ends it (seen: both)
+            assert holder.returncode in (-signal.SIGTERM, -signal.SIGKILL)
         wait_for("the pod's deletion to finish", lambda: api.call("GET", path).status == 404, timeout=120)
     finally:
         with contextlib.suppress(OSError):
