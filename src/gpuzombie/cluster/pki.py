@@ -64,6 +64,28 @@ def _name(common_name: str, organizations: Sequence[str] = ()) -> x509.Name:
     return x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    now: datetime.datetime,
+    until: datetime.datetime,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """What the CA's and every leaf certificate share: names, key, serial, validity, CA or not."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+
+
 def make_pki(directory: Path, requests: Sequence[CertRequest]) -> Pki:
     """A new CA in ``directory`` and every requested certificate signed by it, plus ``sa.key`` and
     ``sa.pub`` (the service-account token key pair)."""
@@ -73,14 +95,7 @@ def make_pki(directory: Path, requests: Sequence[CertRequest]) -> Pki:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("gpuzombie-cluster-ca")
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        _builder(ca_name, ca_name, ca_key, now, until, ca=True)
         .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
@@ -91,14 +106,7 @@ def make_pki(directory: Path, requests: Sequence[CertRequest]) -> Pki:
         key = ec.generate_private_key(ec.SECP256R1())
         usages = [ExtendedKeyUsageOID.SERVER_AUTH] * request.server + [ExtendedKeyUsageOID.CLIENT_AUTH] * request.client
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(request.common_name, request.organizations))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(until)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            _builder(_name(request.common_name, request.organizations), ca_name, key, now, until, ca=False)
             .add_extension(x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
