@@ -40,7 +40,7 @@ def test_every_hint_in_the_package_names_an_extra_pyproject_has():
             if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "needs_extra":
                 extra = call.args[1]
                 assert isinstance(extra, ast.Constant), f"{path}: the extra must be a literal"
-                named.append(extra.value)
+                named.extend(extra.value.split(","))
     assert named and set(named) <= set(EXTRAS), set(named) - set(EXTRAS)
 
 
