@@ -121,7 +121,7 @@ def test_s5_share_process_namespace_pause_reaps_and_the_grace_is_not_wasted(lab)
 
 
 def test_observe_inside_the_pod_agrees_with_the_host_count(lab):
-    for name in ("s1-nofix", "s2-tini"):
+    for name in ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid"):
         for point in ("after-spawn", "after-kill"):
             o = obs(scenario(lab, name), point)
             assert o["observe_summary"] is not None, o["observe_error"]
@@ -142,6 +142,10 @@ def test_results_layout_is_the_seeds_and_labelled(lab):
     comparison = (out / "comparison.md").read_text()
     assert "CPU STAND-IN" in comparison and "| S1 No Fix | S2 tini only |" in comparison
     assert "seed expected: 30 s (no handler)" in comparison  # S2 differs from the seed
+    for name in ("s1-nofix", "s5-sharepid"):  # PID 1 SIGKILLed: unshare's util-linux#2614 line is explained
+        log = (out / name / "pod.log").read_text()
+        assert "sigprocmask unblock failed" not in log or "util-linux#2614" in log, name
+    assert "좀비" not in comparison and "삭제" not in comparison  # an English report (issue 35 (7))
 
 
 def test_report_rebuilds_from_results_json(lab, capsys):
@@ -236,13 +240,13 @@ def test_observe_log_is_rendered_from_the_same_json_snapshot(lab):
 def test_comparison_symbols_mean_one_thing(lab):
     comparison = (lab[0] / "comparison.md").read_text()
     row = {line.split(" | ")[0].lstrip("| "): line for line in comparison.splitlines() if line.startswith("| ")}
-    s1, s2 = row["Zombies (좀비 수거)"].split(" | ")[1:3]
+    s1, s2 = row["Zombies reaped"].split(" | ")[1:3]
     assert s1.startswith("❌") and s2.startswith("✅")  # zombies are bad, reaping is good
-    assert row["Orphans (고아 발생)"].split(" | ")[1].startswith("❌")  # orphans never reaped in S1
+    assert row["Orphans left"].split(" | ")[1].startswith("❌")  # orphans never reaped in S1
     assert "✅ none: RSS freed" in row["Orphaned CUDA ctx after kill -9"]
     assert row["Node reboot needed"].count("✅ not needed") >= 4
     assert "say what is good for the user: ✅ the good outcome" in comparison
-    held = row["Memory held after pod deletion (Pod 삭제 시 GPU 점유 시간)"].split(" | ")[1:6]
+    held = row["How long the memory is held after pod deletion"].split(" | ")[1:6]
     assert held[0].startswith("❌") and held[1].startswith("✅")  # S1 held the whole grace, S2 freed at once
     assert len(held) == 5 and held[4].startswith("✅")  # S5 has its column, and frees at once
 

@@ -42,4 +42,4 @@ def test_scenario_metrics():
     )
     assert m.release_latency_s == 7.5 and m.sigkill_to_free_s == 0.5
     assert m.waited_whole_grace and m.kill9_to_free_s == 1.0
-    assert m.grace_waste_gib_s == 7.25 and m.release_within_2x_kill9 is False
+    assert m.grace_waste_gib_s == 7.25 and m.release_over_kill9 == 7.5

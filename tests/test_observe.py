@@ -188,6 +188,25 @@ def test_zombie_of_a_live_parent_no_init_can_reap(proc):
     assert report.orphans == ()  # pid 2 is tini's one child
 
 
+def test_catatonit_in_pause_mode_starts_no_child_so_every_child_is_an_orphan(proc):
+    """S5's pause (issue 35 (7)): `catatonit -P` was read as a single-child init, so after the
+    kill -9 the surviving re-parented worker passed for its own child, and observe said no orphan
+    where the lab's host count said one."""
+    make_fake_proc(proc, 1, ppid=0, comm="catatonit", cmdline=b"/usr/bin/catatonit\0-P\0")
+    make_fake_proc(proc, 2, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0", starttime=1001)
+    make_fake_proc(proc, 5, ppid=1, comm="python3", cmdline=b"python3\0worker.py\0", starttime=1100)
+    report = run(proc, [], HOST)
+    assert report.pid1.kind.value == "pause" and report.pid1.is_reaping_init
+    assert [(o.pid, o.verdict) for o in report.orphans] == [(5, "orphan")]
+
+
+def test_catatonit_as_an_init_keeps_its_one_child(proc):
+    make_fake_proc(proc, 1, ppid=0, comm="catatonit", cmdline=b"/usr/bin/catatonit\0--\0python3\0train.py\0")
+    make_fake_proc(proc, 2, ppid=1, comm="python3", cmdline=b"python3\0train.py\0", starttime=1001)
+    report = run(proc, [], HOST)
+    assert report.pid1.kind.value == "init" and report.orphans == ()
+
+
 def test_observer_chain_is_not_a_finding(proc):
     make_fake_proc(proc, 1, ppid=0, comm="sleep", cmdline=b"sleep\0infinity\0")
     make_fake_proc(proc, 40, ppid=0, comm="sh", cmdline=b"sh\0")

@@ -42,6 +42,10 @@ _KINDS: dict[str, Pid1Kind] = {
     **dict.fromkeys(("sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"), Pid1Kind.SHELL),
 }
 
+_PAUSE_FLAG = "-P"
+"""``catatonit -P`` is a pause container (it starts no child), not a single-child init: without it,
+observe took the oldest re-parented worker for catatonit's own child and called S5's orphan none."""
+
 _REAPS = {Pid1Kind.INIT, Pid1Kind.SUPERVISOR, Pid1Kind.PAUSE}
 
 _NOTES = {
@@ -99,6 +103,8 @@ def classify(proc: ProcessInfo | None) -> Pid1:
         )
     name = program_name(proc)
     kind = _KINDS.get(name, Pid1Kind.PROGRAM)
+    if name == "catatonit" and _PAUSE_FLAG in proc.cmdline[1:]:
+        kind = Pid1Kind.PAUSE  # podman's infra and the lab's S5 pause: no child of its own
     return Pid1(
         pid=proc.pid,
         comm=proc.comm,
