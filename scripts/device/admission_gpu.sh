@@ -47,8 +47,10 @@ prepare() {
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$PYYAML_WHEEL" || return 2
-  # gpuzombie webhook --patch writes its fix with ruamel.yaml's round trip (pure Python)
-  "$python" -m pip download -q --no-deps --only-binary=:all: -d .whl ruamel.yaml || return 2
+  # gpuzombie webhook --patch writes its fix with ruamel.yaml's round trip and its JSON patch with
+  # jsonpatch (pure Python, with jsonpointer): run's check "python3 lacks PyYAML, jsonpatch or the CRI
+  # stubs" stopped a fresh prepare's run without them
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d .whl ruamel.yaml jsonpatch jsonpointer || return 2
   du -shc .debs .whl .lab-images
 }
 
