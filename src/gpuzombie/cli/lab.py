@@ -245,7 +245,9 @@ def run_command(
     the SIGKILL at the grace's end. It uses the cluster up at
     $GPUZOMBIE_CLUSTER_DIR (instance $GPUZOMBIE_CLUSTER_INSTANCE) and
     leaves it up; with none up there it starts one and stops it at the
-    end. CPU stand-in only (the node has no GPU device plugin).
+    end. On a GPU (--device cuda) the cluster must be up with a device
+    plugin that advertises nvidia.com/gpu (scripts/device/kube_gpu.sh):
+    the kubelet allocates each pod's GPU.
 
     \b
     --scenario nccl: N ranks in collectives, rank 0 SIGKILLed, the five

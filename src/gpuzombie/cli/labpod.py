@@ -155,7 +155,8 @@ def pod_command(
     needs (listed before the pod starts: the lab's image, the host's
     directories as read-only hostPath volumes, no nvidia.com/gpu on the CPU
     stand-in); kubectl delete --grace-period deletes it and the kubelet runs
-    the preStop hook, SIGTERM and SIGKILL. CPU stand-in only.
+    the preStop hook, SIGTERM and SIGKILL. On a GPU the cluster must be up
+    with a device plugin that advertises nvidia.com/gpu.
 
     \b
     Exit codes: 0 the pod was gone within the grace and left nothing,

@@ -35,9 +35,16 @@ from gpuzombie.errors import needs_extra
 from gpuzombie.k8s.cri import BindMount, CriError, RuntimeClient
 from gpuzombie.lab.errors import LabError, PodError
 from gpuzombie.lab.events import EventLog
-from gpuzombie.lab.manifest import PodManifest
+from gpuzombie.lab.manifest import LAB_GPU, PodManifest
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
-from gpuzombie.lab.runtime.cri import KUBELET_RUNTIME_TIMEOUT_S, parse_cri_log, python_paths, workload_mounts
+from gpuzombie.lab.runtime.cri import (
+    KUBELET_RUNTIME_TIMEOUT_S,
+    GpuParts,
+    find_gpu_parts,
+    parse_cri_log,
+    python_paths,
+    workload_mounts,
+)
 from gpuzombie.lab.runtime.kubespec import HostMount, NodeParts, node_document, scenario_document
 from gpuzombie.lab.runtime.manifestpod import (
     HOOK_PATH,
@@ -176,6 +183,15 @@ class KubeCluster:
                 raise KubeError(f"namespace {namespace} has no default ServiceAccount after {KUBECTL_TIMEOUT_S:.0f} s")
             time.sleep(0.25)
 
+    def allocatable(self, resource: str) -> int:
+        """How many of ``resource`` the cluster's nodes can allocate (0 when none says a number)."""
+        done = self.kubectl("get", "nodes", "-o", "json", doing=f"reading the nodes' allocatable {resource}")
+        try:
+            nodes = json.loads(done.stdout).get("items") or []
+            return sum(int(((n.get("status") or {}).get("allocatable") or {}).get(resource, 0)) for n in nodes)
+        except (ValueError, AttributeError, TypeError):
+            return 0
+
     @property
     def containerd_pid(self) -> int | None:
         return next((p.pid for p in self.state.processes if p.name == "containerd"), None)
@@ -188,6 +204,14 @@ def _layout() -> Layout:
         return Layout.from_env()
     except ValueError as exc:
         raise KubeError(str(exc)) from None
+
+
+def _cluster_up() -> bool:
+    try:
+        from gpuzombie.cluster.node import status
+    except ImportError as exc:  # cryptography: the cluster extra
+        raise KubeError(needs_extra("--runtime kubernetes", "cluster", exc)) from exc
+    return status(_layout()).up
 
 
 def attach_or_start(progress: Callable[[str], None]) -> KubeCluster:
@@ -232,6 +256,9 @@ class KubeRuntime:
     workdir: Path
     """The run's directory (the hooks' builds, a scenario's preStop output); ``lab clean`` removes it
     after a crash."""
+    gpu: GpuParts | None = None
+    """On a GPU: the driver's library directories the workload's environment names (the device
+    plugin gives the devices and, through CDI, the driver's files); None: the CPU stand-in."""
 
     @property
     def socket(self) -> str:
@@ -246,22 +273,34 @@ class KubeRuntime:
 @contextlib.contextmanager
 def kube_runtime(*, progress: Callable[[str], None], gpu: bool = False) -> Iterator[KubeRuntime]:
     """The kubernetes runtime for one run: a cluster that is up, or one started here (and stopped
-    at the end, also on Ctrl-C or an error)."""
-    if gpu:
-        raise KubeError(
-            "--runtime kubernetes: the cluster's node has no GPU device plugin (nvidia.com/gpu); "
-            "use --device cpu, the stand-in"
-        )
+    at the end, also on Ctrl-C or an error). On a GPU the cluster must be up already, with a device
+    plugin that advertises ``nvidia.com/gpu`` (scripts/device/kube_gpu.sh starts NVIDIA's): the
+    kubelet, not the lab, then gives each pod its GPU."""
     if os.geteuid() != 0:
         raise KubeError("--runtime kubernetes needs root (it reads the pods' processes and the node's containerd)")
+    if gpu and not _cluster_up():
+        raise KubeError(
+            "--runtime kubernetes on a GPU: start the cluster and a device plugin that advertises "
+            f"{LAB_GPU} first (scripts/device/kube_gpu.sh), or use --device cpu, the stand-in"
+        )
     cluster = attach_or_start(progress)
     failed = True
     try:
+        parts = None
+        if gpu:
+            advertised = cluster.allocatable(LAB_GPU)
+            if advertised < 1:
+                raise KubeError(
+                    f"--runtime kubernetes: the cluster's node advertises no {LAB_GPU} (no device plugin "
+                    "registered with its kubelet); use --device cpu, the stand-in"
+                )
+            progress(f"the node advertises {advertised} {LAB_GPU}: the kubelet allocates each pod's")
+            parts = find_gpu_parts()
         workdir = new_run_dir()
         try:
             with RuntimeClient(str(cluster.layout.containerd_socket)) as client:
                 mounts = workload_mounts(python_paths(os.environ), None)
-                yield KubeRuntime(cluster, client, BUSYBOX_IMAGE, mounts, workdir)
+                yield KubeRuntime(cluster, client, BUSYBOX_IMAGE, mounts, workdir, gpu=parts)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         failed = False
@@ -456,7 +495,8 @@ class KubePod:
         parts = NodeParts(
             image=runtime.image,
             mounts=self._host_mounts(hook, preflight, extra_mounts),
-            env=lab_container_environment(None),
+            env=lab_container_environment(runtime.gpu),
+            gpu=runtime.gpu is not None,
         )
         read_only = [v.name for v in manifest.volumes if v.kind == "hostPath" and not self._writable(v.host_path)]
         base = document if document is not None else scenario_document(manifest, name=self.name)
