@@ -124,11 +124,15 @@ machine() {
 up() {
   environment || return 2
   { machine; } 2>&1 | tee "$OUT/machine.txt"
-  log "cluster up (containerd 2.4.2)" | tee "$OUT/up.log"
   local t0=$SECONDS
-  gz cluster up 2>&1 | tee -a "$OUT/up.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || { gz cluster status 2>&1 | tail -n 20; return 1; }
-  log "cluster up took $((SECONDS - t0)) s" | tee -a "$OUT/up.log"
+  if gz cluster status --json 2>/dev/null | python3 -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["up"] else 1)'; then
+    log "the cluster is up already (an earlier call's): using it" | tee "$OUT/up.log"
+  else
+    log "cluster up (containerd 2.4.2)" | tee "$OUT/up.log"
+    gz cluster up 2>&1 | tee -a "$OUT/up.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || { gz cluster status 2>&1 | tail -n 20; return 1; }
+    log "cluster up took $((SECONDS - t0)) s" | tee -a "$OUT/up.log"
+  fi
   local kubelet_root cdi
   kubelet_root=$(layout_path kubelet_root) cdi=$(layout_path cdi_specs)
   if [ "$DEVICE" != cuda ]; then
@@ -152,11 +156,13 @@ up() {
   local strategy=(--device-list-strategy=cdi-cri)
   [ "${STRATEGY:-cdi}" = specs ] && strategy=(--device-list-strategy=envvar --pass-device-specs=true)
   log "NVIDIA device plugin (${strategy[*]})" | tee -a "$OUT/up.log"
-  setsid nvidia-device-plugin "${strategy[@]}" --nvidia-cdi-hook-path="$GZK/bin/nvidia-cdi-hook" \
+  [ -f "$GZK/device-plugin.pid" ] && kill "$(cat "$GZK/device-plugin.pid")" 2>/dev/null  # an earlier call's
+  # On the host, not in its DaemonSet's container: the driver's root is / on both sides.
+  setsid nvidia-device-plugin "${strategy[@]}" --driver-root=/ --driver-root-ctr-path=/ --nvidia-cdi-hook-path="$GZK/bin/nvidia-cdi-hook" \
     --fail-on-init-error=true >"$OUT/device-plugin.log" 2>&1 </dev/null &
   echo $! >"$GZK/device-plugin.pid"
   local gpus=""
-  for _ in $(seq 1 60); do
+  for _ in $(seq 1 "${PLUGIN_WAIT_S:-40}"); do
     gpus=$(kubectl get nodes -o jsonpath='{.items[0].status.allocatable.nvidia\.com/gpu}' 2>/dev/null)
     [ -n "$gpus" ] && [ "$gpus" != 0 ] && break
     sleep 1

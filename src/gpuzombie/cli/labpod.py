@@ -188,8 +188,6 @@ def pod_command(
     resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))
     grants = tuple(host_path_grant_of(value) for value in host_paths)
     config = PodRunConfig(device=resolved, grace=grace, ready_timeout=ready_timeout, host_paths=grants)
-    if runtime == "kubernetes" and resolved == "cuda":
-        raise GpuzombieError("--runtime kubernetes: the cluster's node has no GPU device plugin; use --device cpu")
     try:
         check_runnable(parsed, config, runtime)  # before anything is made, and before the notes
     except LabError as exc:

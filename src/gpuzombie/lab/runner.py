@@ -224,10 +224,6 @@ def check_request(request: LabRequest) -> None:
             raise GpuzombieError(f"--runtime {runtime}: {why} takes the grace in whole seconds (use --grace 2, 30...)")
     if set(request.runtimes) - {"namespaces"} and request.config.uid is not None:
         raise GpuzombieError("--uid: only on the namespaces runtime")
-    if "kubernetes" in request.runtimes and request.device == "cuda":
-        raise GpuzombieError(
-            "--runtime kubernetes: the cluster's node has no GPU device plugin (nvidia.com/gpu); use --device cpu"
-        )
     nccl_only = [o for o in request.nccl.given() if o != "--size-mib"]
     if nccl_only and NCCL not in request.scenarios:
         raise GpuzombieError(f"{', '.join(nccl_only)}: only with --scenario nccl")
