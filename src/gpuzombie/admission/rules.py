@@ -18,29 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.admission import preflight
-from gpuzombie.k8s.podspec import SHELLS, Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.pid1kinds import REAPING_KINDS, SHELLS, Pid1Kind, kind_of
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-INITS = frozenset(
-    {
-        "tini",
-        "tini-static",
-        "dumb-init",
-        "catatonit",
-        "docker-init",
-        "s6-svscan",
-        "runsvdir",
-        "supervisord",
-        "systemd",
-        "argoexec",
-    }
-)
-"""Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
-(podman, docker --init) and a distribution's ``/sbin/init`` by path. ``argoexec``: Argo's
-``emissary`` before every main container (podspec.ARGO_EXECUTOR)."""
-INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 MAX_SCRIPT_CHARS = 64 * 1024
 """A ``sh -c`` script longer than this is not read: PID 1 is "cannot tell", said so. Inline scripts
@@ -225,14 +208,6 @@ class Finding:
         }
 
 
-class Pid1Kind(enum.Enum):
-    INIT = "init"
-    SLEEP = "sleep"
-    SHELL = "shell"
-    PROGRAM = "program"
-    UNKNOWN = "unknown"
-
-
 @dataclass(frozen=True)
 class Pid1:
     """What a known argv makes PID 1, and whether it starts work in the background."""
@@ -271,10 +246,6 @@ def read(
     if annotations is not None:
         context = dataclasses.replace(context, annotations=annotations)
     return read_pod_spec(spec, between=budget.check, context=context)
-
-
-def is_init(program: str) -> bool:
-    return program in INIT_PATHS or posixpath.basename(program) in INITS
 
 
 _OPTION_ARGUMENT = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
@@ -498,14 +469,10 @@ def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
     UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""
     if not words:
         return Pid1(Pid1Kind.UNKNOWN)
-    program = words[0]
-    base = posixpath.basename(program)
-    if is_init(program):
-        return Pid1(Pid1Kind.INIT, base)
-    if base == "sleep":
-        return Pid1(Pid1Kind.SLEEP, base)
-    if base not in SHELLS:
-        return Pid1(Pid1Kind.PROGRAM, base)
+    base = posixpath.basename(words[0])
+    kind = kind_of(base)
+    if kind is not Pid1Kind.SHELL:
+        return Pid1(kind, base)
     script = _script(words)
     if script is None:
         return Pid1(Pid1Kind.SHELL, base)
@@ -625,7 +592,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1, grace: int) -> Finding | None:
     """The finding for a container whose ``command`` shows PID 1 (None: an init)."""
     shown = _shown(pid1, c.words)
     via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command"
-    if pid1.kind is Pid1Kind.INIT:
+    if pid1.kind in REAPING_KINDS:
         return None
     if pid1.traps_term:  # trap 'exit 0' TERM; ... & wait: exits on SIGTERM at once (measured 0.00 s)
         return Finding(
@@ -643,12 +610,12 @@ def _known_pid1_finding(c: Container, pid1: Pid1, grace: int) -> Finding | None:
             f"to that work and has no handler of its own, and {REAPING}",
         )
     whole_grace = f"every deletion holds the GPU for the whole grace ({grace} s)"
-    if pid1.kind is Pid1Kind.SLEEP:
-        return Finding(  # certain: sleep has no SIGTERM handler, and PID 1 gets no default action
+    if pid1.kind is Pid1Kind.NON_FORKING:
+        return Finding(  # certain: sleep (tail) has no SIGTERM handler, and PID 1 gets no default action
             "GZ008",
             Severity.ERROR,
             c.name,
-            f"PID 1 is sleep ({shown}){via}: the kernel drops its SIGTERM, so {whole_grace}, and work "
+            f"PID 1 is {pid1.program} ({shown}){via}: the kernel drops its SIGTERM, so {whole_grace}, and work "
             "started in it (kubectl exec) is not reaped",
         )
     if pid1.kind is Pid1Kind.SHELL and pid1.plain_last and pid1.program not in ("sh", "dash"):
@@ -695,7 +662,7 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
             yield finding
         return
     seen = analyse_argv(c.words)
-    if seen.background and not seen.traps_term and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
+    if seen.background and not seen.traps_term and seen.kind not in REAPING_KINDS | {Pid1Kind.UNKNOWN}:
         # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
         yield Finding(
             "GZ001",
@@ -706,7 +673,7 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
             "with work in the background",
         )
         return
-    unless = f" (unless it is an init, PID 1 is {seen.program})" if seen.kind is Pid1Kind.SLEEP else ""
+    unless = f" (unless it is an init, PID 1 is {seen.program})" if seen.kind is Pid1Kind.NON_FORKING else ""
     yield Finding(
         "GZ006",
         Severity.NOTE,

@@ -21,14 +21,15 @@ from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
 from gpuzombie.k8s.liveness import PodState
+from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.prestop.targets import Target, Unread
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
-from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
-from gpuzombie.trace.model import NamesLookup, PodsLookup, build_trace
+from gpuzombie.reap.plan import ReapPlan, StalePod, stale_pods, stale_targets
+from gpuzombie.trace.model import PodsLookup, build_trace
 from gpuzombie.units import MIB
 
 SCHEMA = "gpuzombie.reap/1"
@@ -81,7 +82,7 @@ def plan_reap(
     try:
         table = procfs.snapshot(pids, now=time.time())
         gpus = read_gpus(nvml) if nvml is not None else NO_GPU
-        report = build_trace(
+        report, _ = build_trace(
             table,
             gpus,
             view=current_view(),
@@ -101,7 +102,7 @@ def plan_reap(
         for row in report.rows:
             if row.pid is not None and row.gpu_memory:
                 memory[row.pid] = memory.get(row.pid, 0) + row.gpu_memory
-        targets, unread = plan_targets(table, found, own_pid=own_pid, memory=memory)
+        targets, unread = stale_targets(table, found, own_pid=own_pid, memory=memory)
     except BaseException:
         pins.close()
         raise
@@ -174,7 +175,7 @@ def run_reap(
             table = procfs.snapshot(pids, now=time.time())
             now = pods()
             still = [p for p in plan.stale_pods if now.problem is None and now.state(p.pod_uid) in STOPPED_STATES]
-            targets, _ = plan_targets(table, still, own_pid=me)
+            targets, _ = stale_targets(table, still, own_pid=me)
         except BaseException:
             new_pins.close()
             raise

@@ -17,10 +17,9 @@ from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import GpuDevice
 from gpuzombie.handover.verdict import GpuReading, judge
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
-from gpuzombie.observe.pid1 import Pid1Kind
+from gpuzombie.pid1kinds import Pid1Kind
 from gpuzombie.proc.procfs import ProcessInfo
 from gpuzombie.trace.model import GpuMemory, TraceRow
 from gpuzombie.trace.scan import NodeScan
@@ -226,57 +225,21 @@ def build_view(
     now = scan.trace.taken_at if now is None else now
     table, trace = scan.table, scan.trace
     accs: dict[str, _PodAcc] = {}
-
-    # A zombie's cgroup reads empty: its PID namespace still says whose it is.
-    pod_of_pidns = {
-        ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
-    }
-
-    seen: dict[tuple[tuple[str, ...], int | None], tuple[_PodAcc, str] | None] = {}
-
-    def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        """Its pod and container: the same for every process of a container (same cgroup lines and
-        PID namespace), so found once per container."""
-        key = (proc.cgroup, proc.pidns)
-        if key not in seen:
-            seen[key] = _find_pod(proc)
-        return seen[key]
-
-    def _find_pod(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
-        if (ref is None or not ref.pod_uid) and proc.pidns is not None:
-            ref = pod_of_pidns.get(proc.pidns)
-        if ref is None or not ref.pod_uid:
-            return None
-        acc = accs.setdefault(ref.pod_uid, _PodAcc(ref.pod_uid))
-        cnames = scan.names.container(ref.container_id)
-        pnames = scan.names.pod(ref.pod_uid)
-        acc.namespace = (
-            acc.namespace or (cnames.namespace if cnames else None) or (pnames.namespace if pnames else "") or ""
-        )
-        acc.pod = acc.pod or (cnames.pod if cnames else None) or (pnames.pod if pnames else "") or ""
-        container = (cnames.container if cnames else None) or (ref.short_id or "")
-        if container == "POD":
-            container = ""
-        return acc, container
-
     host = _PodAcc(HOST, namespace=HOST)
     row_pids = {r.pid for r in trace.rows if r.pid is not None}
-    placed: dict[int, tuple[_PodAcc, str]] = {}
     for proc in table:
-        found = acc_of(proc) if proc.cgroup or proc.pidns in pod_of_pidns else None
-        if found is not None:
-            placed[proc.pid] = found
-            if found[1]:
-                found[0].containers[found[1]] = None
-    for proc in table:
-        found = placed.get(proc.pid)
-        if found is None and proc.is_zombie and len(proc.nspid) > 1:
-            found = placed.get(proc.ppid)  # its cgroup and namespace links are gone: its parent's pod
-        if found is not None:
-            found[0].procs.append((proc, found[1]))
-        elif proc.pid in row_pids:
-            host.procs.append((proc, ""))
+        owner = scan.owners.of(proc.pid)
+        uid = owner.ref.pod_uid if owner.ref else None
+        if not uid:
+            if proc.pid in row_pids:
+                host.procs.append((proc, ""))
+            continue
+        acc = accs.setdefault(uid, _PodAcc(uid))
+        acc.namespace = acc.namespace or owner.namespace or ""
+        acc.pod = acc.pod or owner.pod or ""
+        if owner.container_label:
+            acc.containers[owner.container_label] = None
+        acc.procs.append((proc, owner.container_label))
     for ns in scan.namespaces.namespaces:
         uid = ns.container.pod_uid if ns.container else None
         if uid and uid in accs:

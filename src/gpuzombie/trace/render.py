@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpuzombie.escape import escape
-from gpuzombie.trace.model import UNREAD_CGROUP, TraceReport, TraceRow
+from gpuzombie.k8s.owner import UNREAD_CGROUP
+from gpuzombie.trace.model import TraceReport, TraceRow
 from gpuzombie.units import MIB
 
 HOLDER_MARKS = {"stale": "STALE", "foreign": "FOREIGN"}
