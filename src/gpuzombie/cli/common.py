@@ -266,6 +266,14 @@ def check_node_inputs(procfs: str, *, who: str) -> None:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
 
 
+def unreadable_procfs(procfs: str, exc: OSError | ValueError) -> Exception:
+    """The one line for a procfs a scan could not read (ValueError: a tree whose stat has no btime line)."""
+    from gpuzombie.errors import GpuzombieError
+
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return GpuzombieError(f"cannot read {procfs}: {reason}")
+
+
 def stopped(who: str, received: signal.Signals) -> int:
     """A server's last line once a signal stopped it, and its exit code: 0 for SIGTERM (how the
     kubelet stops a pod), 130 for SIGINT (Ctrl-C)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,9 +19,13 @@ from gpuzombie.cli.common import (
     node_options,
     node_source_options,
     procfs_option,
+    unreadable_procfs,
 )
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
+
+if TYPE_CHECKING:
+    from gpuzombie.top.model import NodeView
 
 
 def _app_module() -> Any:
@@ -32,6 +36,14 @@ def _app_module() -> Any:
             needs_extra("the full-screen view (--once prints one frame without it)", "top", exc)
         ) from exc
     return app
+
+
+def _print_frame(view: NodeView, *, width: int | None, tree: bool, sort: str, namespace: str, text: str) -> None:
+    from gpuzombie.top.render import render_text
+
+    columns = width or (shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160)
+    expanded: frozenset[str] | None = None if tree else frozenset()
+    click.echo(render_text(view, width=columns, sort=sort, namespace=namespace, text=text, expanded=expanded), nl=False)
 
 
 @click.command()
@@ -128,26 +140,12 @@ def command(
             try:
                 view = source()
             except (OSError, ValueError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise GpuzombieError(f"cannot read {node.procfs}: {reason}") from exc
+                raise unreadable_procfs(node.procfs, exc) from exc
             view = arrange(view, sort=sort, namespace=namespace, text=text)
             if as_json:
                 echo_json(view)
             else:
-                from gpuzombie.top.render import render_text
-
-                columns = width or (shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160)
-                click.echo(
-                    render_text(
-                        view,
-                        width=columns,
-                        sort=sort,
-                        namespace=namespace,
-                        text=text,
-                        expanded=None if tree else frozenset(),
-                    ),
-                    nl=False,
-                )
+                _print_frame(view, width=width, tree=tree, sort=sort, namespace=namespace, text=text)
             return int(ExitStatus.OK)
         actions = None
         if allow_actions:

@@ -16,8 +16,8 @@ from gpuzombie.cli.common import (
     node_options,
     node_source_options,
     procfs_option,
+    unreadable_procfs,
 )
-from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.trace.model import trace_node
@@ -54,9 +54,8 @@ def command(node: NodeOptions, as_json: bool) -> int:
                 threshold=node.threshold,
                 pods=parts.pods,
             )
-    except (OSError, ValueError) as exc:  # ValueError: a tree whose stat has no btime line
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise GpuzombieError(f"cannot read {node.procfs}: {reason}") from exc
+    except (OSError, ValueError) as exc:
+        raise unreadable_procfs(node.procfs, exc) from exc
     if as_json:
         echo_json(report)
     else:
