@@ -191,10 +191,9 @@ def cni_network(layout: Layout) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def components(layout: Layout, ports: Ports) -> list[Component]:
-    """The processes in start order, each named so that ``cluster status`` and errors can say which."""
-    pki, bin_dir = layout.pki, layout.bin
-    etcd = Component(
+def _etcd(layout: Layout, ports: Ports) -> Component:
+    bin_dir = layout.bin
+    return Component(
         "etcd",
         (
             str(bin_dir / "etcd"),
@@ -208,7 +207,11 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--quota-backend-bytes=1073741824",
         ),
     )
-    apiserver = Component(
+
+
+def _apiserver(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kube-apiserver",
         (
             str(bin_dir / "kube-apiserver"),
@@ -238,7 +241,11 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--profiling=false",
         ),
     )
-    controller_manager = Component(
+
+
+def _controller_manager(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kube-controller-manager",
         (
             str(bin_dir / "kube-controller-manager"),
@@ -258,7 +265,11 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--profiling=false",
         ),
     )
-    scheduler = Component(
+
+
+def _scheduler(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kube-scheduler",
         (
             str(bin_dir / "kube-scheduler"),
@@ -272,7 +283,11 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--profiling=false",
         ),
     )
-    kubelet = Component(
+
+
+def _kubelet(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kubelet",
         (
             str(bin_dir / "kubelet"),
@@ -286,4 +301,8 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
         # cAdvisor reads container stats from the node's containerd (go/kube/main.go: no kubelet flag).
         env=(("KUBE_CADVISOR_CONTAINERD_ENDPOINT", str(layout.containerd_socket)),),
     )
-    return [etcd, apiserver, controller_manager, scheduler, kubelet]
+
+
+def components(layout: Layout, ports: Ports) -> list[Component]:
+    """The processes in start order, each named so that ``cluster status`` and errors can say which."""
+    return [make(layout, ports) for make in (_etcd, _apiserver, _controller_manager, _scheduler, _kubelet)]
