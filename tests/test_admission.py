@@ -374,45 +374,6 @@ def test_exec_chains_are_followed_to_a_bound():
     assert deep.kind is rules.Pid1Kind.UNKNOWN and "exec shells over 4 deep" in (deep.unread or "")
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "a b  c",
-        "exec 'a b' \"c d\" e\\ f",
-        "x'y'\"z\"w '' \"\"",
-        '"a \\" \\\\ \\x" \'\\n\'',
-        "tab\tnew\nline\rret",
-        "unbalanced 'quote here",
-        'unbalanced "quote here',
-        "ends in \\",
-        "ends in \\\\",
-        "\x0b vertical\x0ctab",
-    ],
-)
-def test_shell_words_split_as_shlex_does(command):
-    import shlex
-
-    try:
-        expected = shlex.split(command)
-    except ValueError:
-        expected = command.split()
-    assert rules.shell_words(command) == expected
-
-
-def test_shell_words_agree_with_shlex_on_random_text():
-    import random
-    import shlex
-
-    generator = random.Random(29)
-    for _ in range(20000):
-        text = "".join(generator.choice("ab \t\n\"'\\&x\x0bé") for _ in range(generator.randint(0, 12)))
-        try:
-            expected = shlex.split(text)
-        except ValueError:
-            expected = text.split()
-        assert rules.shell_words(text) == expected, repr(text)
-
-
 def test_a_review_past_its_budget_is_admitted_unchanged_with_a_warning():
     import time
 

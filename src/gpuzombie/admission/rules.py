@@ -442,48 +442,6 @@ def _traps_term(commands: Sequence[Sequence[str]]) -> bool:
     return trapped and bool(commands) and commands[-1][:1] == ("wait",)
 
 
-_PIECES = re.compile(
-    r"(?P<space>[ \t\r\n]++)"  # shlex's whitespace
-    r"|[^ \t\r\n'\"\\]++"
-    r"|'(?P<single>[^']*+)'"
-    r"|\"(?P<double>(?:[^\"\\]++|\\.)*+)\""
-    r"|\\(?P<escaped>.)"
-    r"|(?P<open>['\"\\])",
-    re.S,
-)
-"""One piece of a shell word each; possessive, so an unbalanced quote costs one pass, no backtracking."""
-_DOUBLE_QUOTED_ESCAPE = re.compile(r'\\([\\"])')
-
-
-def shell_words(command: str) -> list[str]:
-    """``command`` split into words as ``shlex.split`` does (POSIX quotes and backslashes), in time
-    linear in its length (shlex grows each word a character at a time: quadratic on one long word);
-    an unbalanced quote gives the whitespace-separated words as they are."""
-    words: list[str] = []
-    word: list[str] | None = None
-    for piece in _PIECES.finditer(command):
-        if piece["space"] is not None:
-            if word is not None:
-                words.append("".join(word))
-            word = None
-            continue
-        if piece["open"] is not None:  # an unbalanced quote, or a backslash at the end
-            return command.split()
-        if word is None:
-            word = []
-        if piece["single"] is not None:
-            word.append(piece["single"])
-        elif piece["double"] is not None:
-            word.append(_DOUBLE_QUOTED_ESCAPE.sub(r"\1", piece["double"]))
-        elif piece["escaped"] is not None:
-            word.append(piece["escaped"])
-        else:
-            word.append(piece.group())
-    if word is not None:
-        words.append("".join(word))
-    return words
-
-
 def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
     """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program;
     UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""

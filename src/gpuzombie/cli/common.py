@@ -19,7 +19,7 @@ import click
 
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS
-from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
+from gpuzombie.k8s.names import CRI_TIMEOUT
 from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS

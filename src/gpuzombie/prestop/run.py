@@ -13,10 +13,10 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
-from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT
+from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, PRESTOP_TIMEOUT
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets, require_scope
-from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, Terminator, count_left_alive
+from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, TerminationRun, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
@@ -29,13 +29,7 @@ REASONS_LIMIT = 400
 
 
 @dataclass(frozen=True)
-class PrestopReport:
-    schema: str
-    started_at: float
-    duration_s: float
-    dry_run: bool
-    timeout_s: float
-    kill_wait_s: float
+class PrestopReport(TerminationRun):
     own_pid: int
     pidns: int | None
     in_root_pidns: bool
@@ -161,7 +155,7 @@ def run_prestop(
     procfs: Procfs | None = None,
     nvml: NvmlBackend | None = None,
     nvml_if_undecided: Callable[[], NvmlBackend] | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = PRESTOP_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = False,
     include_orphans: bool = True,

@@ -3,7 +3,7 @@
 from gpuzombie.reap.plan import ReapPlan, StalePod, stale_pods, stale_targets
 from gpuzombie.reap.run import (
     DEFAULT_KILL_WAIT,
-    DEFAULT_TIMEOUT,
+    REAP_TIMEOUT,
     ReapReport,
     ReapResult,
     reaping_pid,
@@ -14,7 +14,7 @@ from gpuzombie.reap.run import (
 
 __all__ = [
     "DEFAULT_KILL_WAIT",
-    "DEFAULT_TIMEOUT",
+    "REAP_TIMEOUT",
     "ReapPlan",
     "ReapReport",
     "ReapResult",

@@ -46,7 +46,7 @@ def stale_pods(report: TraceReport, only: Iterable[str] | None = None) -> tuple[
     wanted = set(only) if only is not None else None
     found: dict[str, list] = {}
     for row in report.rows:
-        if row.dirty != Dirty.STALE.value or row.pod_uid is None or row.pid is None:
+        if row.dirty != Dirty.STALE or row.pod_uid is None or row.pid is None:
             continue
         found.setdefault(row.pod_uid, []).append(row)
     pods, skipped = [], []

@@ -24,7 +24,14 @@ from gpuzombie.k8s.liveness import PodState
 from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.prestop.targets import Target, Unread
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator, count_left_alive
+from gpuzombie.prestop.terminate import (
+    Outcome,
+    PrestopEvent,
+    TargetResult,
+    TerminationRun,
+    Terminator,
+    count_left_alive,
+)
 from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
@@ -33,7 +40,7 @@ from gpuzombie.trace.model import PodsLookup, build_trace
 from gpuzombie.units import MIB
 
 SCHEMA = "gpuzombie.reap/1"
-DEFAULT_TIMEOUT = 10.0
+REAP_TIMEOUT = 10.0
 DEFAULT_KILL_WAIT = 2.0
 STOPPED_STATES = (PodState.NOT_READY, PodState.NOT_LISTED)
 
@@ -47,13 +54,7 @@ class ReapResult(TargetResult):
 
 
 @dataclass(frozen=True)
-class ReapReport:
-    schema: str
-    started_at: float
-    duration_s: float
-    dry_run: bool
-    timeout_s: float
-    kill_wait_s: float
+class ReapReport(TerminationRun):
     runtime: str | None
     """The CRI socket whose answer made the pods stale."""
     stale_pods: tuple[StalePod, ...]
@@ -135,7 +136,7 @@ def run_reap(
     names: NamesLookup,
     nvml: NvmlBackend | None = None,
     only: frozenset[str] | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = REAP_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = True,
     on_event: Callable[[PrestopEvent], None] = lambda e: None,

@@ -30,7 +30,7 @@ SORT_KEYS = ("memory", "zombies", "age", "name")
 """What pods can be sorted by: GPU memory held, zombies + orphans, age (oldest process), name."""
 HOST = "host"
 """The group and pseudo-pod of processes in no pod (they hold a GPU or are zombies)."""
-NO_GPU = "no GPU"
+NO_GPU_GROUP = "no GPU"
 """The group of pods that hold no GPU (their zombies, orphans and PID 1 still matter)."""
 _CMDLINE_LIMIT = 160
 _NAME_LIMIT = 80
@@ -73,7 +73,7 @@ class PodLine:
     pod: str
     containers: tuple[str, ...]
     gpu_memory: int = field(metadata=IN_MIB)
-    """Bytes NVML attributes to its processes on this group's GPU (all GPUs in ``NO_GPU``: 0)."""
+    """Bytes NVML attributes to its processes on this group's GPU (all GPUs in ``NO_GPU_GROUP``: 0)."""
     gpus: tuple[int, ...]
     """Every GPU index its processes are listed on or hold a device node of."""
     processes: tuple[ProcessLine, ...]
@@ -175,7 +175,7 @@ def _handover(device: GpuDevice | None, memory: GpuMemory | None, rows: list[Tra
         label = "clean"
     elif not device.processes_read:
         label = "cannot tell"
-    elif memory.flagged or any(r.dirty in (Dirty.STALE.value, Dirty.FOREIGN.value) for r in rows):
+    elif memory.flagged or any(r.dirty in (Dirty.STALE, Dirty.FOREIGN) for r in rows):
         label = "dirty"  # ghost memory beside its processes, or a holder that should be gone
     else:
         label = "in use" if device.processes else "dirty"
@@ -273,7 +273,7 @@ def _gpu_facts(trace: TraceReport) -> _GpuFacts:
             bucket = facts.memory_of.setdefault(r.pid, {})
             bucket[key] = bucket.get(key, 0) + r.gpu_memory
         if r.dirty:
-            facts.dirty_of[r.pid] = r.dirty
+            facts.dirty_of[r.pid] = r.dirty.value
     for r in trace.rows:  # fd holders of several GPUs: every /dev/nvidiaN they hold
         if r.pid is not None and not r.nsmi:
             for dev in r.devices:
@@ -395,7 +395,9 @@ def build_view(
         )
     idle = [a for a in accs.values() if not pod_groups[a.key]]
     if idle:
-        groups.append(GpuGroup(NO_GPU, "pods holding no GPU", None, "", tuple(_pod_line(frame, a, None) for a in idle)))
+        groups.append(
+            GpuGroup(NO_GPU_GROUP, "pods holding no GPU", None, "", tuple(_pod_line(frame, a, None) for a in idle))
+        )
     gpu = trace.gpu
     return NodeView(
         schema=SCHEMA,

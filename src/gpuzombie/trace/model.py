@@ -77,7 +77,7 @@ class TraceRow:
     """Files of the process that could not be used (``cgroup``: the pod is unknown, not absent)."""
     mig: MigInstance | None = None
     """The MIG GPU instance NVML lists it on (None without MIG)."""
-    dirty: str | None = None
+    dirty: Dirty | None = None
     """stale, foreign or unknown (``trace.stale``); None for a holder where it should be, or no holder."""
     dirty_reason: str | None = None
 
@@ -389,7 +389,7 @@ def mark_dirty(
 
     verdicts, checks = judge([holder(r) for r in rows], pods=pods, resources=resources, still_there=still_there)
     marked = [
-        dataclasses.replace(row, dirty=v[0].value, dirty_reason=v[1]) if v is not None else row
+        dataclasses.replace(row, dirty=v[0], dirty_reason=v[1]) if v is not None else row
         for row, v in zip(rows, verdicts)
     ]
     return marked, checks
@@ -433,9 +433,9 @@ def _summary(
     gone = sum(r.verdict == Verdict.GONE.value for r in rows)
     ghost_gpus = sum(m.flagged for m in memory)
     not_verified = len(table.unverified(shown_pids)) + len(table.unread)
-    stale = sum(r.dirty == Dirty.STALE.value for r in rows)
-    foreign = sum(r.dirty == Dirty.FOREIGN.value for r in rows)
-    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN.value for r in rows)
+    stale = sum(r.dirty == Dirty.STALE for r in rows)
+    foreign = sum(r.dirty == Dirty.FOREIGN for r in rows)
+    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN for r in rows)
     return TraceSummary(
         rows=len(rows),
         gpu_processes=sum(r.nsmi for r in rows),
@@ -481,9 +481,9 @@ def build_trace(
     rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources, minors)
     memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
     warnings = _warnings(owners.names, resources, gpus, table, shown_pids)
-    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN.value for r in rows)
+    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN for r in rows)
     if dirty_unknown:
-        why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN.value)
+        why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN)
         if any(why and why in w for w in warnings):  # the names' lookup said it already
             why = "the runtime could not be read (above)"
         warnings.append(f"{dirty_unknown} pod GPU holder(s) not judged stale or not: {why}")
