@@ -243,46 +243,45 @@ def _apiserver(layout: Layout, ports: Ports) -> Component:
     )
 
 
-def _controller_manager(layout: Layout, ports: Ports) -> Component:
-    pki, bin_dir = layout.pki, layout.bin
+def _controller(layout: Layout, name: str, port: int, *flags: str) -> Component:
+    """A control-plane controller (the controller manager, the scheduler): its kubeconfig for the API
+    server and for delegated authentication and authorization, loopback, its own certificates; one
+    replica (no leader election), no profiling."""
+    kubeconfig = layout.kubeconfig(name)
     return Component(
-        "kube-controller-manager",
+        f"kube-{name}",
         (
-            str(bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={layout.kubeconfig('controller-manager')}",
-            f"--authentication-kubeconfig={layout.kubeconfig('controller-manager')}",
-            f"--authorization-kubeconfig={layout.kubeconfig('controller-manager')}",
+            str(layout.bin / f"kube-{name}"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             f"--bind-address={LOOPBACK}",
-            f"--secure-port={ports.controller_manager}",
-            f"--cert-dir={pki / 'controller-manager'}",
-            f"--root-ca-file={pki / 'ca.pem'}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--cluster-signing-cert-file={pki / 'ca.pem'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=true",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--leader-elect=false",  # one replica
-            "--profiling=false",
-        ),
-    )
-
-
-def _scheduler(layout: Layout, ports: Ports) -> Component:
-    pki, bin_dir = layout.pki, layout.bin
-    return Component(
-        "kube-scheduler",
-        (
-            str(bin_dir / "kube-scheduler"),
-            f"--kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--authentication-kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--authorization-kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={ports.scheduler}",
-            f"--cert-dir={pki / 'scheduler'}",
+            f"--secure-port={port}",
+            f"--cert-dir={layout.pki / name}",
+            *flags,
             "--leader-elect=false",
             "--profiling=false",
         ),
     )
+
+
+def _controller_manager(layout: Layout, ports: Ports) -> Component:
+    pki = layout.pki
+    return _controller(
+        layout,
+        "controller-manager",
+        ports.controller_manager,
+        f"--root-ca-file={pki / 'ca.pem'}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--cluster-signing-cert-file={pki / 'ca.pem'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+    )
+
+
+def _scheduler(layout: Layout, ports: Ports) -> Component:
+    return _controller(layout, "scheduler", ports.scheduler)
 
 
 def _kubelet(layout: Layout, ports: Ports) -> Component:
