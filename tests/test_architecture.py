@@ -1,10 +1,12 @@
 """The package's layering: the import-linter contracts in pyproject.toml ([tool.importlinter]; cli →
-features → adapters → base, the node agent never imports the lab, admission never imports the node
-agent, no import cycle inside k8s/ nor between cli/lab.py and cli/labpod.py) hold on the source, and a
-forbidden import breaks them; every failure the lab raises is a ``GpuzombieError`` (one line, exit 2)."""
+features (in their order) → adapters → base, the node image never imports what it leaves out,
+admission never imports the node agent, no import cycle inside k8s/ nor between cli/lab.py and
+cli/labpod.py) hold on the source, and a forbidden import breaks them; every failure the lab raises
+is a ``GpuzombieError`` (one line, exit 2); no function is longer than 80 lines."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
@@ -69,3 +71,30 @@ def test_every_lab_exception_is_a_gpuzombie_error() -> None:
                 found[f"{info.name}.{name}"] = issubclass(value, GpuzombieError)
     assert len(found) >= 5
     assert {name for name, ok in found.items() if not ok} == set()
+
+
+def test_the_node_image_contract_forbids_what_the_image_leaves_out() -> None:
+    """docker/node-excludes.txt (what the node image's wheel stage removes) and the contract that
+    nothing left in the image imports it name the same modules."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (image,) = [c for c in contracts if c["name"].startswith("the node image")]
+    lines = (ROOT / "docker" / "node-excludes.txt").read_text().splitlines()
+    excluded = {"gpuzombie." + line.removesuffix(".py").replace("/", ".") for line in lines if line and line[0] != "#"}
+    assert set(image["forbidden_modules"]) == excluded
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    """A function longer than a screen mixes jobs (issue 34): split it along them."""
+    long = []
+    for path in sorted((SRC / "gpuzombie").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)

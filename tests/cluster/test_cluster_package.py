@@ -40,7 +40,7 @@ def test_build_makes_the_sdist_and_the_wheel(dist):
     (wheel,) = dist.glob(f"gpuzombie-{VERSION}-py3-none-any.whl")
     (sdist,) = dist.glob(f"gpuzombie-{VERSION}.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "gpuzombie/serving.py" in names and "gpuzombie/py.typed" in names
+    assert "gpuzombie/serving/__init__.py" in names and "gpuzombie/py.typed" in names
     entry_points = zipfile.ZipFile(wheel).read(f"gpuzombie-{VERSION}.dist-info/entry_points.txt").decode()
     assert "gpuzombie = gpuzombie.cli.main:main" in entry_points
     with tarfile.open(sdist) as tar:

@@ -23,6 +23,7 @@ from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
 from gpuzombie.admission.security import restricted_security_context
 from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token, windows_only
+from gpuzombie.pid1kinds import REAPING_KINDS
 
 DOMAIN = "gpuzombie.dev"
 INJECT = f"{DOMAIN}/inject"
@@ -250,7 +251,7 @@ def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rule
         if _mounts_ours(c.raw):
             plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
             continue
-        if sharing or rules.pid1(c).kind is rules.Pid1Kind.INIT:
+        if sharing or rules.pid1(c).kind in REAPING_KINDS:
             pass
         elif c.argv_known:
             plan.wrap.append(c)

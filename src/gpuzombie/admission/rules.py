@@ -18,29 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.admission import preflight
-from gpuzombie.k8s.podspec import SHELLS, Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.pid1kinds import REAPING_KINDS, SHELLS, Pid1Kind, kind_of
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-INITS = frozenset(
-    {
-        "tini",
-        "tini-static",
-        "dumb-init",
-        "catatonit",
-        "docker-init",
-        "s6-svscan",
-        "runsvdir",
-        "supervisord",
-        "systemd",
-        "argoexec",
-    }
-)
-"""Programs that reap and pass signals as PID 1 (by basename); ``/init`` (s6-overlay), ``/dev/init``
-(podman, docker --init) and a distribution's ``/sbin/init`` by path. ``argoexec``: Argo's
-``emissary`` before every main container (podspec.ARGO_EXECUTOR)."""
-INIT_PATHS = frozenset({"/init", "/dev/init", "/sbin/init", "/usr/sbin/init"})
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 MAX_SCRIPT_CHARS = 64 * 1024
 """A ``sh -c`` script longer than this is not read: PID 1 is "cannot tell", said so. Inline scripts
@@ -225,14 +208,6 @@ class Finding:
         }
 
 
-class Pid1Kind(enum.Enum):
-    INIT = "init"
-    SLEEP = "sleep"
-    SHELL = "shell"
-    PROGRAM = "program"
-    UNKNOWN = "unknown"
-
-
 @dataclass(frozen=True)
 class Pid1:
     """What a known argv makes PID 1, and whether it starts work in the background."""
@@ -271,10 +246,6 @@ def read(
     if annotations is not None:
         context = dataclasses.replace(context, annotations=annotations)
     return read_pod_spec(spec, between=budget.check, context=context)
-
-
-def is_init(program: str) -> bool:
-    return program in INIT_PATHS or posixpath.basename(program) in INITS
 
 
 _OPTION_ARGUMENT = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
@@ -320,100 +291,120 @@ class Script:
 _BREAKS = " \t\n;&|()'\"\\`#<>"
 
 
+class _Lexer:
+    """One pass of ``lex_script``: the commands and words read so far, and the one being read."""
+
+    def __init__(self, script: str) -> None:
+        self.script, self.n = script, len(script)
+        self.commands: list[tuple[str, ...]] = []
+        self.words: list[str] = []
+        self.word: list[str] | None = None
+        self.background = False
+        self.plains: list[bool] = []  # per command: no redirection, not in a pipeline, not in a subshell
+        self.plain = True  # the command being read
+
+    def end_word(self) -> None:
+        if self.word is not None:
+            self.words.append("".join(self.word))
+        self.word = None
+
+    def end_command(self, next_plain: bool = True) -> None:
+        self.end_word()
+        if self.words:
+            self.commands.append(tuple(self.words))
+            self.plains.append(self.plain and next_plain)  # a pipe's left side is in the pipeline too
+        self.plain = next_plain
+        self.words.clear()
+
+    def add(self, piece: str) -> None:
+        if self.word is None:
+            self.word = []
+        self.word.append(piece)
+
+    def quoted(self, i: int, quote: str) -> int:
+        """A quoted piece from ``i`` (its opening quote) added to the word; the index after it."""
+        script, n = self.script, self.n
+        if quote == "'":
+            close = script.find("'", i + 1)
+            close = n if close < 0 else close
+            self.add(script[i + 1 : close])
+            return close + 1
+        j, piece = i + 1, []
+        while j < n and script[j] != quote:
+            if script[j] == "\\" and j + 1 < n and script[j + 1] in '\\"$`':
+                j += 1
+            piece.append(script[j])
+            j += 1
+        self.add("".join(piece))
+        return j + 1
+
+    def ampersand(self, i: int) -> int:
+        """``&&``, a redirection's ``&`` (``&>``, ``2>&1``) or a job's; the index after it."""
+        script = self.script
+        if script.startswith("&&", i):
+            i += 1
+        elif script.startswith("&>", i) or (i and script[i - 1] in "<>"):  # &> file, 2>&1
+            self.plain = False
+            self.add("&")
+            return i + 1
+        else:
+            self.background = True
+        self.end_command()
+        return i + 1
+
+    def bare(self, i: int) -> int:
+        """An unquoted piece of a word from ``i``; the index after it."""
+        j = i
+        while j < self.n and self.script[j] not in _BREAKS:
+            j += 1
+        j = max(j, i + 1)
+        if self.script[i] in "<>":
+            self.plain = False
+        self.add(self.script[i:j])
+        return j
+
+    def read(self) -> Script:
+        script, n, i = self.script, self.n, 0
+        while i < n:
+            ch = script[i]
+            if ch in " \t":
+                self.end_word()
+            elif ch == "#" and self.word is None:
+                newline = script.find("\n", i)
+                i = n if newline < 0 else newline
+                continue
+            elif ch in "\n;()":
+                self.end_command(ch not in "()")
+            elif ch == "&":
+                i = self.ampersand(i)
+                continue
+            elif ch == "|":
+                pipe = not script.startswith("||", i)
+                i += not pipe
+                self.end_command(not pipe)
+            elif ch in "'\"`":
+                i = self.quoted(i, ch)
+                continue
+            elif ch == "\\":
+                if i + 1 < n and script[i + 1] != "\n":
+                    self.add(script[i + 1])
+                i += 2
+                continue
+            else:
+                i = self.bare(i)
+                continue
+            i += 1
+        self.end_command()
+        return Script(tuple(self.commands), self.background, bool(self.plains) and self.plains[-1])
+
+
 def lex_script(script: str) -> Script:
     """``script`` split as a POSIX shell splits it into commands and words: quotes (``'&'`` is a
     word, not a job), backslashes, comments, ``&&``/``||``/``|``/``;``/newline, a job's ``&``, a
     redirection's ``>&``/``&>``. One pass, linear in the script's length (each quote is closed by
     one ``str.find`` or one scan). Here-documents and ``case`` are read as words: what matters is
     the job control and the last command."""
-    commands: list[tuple[str, ...]] = []
-    words: list[str] = []
-    word: list[str] | None = None
-    background = False
-    plains: list[bool] = []  # per command: no redirection, not in a pipeline, not in a subshell
-    plain = True  # the command being read
-    i, n = 0, len(script)
-
-    def end_word() -> None:
-        nonlocal word
-        if word is not None:
-            words.append("".join(word))
-        word = None
-
-    def end_command(next_plain: bool = True) -> None:
-        nonlocal plain
-        end_word()
-        if words:
-            commands.append(tuple(words))
-            plains.append(plain and next_plain)  # a pipe's left side is in the pipeline too
-        plain = next_plain
-        words.clear()
-
-    def add(piece: str) -> None:
-        nonlocal word
-        if word is None:
-            word = []
-        word.append(piece)
-
-    while i < n:
-        ch = script[i]
-        if ch in " \t":
-            end_word()
-        elif ch == "#" and word is None:
-            newline = script.find("\n", i)
-            i = n if newline < 0 else newline
-            continue
-        elif ch in "\n;()":
-            end_command(ch not in "()")
-        elif ch == "&":
-            if script.startswith("&&", i):
-                i += 1
-            elif script.startswith("&>", i) or (i and script[i - 1] in "<>"):  # &> file, 2>&1
-                plain = False
-                add(ch)
-                i += 1
-                continue
-            else:
-                background = True
-            end_command()
-        elif ch == "|":
-            pipe = not script.startswith("||", i)
-            i += not pipe
-            end_command(not pipe)
-        elif ch == "'":
-            close = script.find("'", i + 1)
-            close = n if close < 0 else close
-            add(script[i + 1 : close])
-            i = close + 1
-            continue
-        elif ch in '"`':
-            j, piece = i + 1, []
-            while j < n and script[j] != ch:
-                if script[j] == "\\" and j + 1 < n and script[j + 1] in '\\"$`':
-                    j += 1
-                piece.append(script[j])
-                j += 1
-            add("".join(piece))
-            i = j + 1
-            continue
-        elif ch == "\\":
-            if i + 1 < n and script[i + 1] != "\n":
-                add(script[i + 1])
-            i += 2
-            continue
-        else:
-            j = i
-            while j < n and script[j] not in _BREAKS:
-                j += 1
-            j = max(j, i + 1)
-            if ch in "<>":
-                plain = False
-            add(script[i:j])
-            i = j
-            continue
-        i += 1
-    end_command()
-    return Script(tuple(commands), background, bool(plains) and plains[-1])
+    return _Lexer(script).read()
 
 
 def _command_words(command: Sequence[str]) -> list[str]:
@@ -451,61 +442,15 @@ def _traps_term(commands: Sequence[Sequence[str]]) -> bool:
     return trapped and bool(commands) and commands[-1][:1] == ("wait",)
 
 
-_PIECES = re.compile(
-    r"(?P<space>[ \t\r\n]++)"  # shlex's whitespace
-    r"|[^ \t\r\n'\"\\]++"
-    r"|'(?P<single>[^']*+)'"
-    r"|\"(?P<double>(?:[^\"\\]++|\\.)*+)\""
-    r"|\\(?P<escaped>.)"
-    r"|(?P<open>['\"\\])",
-    re.S,
-)
-"""One piece of a shell word each; possessive, so an unbalanced quote costs one pass, no backtracking."""
-_DOUBLE_QUOTED_ESCAPE = re.compile(r'\\([\\"])')
-
-
-def shell_words(command: str) -> list[str]:
-    """``command`` split into words as ``shlex.split`` does (POSIX quotes and backslashes), in time
-    linear in its length (shlex grows each word a character at a time: quadratic on one long word);
-    an unbalanced quote gives the whitespace-separated words as they are."""
-    words: list[str] = []
-    word: list[str] | None = None
-    for piece in _PIECES.finditer(command):
-        if piece["space"] is not None:
-            if word is not None:
-                words.append("".join(word))
-            word = None
-            continue
-        if piece["open"] is not None:  # an unbalanced quote, or a backslash at the end
-            return command.split()
-        if word is None:
-            word = []
-        if piece["single"] is not None:
-            word.append(piece["single"])
-        elif piece["double"] is not None:
-            word.append(_DOUBLE_QUOTED_ESCAPE.sub(r"\1", piece["double"]))
-        elif piece["escaped"] is not None:
-            word.append(piece["escaped"])
-        else:
-            word.append(piece.group())
-    if word is not None:
-        words.append("".join(word))
-    return words
-
-
 def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
     """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program;
     UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""
     if not words:
         return Pid1(Pid1Kind.UNKNOWN)
-    program = words[0]
-    base = posixpath.basename(program)
-    if is_init(program):
-        return Pid1(Pid1Kind.INIT, base)
-    if base == "sleep":
-        return Pid1(Pid1Kind.SLEEP, base)
-    if base not in SHELLS:
-        return Pid1(Pid1Kind.PROGRAM, base)
+    base = posixpath.basename(words[0])
+    kind = kind_of(base)
+    if kind is not Pid1Kind.SHELL:
+        return Pid1(kind, base)
     script = _script(words)
     if script is None:
         return Pid1(Pid1Kind.SHELL, base)
@@ -625,7 +570,7 @@ def _known_pid1_finding(c: Container, pid1: Pid1, grace: int) -> Finding | None:
     """The finding for a container whose ``command`` shows PID 1 (None: an init)."""
     shown = _shown(pid1, c.words)
     via = "" if pid1.via in (None, "exec") else f", which {pid1.via} execs as its last command"
-    if pid1.kind is Pid1Kind.INIT:
+    if pid1.kind in REAPING_KINDS:
         return None
     if pid1.traps_term:  # trap 'exit 0' TERM; ... & wait: exits on SIGTERM at once (measured 0.00 s)
         return Finding(
@@ -643,12 +588,12 @@ def _known_pid1_finding(c: Container, pid1: Pid1, grace: int) -> Finding | None:
             f"to that work and has no handler of its own, and {REAPING}",
         )
     whole_grace = f"every deletion holds the GPU for the whole grace ({grace} s)"
-    if pid1.kind is Pid1Kind.SLEEP:
-        return Finding(  # certain: sleep has no SIGTERM handler, and PID 1 gets no default action
+    if pid1.kind is Pid1Kind.NON_FORKING:
+        return Finding(  # certain: sleep (tail) has no SIGTERM handler, and PID 1 gets no default action
             "GZ008",
             Severity.ERROR,
             c.name,
-            f"PID 1 is sleep ({shown}){via}: the kernel drops its SIGTERM, so {whole_grace}, and work "
+            f"PID 1 is {pid1.program} ({shown}){via}: the kernel drops its SIGTERM, so {whole_grace}, and work "
             "started in it (kubectl exec) is not reaped",
         )
     if pid1.kind is Pid1Kind.SHELL and pid1.plain_last and pid1.program not in ("sh", "dash"):
@@ -695,7 +640,7 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
             yield finding
         return
     seen = analyse_argv(c.words)
-    if seen.background and not seen.traps_term and seen.kind not in (Pid1Kind.INIT, Pid1Kind.UNKNOWN):
+    if seen.background and not seen.traps_term and seen.kind not in REAPING_KINDS | {Pid1Kind.UNKNOWN}:
         # S1's own pattern; right only if the unseen ENTRYPOINT is an init: worth a warning
         yield Finding(
             "GZ001",
@@ -706,7 +651,7 @@ def _pid1_findings(c: Container, pod: PodSpec) -> Iterator[Finding]:
             "with work in the background",
         )
         return
-    unless = f" (unless it is an init, PID 1 is {seen.program})" if seen.kind is Pid1Kind.SLEEP else ""
+    unless = f" (unless it is an init, PID 1 is {seen.program})" if seen.kind is Pid1Kind.NON_FORKING else ""
     yield Finding(
         "GZ006",
         Severity.NOTE,

@@ -1,24 +1,36 @@
-"""Options and output helpers shared by the commands."""
+"""Options and output helpers shared by the commands, and the one wiring of the node every node
+command (trace, top, the exporter, reap) reads it through: their shared options folded into one
+``NodeOptions``, and the ``NodeParts`` built from it once (the procfs, NVML, the runtime's names,
+the pod lister and the kubelet's PodResources)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import signal
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS
-from gpuzombie.k8s.names import DEFAULT_TIMEOUT as CRI_TIMEOUT
+from gpuzombie.k8s.names import CRI_TIMEOUT
 from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET
 from gpuzombie.proc.own import PROCFS
+from gpuzombie.units import MIB
 
-if TYPE_CHECKING:  # imported lazily below: commands without GPU options skip loading the NVML layer
+if TYPE_CHECKING:  # imported lazily below: --help loads neither the NVML layer nor the runtime's clients
     from gpuzombie.gpu.nvml import NvmlBackend
+    from gpuzombie.k8s.liveness import PodLister
+    from gpuzombie.k8s.names import RuntimeNames
+    from gpuzombie.k8s.podresources import PodResources
+    from gpuzombie.proc.procfs import Procfs
 
 CommandFn = TypeVar("CommandFn", bound=Callable[..., Any])
 
@@ -254,6 +266,14 @@ def check_node_inputs(procfs: str, *, who: str) -> None:
         raise GpuzombieError(f"{who} reads every process's fds and cgroup: run it as root")
 
 
+def unreadable_procfs(procfs: str, exc: OSError | ValueError) -> Exception:
+    """The one line for a procfs a scan could not read (ValueError: a tree whose stat has no btime line)."""
+    from gpuzombie.errors import GpuzombieError
+
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return GpuzombieError(f"cannot read {procfs}: {reason}")
+
+
 def stopped(who: str, received: signal.Signals) -> int:
     """A server's last line once a signal stopped it, and its exit code: 0 for SIGTERM (how the
     kubelet stops a pod), 130 for SIGINT (Ctrl-C)."""
@@ -279,3 +299,98 @@ def exact_command() -> list[str]:
             for one in value if isinstance(value, tuple) else (value,):  # a repeated option
                 argv += [option.opts[0], str(one)]
     return argv + arguments
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """The options a node command reads the node by, as the command line gave them."""
+
+    procfs: str = PROCFS
+    cri_socket: str | None = None
+    cri_timeout: float = CRI_TIMEOUT
+    pod_resources_socket: str = DEFAULT_SOCKET
+    cdi_dirs: tuple[str, ...] = DEFAULT_CDI_DIRS
+    trust_runtime: bool = False
+    nvml_replay: str | None = None
+    ghost_threshold_mib: int | None = None
+    """None: the command takes no ghost options (``gpu.attribution.DEFAULT_GHOST_THRESHOLD``)."""
+    baseline_mib: int | None = None
+
+    @property
+    def baseline(self) -> int | None:
+        """--baseline-mib in bytes."""
+        return None if self.baseline_mib is None else self.baseline_mib * MIB
+
+    @property
+    def threshold(self) -> int:
+        """--ghost-threshold-mib in bytes."""
+        if self.ghost_threshold_mib is None:
+            from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD
+
+            return DEFAULT_GHOST_THRESHOLD
+        return self.ghost_threshold_mib * MIB
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeOptions))
+
+
+def node_options(fn: Callable[..., int]) -> Callable[..., int]:
+    """A command given its node options as one ``node: NodeOptions`` (the options themselves are
+    declared by the decorators of ``cli.common``, above or below this one)."""
+
+    @functools.wraps(fn)
+    def command(**params: Any) -> int:
+        given = {name: params.pop(name) for name in list(params) if name in _FIELDS}
+        return fn(node=NodeOptions(**given), **params)
+
+    return command
+
+
+class NodeParts:
+    """The node's parts, wired once from ``options`` (checked first: a procfs, root on the live one):
+    each made at its first use, the channels closed on exit."""
+
+    def __init__(self, options: NodeOptions, *, who: str) -> None:
+        check_node_inputs(options.procfs, who=who)
+        self.options = options
+
+    def procfs(self) -> Procfs:
+        from gpuzombie.proc.procfs import Procfs
+
+        return Procfs(self.options.procfs)
+
+    @cached_property
+    def nvml(self) -> NvmlBackend:
+        """One backend for the process: NVML is initialised once."""
+        return nvml_backend(self.options.nvml_replay)
+
+    @cached_property
+    def names(self) -> RuntimeNames:
+        """One for the process: names are kept across scans."""
+        from gpuzombie.k8s.names import RuntimeNames
+
+        return RuntimeNames(self.options.cri_socket, timeout=self.options.cri_timeout)
+
+    @cached_property
+    def pods(self) -> PodLister:
+        """One channel for the process; the runtime and the kubelet are asked afresh every call."""
+        from gpuzombie.k8s.liveness import PodLister
+
+        o = self.options
+        return PodLister(
+            o.cri_socket, timeout=o.cri_timeout, kubelet_socket=o.pod_resources_socket, trust_runtime=o.trust_runtime
+        )
+
+    def resources(self) -> PodResources:
+        """The kubelet's PodResources, asked now."""
+        from gpuzombie.k8s.podresources import list_pod_resources
+
+        return list_pod_resources(self.options.pod_resources_socket, cdi_dirs=self.options.cdi_dirs)
+
+    def __enter__(self) -> NodeParts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for channel in ("pods", "names"):
+            if channel in self.__dict__:
+                self.__dict__[channel].close()

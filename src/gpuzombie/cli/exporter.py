@@ -4,16 +4,20 @@ risk as Prometheus metrics (or, with --once, one exposition on stdout)."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuzombie.cli.common import (
-    check_node_inputs,
+    CommandFn,
+    NodeOptions,
+    NodeParts,
     ghost_options,
     node_name_option,
+    node_options,
     node_source_options,
-    nvml_backend,
     procfs_option,
     server_options,
     stopped,
@@ -21,14 +25,19 @@ from gpuzombie.cli.common import (
 )
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.k8s.liveness import PodLister
-from gpuzombie.k8s.names import RuntimeNames
-from gpuzombie.units import MIB
+from gpuzombie.serving import ListenAddress, parse_listen
+
+if TYPE_CHECKING:  # the exporter extra (prometheus-client) is imported when the command runs
+    from prometheus_client import CollectorRegistry
+
+    from gpuzombie.exporter import NodeCollector, ScanResult, StaleReaper
+    from gpuzombie.prestop.terminate import PrestopEvent
+    from gpuzombie.reap import ReapReport
 
 
-def _listen(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+def _listen(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[ListenAddress, ...]:
     try:
-        return tuple(dict.fromkeys(_import_exporter().parse_listen(v) for v in value))
+        return tuple(dict.fromkeys(parse_listen(v) for v in value))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
@@ -48,113 +57,120 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return seconds
 
 
-def _import_exporter() -> Any:
+def _require_exporter() -> None:
     try:
-        from gpuzombie import exporter
+        import gpuzombie.exporter  # noqa: F401
     except ImportError as exc:
         raise GpuzombieError(needs_extra("the exporter", "exporter", exc)) from exc
-    return exporter
 
 
-def _warn_on_change(exporter: Any, echo: Any, *, errors: bool) -> Any:
+def _default_listen() -> tuple[str, ...]:
+    _require_exporter()
+    from gpuzombie.exporter import DEFAULT_LISTEN
+
+    return (DEFAULT_LISTEN,)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Where and how /metrics, /healthz and /readyz are served (``serving_options``)."""
+
+    listen: tuple[ListenAddress, ...]
+    tls_cert: str | None
+    tls_key: str | None
+    tls_client_ca: str | None
+    tls_reload_seconds: float
+    read_timeout: float
+    max_connections: int
+    unhealthy_after: int
+
+
+def _echo(line: str) -> None:
+    click.echo(f"gpuzombie exporter: {line}", err=True)
+
+
+def _warn_on_change(*, errors: bool) -> Callable[[ScanResult], None]:
     """Log a scan's warnings (and, while serving, its errors) when their kind appears or clears,
     escaped, not on every scrape (exporter.warnlog)."""
-    log = exporter.WarningLog()
+    from gpuzombie.exporter import WarningLog
 
-    def on_result(result: Any) -> None:
+    log = WarningLog()
+
+    def on_result(result: ScanResult) -> None:
         lines: tuple[str, ...]
         if result.scan is None:
             lines = (f"scan failed: {result.error}",) if errors else ()
         else:
             lines = tuple(result.scan.trace.warnings) + tuple(result.scan.namespaces.warnings)
         for line in log.lines(lines):
-            echo(f"gpuzombie exporter: {line}")
+            _echo(line)
 
     return on_result
 
 
-def _both(first: Any, second: Any) -> Any:
-    def both(result: Any) -> None:
-        first(result)
-        second(result)
-
-    return both
-
-
-def _reaper(
-    exporter: Any,
-    after: float,
-    procfs: str,
-    nvml: Any,
-    echo: Any,
-    cri_socket: str | None,
-    cri_timeout: float,
-    pod_resources_socket: str,
-    trust_runtime: bool,
-) -> Any:
+def _reaper(after: float, parts: NodeParts) -> StaleReaper:
     """The StaleReaper, reaping as ``gpuzombie reap --yes --pod-uid`` does (``run_reap``: the host PID
     namespace's mounted procfs, checked each time, and the runtime and kubelet asked again), with its
     own runtime and kubelet channels (the scans' are used from the scrape threads)."""
-    from gpuzombie.proc.procfs import Procfs
+    from gpuzombie.exporter import StaleReaper
     from gpuzombie.reap import reaping_pid, run_reap
 
-    reaping_pid(Procfs(procfs))  # refused at the start (exit 2), not at the first due pod
-    pods = PodLister(cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime)
-    names = RuntimeNames(cri_socket, timeout=cri_timeout)
+    reaping_pid(parts.procfs())  # refused at the start (exit 2), not at the first due pod
+    own = NodeParts(parts.options, who="the exporter")
 
-    def reap(uids: frozenset[str], on_event: Any) -> Any:
+    def reap(uids: frozenset[str], on_event: Callable[[PrestopEvent], None]) -> ReapReport:
         return run_reap(
-            procfs=Procfs(procfs), pods=pods, names=names, nvml=nvml, only=uids, dry_run=False, on_event=on_event
+            procfs=own.procfs(),
+            pods=own.pods,
+            names=own.names,
+            nvml=parts.nvml,
+            only=uids,
+            dry_run=False,
+            on_event=on_event,
         )
 
-    echo(f"gpuzombie exporter: reaping pods stale for {after:g} s or more (--reap-stale-after)")
-    return exporter.StaleReaper(after, reap, log=lambda line: echo(f"gpuzombie exporter: {line}"))
+    _echo(f"reaping pods stale for {after:g} s or more (--reap-stale-after)")
+    return StaleReaper(after, reap, log=_echo)
 
 
-def _serve(exporter: Any, registry: Any, collector: Any, serving: dict[str, Any], min_interval: float) -> int:
-    from gpuzombie.serving import serve_until_stopped
+def _serve(registry: CollectorRegistry, collector: NodeCollector, serving: Serving, min_interval: float) -> int:
+    from gpuzombie.exporter import ListenError, PrometheusExporter, TlsFiles
+    from gpuzombie.serving import Server, serve_until_stopped
 
-    listen = serving["listen"]
     tls = None
-    if serving["tls_cert"] is not None:
-        tls = exporter.TlsFiles(serving["tls_cert"], serving["tls_key"], serving["tls_client_ca"])
-    server = exporter.PrometheusExporter(
+    if serving.tls_cert is not None and serving.tls_key is not None:
+        tls = TlsFiles(serving.tls_cert, serving.tls_key, serving.tls_client_ca)
+    server = PrometheusExporter(
         registry,
-        listen=listen,
+        listen=serving.listen,
         probes={"/healthz": collector.liveness, "/readyz": collector.readiness},
-        read_timeout=serving["read_timeout"],
-        max_connections=serving["max_connections"],
+        read_timeout=serving.read_timeout,
+        max_connections=serving.max_connections,
         tls=tls,
     )
 
-    def announce(server: Any) -> None:
+    def announce(server: Server) -> None:
         scheme = "http" if tls is None else "https"
         urls = " and ".join(f"{scheme}://{bound}/metrics" for bound in server.bound)
-        click.echo(
-            f"gpuzombie exporter: serving {urls}, /healthz and /readyz (one node scan at most every {min_interval:g} s)",
-            err=True,
-        )
+        _echo(f"serving {urls}, /healthz and /readyz (one node scan at most every {min_interval:g} s)")
 
     try:
         received = serve_until_stopped(
-            server,
-            announce=announce,
-            log=lambda line: click.echo(f"gpuzombie exporter: {line}", err=True),
-            tls_check_seconds=serving["tls_reload_seconds"],
+            server, announce=announce, log=_echo, tls_check_seconds=serving.tls_reload_seconds
         )
-    except exporter.ListenError as exc:
+    except ListenError as exc:
         raise GpuzombieError(str(exc)) from exc
     except OSError as exc:  # a TLS file: TlsFileError names it
-        raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, listen))}: {exc}") from exc
+        raise GpuzombieError(f"cannot serve TLS on {', '.join(map(str, serving.listen))}: {exc}") from exc
     return stopped("exporter", received)
 
 
-def serving_options(fn: Any) -> Any:
+def serving_options(fn: CommandFn) -> CommandFn:
     """Where and how /metrics, /healthz and /readyz are served."""
     listen = click.option(
         "--listen",
         multiple=True,
-        default=lambda: (_import_exporter().DEFAULT_LISTEN,),
+        default=_default_listen,
         show_default="127.0.0.1:9844",  # the exporter's DEFAULT_LISTEN; --help must work without the extra
         callback=_listen,
         metavar="HOST:PORT",
@@ -187,6 +203,7 @@ def serving_options(fn: Any) -> Any:
 
 
 @click.command()
+@node_options
 @serving_options
 @procfs_option
 @click.option(
@@ -213,20 +230,19 @@ def serving_options(fn: Any) -> Any:
     "process counted in gpuzombie_reaped_processes_total. Needs the KILL capability.",
 )
 def command(
-    procfs: str,
+    node: NodeOptions,
     min_interval: float,
     once: bool,
-    cri_socket: str | None,
-    cri_timeout: float,
     node_name: str,
-    pod_resources_socket: str,
-    cdi_dirs: tuple[str, ...],
-    trust_runtime: bool,
-    ghost_threshold_mib: int,
-    baseline_mib: int | None,
-    nvml_replay: str | None,
     reap_after: float | None,
-    **serving: Any,
+    listen: tuple[ListenAddress, ...],
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
+    tls_reload_seconds: float,
+    read_timeout: float,
+    max_connections: int,
+    unhealthy_after: int,
 ) -> int:
     """On a node (root): serve Prometheus metrics of zombies, orphans, GPU memory by pod, fd-only
     holders, ghost memory per GPU, GPU memory at grace-period risk and stale or foreign GPU holders.
@@ -236,53 +252,40 @@ def command(
     an unreadable TLS file or /proc, a bad --reap-stale-after or one where reap could not act (not the
     host PID namespace's mounted procfs), 130 on Ctrl-C.
     """
-    exporter = _import_exporter()
+    _require_exporter()
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from gpuzombie.exporter import NodeCollector, scan_node
     from gpuzombie.gpu.attribution import current_view
     from gpuzombie.gpu.dstate import DStateTracker
-    from gpuzombie.k8s.podresources import list_pod_resources
-    from gpuzombie.proc.procfs import Procfs
+    from gpuzombie.trace.scan import NodeScan
 
-    check_node_inputs(procfs, who="the exporter")
+    parts = NodeParts(node, who="the exporter")
     if reap_after is not None and once:
         raise GpuzombieError("--reap-stale-after times stale pods across scans: not with --once")
-    nvml = nvml_backend(nvml_replay)  # one backend for the process: NVML is initialised once
-    names = RuntimeNames(cri_socket, timeout=cri_timeout)  # one for the process: names are kept across scans
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
-    pods = PodLister(  # one channel for the process; runtime and kubelet asked afresh every scan
-        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
-    )
 
-    def scan() -> Any:
-        return exporter.scan_node(
-            procfs=Procfs(procfs),
-            nvml=nvml,
+    def scan() -> NodeScan:
+        return scan_node(
+            procfs=parts.procfs(),
+            nvml=parts.nvml,
             view=current_view(),
-            names=names,
-            resources=lambda: list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
-            baseline=None if baseline_mib is None else baseline_mib * MIB,
-            threshold=ghost_threshold_mib * MIB,
+            names=parts.names,
+            resources=parts.resources,
+            baseline=node.baseline,
+            threshold=node.threshold,
             node_name=node_name,
             dstate=dstate,
-            pods=pods,
+            pods=parts.pods,
         )
 
-    def echo(line):
-        return click.echo(line, err=True)
-
-    on_result = _warn_on_change(exporter, echo, errors=not once)
-    reaper = None
-    if reap_after is not None:
-        reaper = _reaper(
-            exporter, reap_after, procfs, nvml, echo, cri_socket, cri_timeout, pod_resources_socket, trust_runtime
-        )
-        on_result = _both(on_result, reaper.observe)
-    collector = exporter.NodeCollector(
+    on_result = _warn_on_change(errors=not once)
+    reaper = _reaper(reap_after, parts) if reap_after is not None else None
+    collector = NodeCollector(
         scan,
         min_interval=float("inf") if once else min_interval,
-        on_result=on_result,
-        unhealthy_after=serving["unhealthy_after"],
+        on_result=on_result if reaper is None else _both(on_result, reaper.observe),
+        unhealthy_after=unhealthy_after,
     )
     registry = CollectorRegistry()
     registry.register(collector)
@@ -292,7 +295,25 @@ def command(
     if once:
         result = collector.latest()
         if result.scan is None:
-            raise GpuzombieError(f"cannot scan {procfs}: {str(result.error)[:1000]}")  # main escapes it
+            raise GpuzombieError(f"cannot scan {node.procfs}: {str(result.error)[:1000]}")  # main escapes it
         click.echo(generate_latest(registry).decode(), nl=False)
         return int(ExitStatus.OK)
-    return _serve(exporter, registry, collector, serving, min_interval)
+    serving = Serving(
+        listen,
+        tls_cert,
+        tls_key,
+        tls_client_ca,
+        tls_reload_seconds,
+        read_timeout,
+        max_connections,
+        unhealthy_after,
+    )
+    return _serve(registry, collector, serving, min_interval)
+
+
+def _both(first: Callable[[ScanResult], None], second: Callable[[ScanResult], None]) -> Callable[[ScanResult], None]:
+    def both(result: ScanResult) -> None:
+        first(result)
+        second(result)
+
+    return both

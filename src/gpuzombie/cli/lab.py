@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 
 from gpuzombie.cli.common import exact_command
@@ -14,7 +16,7 @@ from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
-from gpuzombie.lab.runner import NCCL, LabRequest, NcclOptions, run_lab
+from gpuzombie.lab.runner import NCCL, LabOutcome, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import PID1_CHOICES
 from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, LabRun
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
@@ -278,25 +280,29 @@ def run_command(
         cri_socket=cri_socket,
         image_archives=image_archives,
         scale_to_memory=not size_given,
-        nccl=NcclOptions(
-            cases=cases,
-            observe_seconds=observe_seconds,
-            budget_seconds=budget_seconds,
-            collective_timeout_s=collective_timeout,
-            size_mib=size_mib if size_given else None,
-        ),
+        nccl=NcclOptions(cases, observe_seconds, budget_seconds, collective_timeout, size_mib if size_given else None),
     )
     with console.status("starting") as status:
+        outcome = run_lab(request, progress=_steps(console, status))
+    return _report(console, outcome)
 
-        def say(step: int, steps: int, line: str) -> None:
-            if step == 0:
-                console.print(f"[bold yellow]{line}[/]")
-                return
-            prefix = f"[{step}/{steps}] " if steps > 1 else ""
-            console.log(prefix + line)
-            status.update(prefix + line)
 
-        outcome = run_lab(request, progress=say)
+def _steps(console: Console, status: Status) -> Callable[[int, int, str], None]:
+    """A progress line: step 0 a note, the others logged with their number and shown as the status."""
+
+    def say(step: int, steps: int, line: str) -> None:
+        if step == 0:
+            console.print(f"[bold yellow]{line}[/]")
+            return
+        prefix = f"[{step}/{steps}] " if steps > 1 else ""
+        console.log(prefix + line)
+        status.update(prefix + line)
+
+    return say
+
+
+def _report(console: Console, outcome: LabOutcome) -> int:
+    """The runs' table (and the NCCL cases'), where they were written, and the exit code."""
     runs, path = list(outcome.runs), outcome.results_path
     if runs:
         out_console = Console()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -14,7 +15,16 @@ from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rich.console import Console
+    from rich.status import Status
+
+    from gpuzombie.gpu.nvml import NvmlBackend
+    from gpuzombie.lab.manifest import PodManifest
+    from gpuzombie.lab.podrun import PodRunConfig
     from gpuzombie.lab.runtime.manifestpod import HostPathGrant
+    from gpuzombie.lab.scenarios import LabRun
 
 SCHEMA = "gpuzombie.labpod/2"
 DEFAULT_OUT = Path("lab-out")
@@ -50,6 +60,16 @@ def host_path_grant_of(value: str) -> HostPathGrant:
     if not os.path.isabs(path):
         raise GpuzombieError(f"--allow-host-path {value}: an absolute path is needed")
     return HostPathGrant(os.path.normpath(path), writable=mode == "rw")
+
+
+def _say(console: Console, status: Status) -> Callable[[str], None]:
+    """A progress line: logged, and shown as the spinner's status."""
+
+    def say(line: str) -> None:
+        console.log(line)
+        status.update(line)
+
+    return say
 
 
 @click.command(
@@ -168,21 +188,56 @@ def pod_command(
     from rich.text import Text
 
     from gpuzombie.cli.common import exact_command
-    from gpuzombie.gpu.nvml import default_backend
     from gpuzombie.lab.manifest import ManifestError, parse_pod
-    from gpuzombie.lab.runner import choose_device_and_backend
 
     doc = load_manifest(manifest)
+    where = getattr(manifest, "name", "stdin")
     try:
         parsed = parse_pod(doc)
     except ManifestError as exc:
-        raise GpuzombieError(f"{getattr(manifest, 'name', 'stdin')}: {exc}") from exc
+        raise GpuzombieError(f"{where}: {exc}") from exc
     try:  # grpcio and the CRI stubs are an extra
         from gpuzombie.k8s.cri import CriError
         from gpuzombie.lab.errors import LabError
-        from gpuzombie.lab.podrun import PodRunConfig, check_runnable, lab_notes, run_lab_pod
+        from gpuzombie.lab.podrun import lab_notes, run_lab_pod
     except ImportError as exc:
         raise GpuzombieError(needs_extra("lab pod", "labpod", exc)) from exc
+    nvml, config = _config(parsed, where, device, grace, ready_timeout, host_paths, runtime)
+    console = Console(stderr=True, log_path=False)
+    for note in lab_notes(parsed, config) if runtime == "containerd" else ():
+        console.print(Text.assemble(("lab pod:", "yellow"), " ", escape(note, 1000)))  # a hostPath is the manifest's
+    run = functools.partial(run_lab_pod, parsed, config, out=out, command=exact_command(), document=doc)
+    try:
+        with console.status("starting") as status:
+            runs, path = run(
+                archives=image_archives, nvml=nvml, progress=_say(console, status), repeat=repeat, runtime=runtime
+            )
+    except (CriError, LabError) as exc:
+        raise GpuzombieError(str(exc)) from exc
+    except OSError as exc:
+        raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
+    findings = _echo_runs(runs, as_json=as_json)
+    from gpuzombie.lab.results import run_key
+
+    console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
+    return ExitStatus.FINDINGS if findings else ExitStatus.OK
+
+
+def _config(
+    parsed: PodManifest,
+    where: str,
+    device: str,
+    grace: int | None,
+    ready_timeout: float,
+    host_paths: tuple[str, ...],
+    runtime: str,
+) -> tuple[NvmlBackend, PodRunConfig]:
+    """NVML and the run's configuration, checked against the manifest before anything is made."""
+    from gpuzombie.gpu.nvml import default_backend
+    from gpuzombie.lab.errors import LabError
+    from gpuzombie.lab.podrun import PodRunConfig, check_runnable
+    from gpuzombie.lab.runner import choose_device_and_backend
+
     nvml = default_backend()
     gpus = nvml.read()
     resolved, _backend = choose_device_and_backend(device, "auto", gpus.available and bool(gpus.devices))
@@ -191,33 +246,12 @@ def pod_command(
     try:
         check_runnable(parsed, config, runtime)  # before anything is made, and before the notes
     except LabError as exc:
-        raise GpuzombieError(f"{getattr(manifest, 'name', 'stdin')}: {exc}") from exc
-    console = Console(stderr=True, log_path=False)
-    for note in lab_notes(parsed, config) if runtime == "containerd" else ():
-        console.print(Text.assemble(("lab pod:", "yellow"), " ", escape(note, 1000)))  # a hostPath is the manifest's
-    try:
-        with console.status("starting") as status:
+        raise GpuzombieError(f"{where}: {exc}") from exc
+    return nvml, config
 
-            def say(line: str) -> None:
-                console.log(line)
-                status.update(line)
 
-            runs, path = run_lab_pod(
-                parsed,
-                config,
-                out=out,
-                command=exact_command(),
-                archives=image_archives,
-                nvml=nvml,
-                progress=say,
-                repeat=repeat,
-                runtime=runtime,
-                document=doc,
-            )
-    except (CriError, LabError) as exc:
-        raise GpuzombieError(str(exc)) from exc
-    except OSError as exc:
-        raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
+def _echo_runs(runs: list[LabRun], *, as_json: bool) -> bool:
+    """One line a run (JSON, or a sentence); whether any left processes or waited the whole grace."""
     from gpuzombie.lab.results import run_key, run_to_json
 
     findings = False
@@ -236,5 +270,4 @@ def pod_command(
             f"({d.grace_s:g} s) waited: {'yes' if m.waited_whole_grace else 'no'}; grace waste "
             f"{m.grace_waste_gib_s:.2f} GiB·s; processes left: {len(d.leftovers)}"
         )
-    console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
-    return ExitStatus.FINDINGS if findings else ExitStatus.OK
+    return findings

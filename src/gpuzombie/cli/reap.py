@@ -7,10 +7,12 @@ import re
 import click
 
 from gpuzombie.cli.common import (
-    check_node_inputs,
+    NodeOptions,
+    NodeParts,
     cri_socket_option,
     echo_json,
     json_option,
+    node_options,
     pod_resources_socket_option,
     procfs_option,
     trust_runtime_option,
@@ -32,6 +34,7 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 
 
 @click.command()
+@node_options
 @click.option("--yes", is_flag=True, help="Act: signal the processes. Without it, a dry run lists them.")
 @click.option(
     "--pod-uid",
@@ -73,17 +76,13 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
 @json_option("gpuzombie.reap/1", "docs/reap.md")
 @procfs_option
 def command(
+    node: NodeOptions,
     yes: bool,
     pod_uids: frozenset[str] | None,
     timeout: float,
     kill_wait: float,
     no_nvml: bool,
-    cri_socket: str | None,
-    cri_timeout: float,
-    pod_resources_socket: str,
-    trust_runtime: bool,
     as_json: bool,
-    procfs: str,
 ) -> int:
     """On a node (root, host PID namespace): end the processes of stale pods, those whose GPU holders
     outlived the pod (the runtime no longer lists it, or lists it with stopped sandboxes and no
@@ -103,19 +102,7 @@ def command(
     (no CRI runtime, not root, not the host PID namespace).
     """
     try:
-        return _reap(
-            yes,
-            pod_uids,
-            timeout,
-            kill_wait,
-            no_nvml,
-            cri_socket,
-            cri_timeout,
-            pod_resources_socket,
-            trust_runtime,
-            as_json,
-            procfs,
-        )
+        return _reap(node, yes, pod_uids, timeout, kill_wait, no_nvml, as_json)
     except GpuzombieError as exc:
         if as_json:  # a script reading stdout learns why, not an empty document
             from gpuzombie.reap.run import SCHEMA
@@ -125,39 +112,27 @@ def command(
 
 
 def _reap(
+    node: NodeOptions,
     yes: bool,
     pod_uids: frozenset[str] | None,
     timeout: float,
     kill_wait: float,
     no_nvml: bool,
-    cri_socket: str | None,
-    cri_timeout: float,
-    pod_resources_socket: str,
-    trust_runtime: bool,
     as_json: bool,
-    procfs: str,
 ) -> int:
-    from gpuzombie.cli.common import nvml_backend
-    from gpuzombie.k8s.liveness import PodLister
-    from gpuzombie.k8s.names import RuntimeNames
-    from gpuzombie.proc.procfs import Procfs
     from gpuzombie.reap import render_text, run_reap
-
-    check_node_inputs(procfs, who="reap")
 
     def log(event):
         if not as_json:
             click.echo(f"gpuzombie reap: {event.message}", err=True)
 
-    with PodLister(
-        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
-    ) as pods:
+    with NodeParts(node, who="reap") as parts:
         try:
             report = run_reap(
-                procfs=Procfs(procfs),
-                pods=pods,
-                names=RuntimeNames(cri_socket, timeout=cri_timeout),
-                nvml=None if no_nvml else nvml_backend(None),
+                procfs=parts.procfs(),
+                pods=parts.pods,
+                names=parts.names,
+                nvml=None if no_nvml else parts.nvml,
                 only=pod_uids,
                 timeout=timeout,
                 kill_wait=kill_wait,
@@ -165,7 +140,7 @@ def _reap(
                 on_event=log,
             )
         except OSError as exc:
-            raise GpuzombieError(f"cannot read {procfs}: {exc.strerror or exc}", ExitStatus.ERROR) from exc
+            raise GpuzombieError(f"cannot read {node.procfs}: {exc.strerror or exc}", ExitStatus.ERROR) from exc
     if as_json:
         echo_json(report)
     else:

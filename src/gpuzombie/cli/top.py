@@ -6,22 +6,26 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuzombie.cli.common import (
-    check_node_inputs,
+    NodeOptions,
+    NodeParts,
     echo_json,
     ghost_options,
     node_name_option,
+    node_options,
     node_source_options,
-    nvml_backend,
     procfs_option,
+    unreadable_procfs,
 )
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.units import MIB
+
+if TYPE_CHECKING:
+    from gpuzombie.top.model import NodeView
 
 
 def _app_module() -> Any:
@@ -34,7 +38,16 @@ def _app_module() -> Any:
     return app
 
 
+def _print_frame(view: NodeView, *, width: int | None, tree: bool, sort: str, namespace: str, text: str) -> None:
+    from gpuzombie.top.render import render_text
+
+    columns = width or (shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160)
+    expanded: frozenset[str] | None = None if tree else frozenset()
+    click.echo(render_text(view, width=columns, sort=sort, namespace=namespace, text=text, expanded=expanded), nl=False)
+
+
 @click.command()
+@node_options
 @procfs_option
 @click.option(
     "--interval",
@@ -81,7 +94,7 @@ def _app_module() -> Any:
 @node_name_option("The node's name in the header.")
 @ghost_options
 def command(
-    procfs: str,
+    node: NodeOptions,
     interval: float,
     once: bool,
     as_json: bool,
@@ -91,15 +104,7 @@ def command(
     text: str,
     width: int | None,
     allow_actions: bool,
-    cri_socket: str | None,
-    cri_timeout: float,
-    pod_resources_socket: str,
-    cdi_dirs: tuple[str, ...],
-    trust_runtime: bool,
     node_name: str,
-    ghost_threshold_mib: int,
-    baseline_mib: int | None,
-    nvml_replay: str | None,
 ) -> int:
     """On a node (root): every GPU and MIG instance, the pods holding each with their GPU memory,
     PID 1, zombies, orphans, D-state holders, stale or foreign marks and grace-period risk, and
@@ -116,66 +121,43 @@ def command(
         raise click.UsageError("--allow-actions needs the full-screen view, not --once")
     app = _app_module() if not once else None  # before any scan: a missing Textual is said at once
     from gpuzombie.gpu.attribution import current_view
-    from gpuzombie.k8s.liveness import PodLister
-    from gpuzombie.k8s.names import RuntimeNames
-    from gpuzombie.k8s.podresources import list_pod_resources
-    from gpuzombie.proc.procfs import Procfs
     from gpuzombie.top.model import arrange
     from gpuzombie.top.source import NodeSource
 
-    check_node_inputs(procfs, who="top")
-    nvml = nvml_backend(nvml_replay)
-    names = RuntimeNames(cri_socket, timeout=cri_timeout)
-    with PodLister(
-        cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
-    ) as pods:
+    with NodeParts(node, who="top") as parts:
         source = NodeSource(
-            procfs=Procfs(procfs),
-            nvml=nvml,
+            procfs=parts.procfs(),
+            nvml=parts.nvml,
             view=current_view(),
-            names=names,
-            resources=lambda: list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
-            pods=pods,
+            names=parts.names,
+            resources=parts.resources,
+            pods=parts.pods,
             node_name=node_name,
-            baseline=None if baseline_mib is None else baseline_mib * MIB,
-            threshold=ghost_threshold_mib * MIB,
+            baseline=node.baseline,
+            threshold=node.threshold,
         )
         if once:
             try:
                 view = source()
             except (OSError, ValueError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise GpuzombieError(f"cannot read {procfs}: {reason}") from exc
+                raise unreadable_procfs(node.procfs, exc) from exc
             view = arrange(view, sort=sort, namespace=namespace, text=text)
             if as_json:
                 echo_json(view)
             else:
-                from gpuzombie.top.render import render_text
-
-                columns = width or (shutil.get_terminal_size((160, 24)).columns if sys.stdout.isatty() else 160)
-                click.echo(
-                    render_text(
-                        view,
-                        width=columns,
-                        sort=sort,
-                        namespace=namespace,
-                        text=text,
-                        expanded=None if tree else frozenset(),
-                    ),
-                    nl=False,
-                )
+                _print_frame(view, width=width, tree=tree, sort=sort, namespace=namespace, text=text)
             return int(ExitStatus.OK)
         actions = None
         if allow_actions:
             from gpuzombie.top import actions as top_actions
 
-            root = procfs
-
             def send(proc: Any, sig: signal.Signals) -> str:
-                return top_actions.signal_process(root, proc, sig)
+                return top_actions.signal_process(node.procfs, proc, sig)
 
             def reap(pod: Any) -> str:
-                return top_actions.reap_pod(pod, procfs=Procfs(root), pods=pods, names=names, nvml=nvml)
+                return top_actions.reap_pod(
+                    pod, procfs=parts.procfs(), pods=parts.pods, names=parts.names, nvml=parts.nvml
+                )
 
             assert app is not None
             actions = app.Actions(signal=send, reap=reap)

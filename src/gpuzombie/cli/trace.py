@@ -7,44 +7,30 @@ import time
 import click
 
 from gpuzombie.cli.common import (
-    check_node_inputs,
+    NodeOptions,
+    NodeParts,
     echo_json,
     echo_warnings,
     ghost_options,
     json_option,
+    node_options,
     node_source_options,
-    nvml_backend,
     procfs_option,
+    unreadable_procfs,
 )
-from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
-from gpuzombie.k8s import names as cri_names
-from gpuzombie.k8s.liveness import PodLister
-from gpuzombie.k8s.podresources import list_pod_resources
-from gpuzombie.proc.procfs import Procfs
 from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
-from gpuzombie.units import MIB
 
 
 @click.command()
+@node_options
 @procfs_option
 @json_option("gpuzombie.trace/1", "docs/trace.md")
 @node_source_options
 @ghost_options
-def command(
-    procfs: str,
-    as_json: bool,
-    cri_socket: str | None,
-    cri_timeout: float,
-    pod_resources_socket: str,
-    cdi_dirs: tuple[str, ...],
-    trust_runtime: bool,
-    ghost_threshold_mib: int,
-    baseline_mib: int | None,
-    nvml_replay: str | None,
-) -> int:
+def command(node: NodeOptions, as_json: bool) -> int:
     """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
     and pod, and each GPU's memory split into driver baseline, processes and ghost.
 
@@ -55,25 +41,21 @@ def command(
     stale or foreign holders) or incomplete (a process that could hide one could not be read, or
     the runtime could not say whether a pod still runs: the summary says so), 2 error.
     """
-    check_node_inputs(procfs, who="trace")
     try:
-        with PodLister(
-            cri_socket, timeout=cri_timeout, kubelet_socket=pod_resources_socket, trust_runtime=trust_runtime
-        ) as pods:
+        with NodeParts(node, who="trace") as parts:
             report = trace_node(
-                procfs=Procfs(procfs),
-                nvml=nvml_backend(nvml_replay),
+                procfs=parts.procfs(),
+                nvml=parts.nvml,
                 view=current_view(),
-                names=cri_names.RuntimeNames(cri_socket, timeout=cri_timeout),
-                resources=list_pod_resources(pod_resources_socket, cdi_dirs=cdi_dirs),
+                names=parts.names,
+                resources=parts.resources(),
                 now=time.time(),
-                baseline=None if baseline_mib is None else baseline_mib * MIB,
-                threshold=ghost_threshold_mib * MIB,
-                pods=pods,
+                baseline=node.baseline,
+                threshold=node.threshold,
+                pods=parts.pods,
             )
-    except (OSError, ValueError) as exc:  # ValueError: a tree whose stat has no btime line
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise GpuzombieError(f"cannot read {procfs}: {reason}") from exc
+    except (OSError, ValueError) as exc:
+        raise unreadable_procfs(node.procfs, exc) from exc
     if as_json:
         echo_json(report)
     else:

@@ -191,10 +191,9 @@ def cni_network(layout: Layout) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def components(layout: Layout, ports: Ports) -> list[Component]:
-    """The processes in start order, each named so that ``cluster status`` and errors can say which."""
-    pki, bin_dir = layout.pki, layout.bin
-    etcd = Component(
+def _etcd(layout: Layout, ports: Ports) -> Component:
+    bin_dir = layout.bin
+    return Component(
         "etcd",
         (
             str(bin_dir / "etcd"),
@@ -208,7 +207,11 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--quota-backend-bytes=1073741824",
         ),
     )
-    apiserver = Component(
+
+
+def _apiserver(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kube-apiserver",
         (
             str(bin_dir / "kube-apiserver"),
@@ -238,41 +241,52 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
             "--profiling=false",
         ),
     )
-    controller_manager = Component(
-        "kube-controller-manager",
+
+
+def _controller(layout: Layout, name: str, port: int, *flags: str) -> Component:
+    """A control-plane controller (the controller manager, the scheduler): its kubeconfig for the API
+    server and for delegated authentication and authorization, loopback, its own certificates; one
+    replica (no leader election), no profiling."""
+    kubeconfig = layout.kubeconfig(name)
+    return Component(
+        f"kube-{name}",
         (
-            str(bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={layout.kubeconfig('controller-manager')}",
-            f"--authentication-kubeconfig={layout.kubeconfig('controller-manager')}",
-            f"--authorization-kubeconfig={layout.kubeconfig('controller-manager')}",
+            str(layout.bin / f"kube-{name}"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             f"--bind-address={LOOPBACK}",
-            f"--secure-port={ports.controller_manager}",
-            f"--cert-dir={pki / 'controller-manager'}",
-            f"--root-ca-file={pki / 'ca.pem'}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--cluster-signing-cert-file={pki / 'ca.pem'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=true",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--leader-elect=false",  # one replica
-            "--profiling=false",
-        ),
-    )
-    scheduler = Component(
-        "kube-scheduler",
-        (
-            str(bin_dir / "kube-scheduler"),
-            f"--kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--authentication-kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--authorization-kubeconfig={layout.kubeconfig('scheduler')}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={ports.scheduler}",
-            f"--cert-dir={pki / 'scheduler'}",
+            f"--secure-port={port}",
+            f"--cert-dir={layout.pki / name}",
+            *flags,
             "--leader-elect=false",
             "--profiling=false",
         ),
     )
-    kubelet = Component(
+
+
+def _controller_manager(layout: Layout, ports: Ports) -> Component:
+    pki = layout.pki
+    return _controller(
+        layout,
+        "controller-manager",
+        ports.controller_manager,
+        f"--root-ca-file={pki / 'ca.pem'}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--cluster-signing-cert-file={pki / 'ca.pem'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+    )
+
+
+def _scheduler(layout: Layout, ports: Ports) -> Component:
+    return _controller(layout, "scheduler", ports.scheduler)
+
+
+def _kubelet(layout: Layout, ports: Ports) -> Component:
+    pki, bin_dir = layout.pki, layout.bin
+    return Component(
         "kubelet",
         (
             str(bin_dir / "kubelet"),
@@ -286,4 +300,8 @@ def components(layout: Layout, ports: Ports) -> list[Component]:
         # cAdvisor reads container stats from the node's containerd (go/kube/main.go: no kubelet flag).
         env=(("KUBE_CADVISOR_CONTAINERD_ENDPOINT", str(layout.containerd_socket)),),
     )
-    return [etcd, apiserver, controller_manager, scheduler, kubelet]
+
+
+def components(layout: Layout, ports: Ports) -> list[Component]:
+    """The processes in start order, each named so that ``cluster status`` and errors can say which."""
+    return [make(layout, ports) for make in (_etcd, _apiserver, _controller_manager, _scheduler, _kubelet)]

@@ -15,8 +15,9 @@ from gpuzombie.exporter.server import (
     parse_listen,
 )
 from gpuzombie.exporter.warnlog import WarningLog
+from gpuzombie.k8s.owner import PodLabels
 from gpuzombie.serving import ListenError, TlsFileError
-from gpuzombie.trace.scan import NodeScan, PodLabels, scan_node
+from gpuzombie.trace.scan import NodeScan, scan_node
 
 __all__ = [
     "DEFAULT_LISTEN",

@@ -13,9 +13,11 @@ from gpuzombie.escape import label_value
 from gpuzombie.gpu.attribution import Verdict
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.handover.node import node_verdicts
+from gpuzombie.k8s.owner import PodLabels
 from gpuzombie.observe.orphans import ORPHAN
 from gpuzombie.trace.model import GpuMemory
-from gpuzombie.trace.scan import NodeScan, PodLabels
+from gpuzombie.trace.scan import NodeScan
+from gpuzombie.trace.stale import Dirty
 
 POD = ("namespace", "pod", "pod_uid", "container")
 """Names as kube-state-metrics has them (join ``on(namespace, pod)``), and the pod's UID."""
@@ -227,7 +229,7 @@ def process_metrics(scan: NodeScan) -> dict[str, Values]:
     """Zombies, GPU processes and fd-only holders from the trace rows, labelled by pod."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     for row in scan.trace.rows:
-        pod = _pod(PodLabels.of_row(row))
+        pod = _pod(scan.row_labels(row))
         if row.state == "Z":
             out["gpuzombie_zombies"][pod] += 1
         if row.nsmi:
@@ -299,7 +301,7 @@ def handover_metrics(scan: NodeScan) -> dict[str, Values]:
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     held = out["gpuzombie_gpu_held_memory_bytes"]
     for row in scan.trace.rows:
-        holder = "dstate" if row.state == "D" else row.dirty
+        holder = "dstate" if row.state == "D" else row.dirty.value if row.dirty else None
         if row.verdict in (Verdict.GONE.value, Verdict.ZOMBIE.value) and holder is None:
             holder = "ghost"  # NVML's memory of a pid that exited: the seed's orphaned context
         if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign", "ghost"):
@@ -328,9 +330,8 @@ def dstate_metrics(scan: NodeScan) -> dict[str, Values]:
     """The D-state GPU holders by pod, their memory, and how long the longest-stuck has been seen in D
     (no pid or comm label: a series per stuck process would never end)."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
-    rows = {row.pid: row for row in scan.trace.rows if row.pid is not None}
     for h in scan.trace.d_state:
-        pod = _pod(PodLabels.of_row(rows[h.pid])) if h.pid in rows else ("", "", "", "")
+        pod = _pod(scan.owners.of(h.pid).labels)
         out["gpuzombie_dstate_gpu_holders"][pod] += 1
         out["gpuzombie_dstate_gpu_memory_bytes"][pod] += h.gpu_memory
         seconds = max(0.0, scan.d_state_seconds.get(h.identity, 0.0))
@@ -343,10 +344,10 @@ def dirty_metrics(scan: NodeScan) -> dict[str, Values]:
     the DRA allocations the foreign check judged by."""
     out: dict[str, Values] = defaultdict(lambda: defaultdict(float))
     for row in scan.trace.rows:
-        if row.dirty not in ("stale", "foreign"):
+        if row.dirty is None or row.dirty not in (Dirty.STALE, Dirty.FOREIGN):
             continue
         gpu = "" if row.gpu_index is None else str(row.gpu_index)
-        key = (*_pod(PodLabels.of_row(row)), gpu, row.gpu_uuid or "", scan.node_name, row.dirty)
+        key = (*_pod(scan.row_labels(row)), gpu, row.gpu_uuid or "", scan.node_name, row.dirty.value)
         out["gpuzombie_dirty_gpu_holders"][key] += 1
         out["gpuzombie_dirty_gpu_memory_bytes"][key] += row.gpu_memory or 0
     for g in scan.trace.gpus:

@@ -38,9 +38,7 @@ def stale_pod_uids(result: ScanResult) -> frozenset[str] | None:
     scan = result.scan
     if scan is None or not scan.trace.checks.stale:
         return None
-    return frozenset(
-        r.pod_uid for r in scan.trace.rows if r.dirty == Dirty.STALE.value and r.pod_uid and r.pid is not None
-    )
+    return frozenset(r.pod_uid for r in scan.trace.rows if r.dirty == Dirty.STALE and r.pod_uid and r.pid is not None)
 
 
 class StaleReaper(Collector):

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance
+from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, MigInstance
 from gpuzombie.jsonout import IN_MIB
 from gpuzombie.proc.pidns import reader_in_root_pidns
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
@@ -155,80 +155,38 @@ def _name_matches(nvml_name: str | None, proc: ProcessInfo) -> bool:
     return base == proc.comm or any(os.path.basename(arg) == base for arg in proc.cmdline[:2])
 
 
-def attribute_processes(table: ProcessTable, gpus: GpuSnapshot, view: ReaderView) -> tuple[GpuProcessRef, ...]:
-    """Attribute every NVML process entry to a process of ``table``, or say why not."""
-    holders = [p for p in table if p.nvidia_fds and not p.is_zombie and p.pid != view.own_pid]
-    refs: list[GpuProcessRef | None] = []
-    pending: list[tuple[GpuDevice, int, int | None, str, str | None]] = []
-    for device in gpus.devices:
-        for gp in device.processes:
-            proc = table.get(gp.pid)
-            if view.in_root_pidns:
-                if proc is None:
-                    refs.append(
-                        _ref(
-                            device,
-                            gp.pid,
-                            gp.used_memory,
-                            gp.kind,
-                            Verdict.GONE,
-                            None,
-                            "no such pid in the root namespace's /proc",
-                            host_pid=gp.pid,
-                        )
-                    )
-                else:
-                    refs.append(
-                        _ref(
-                            device,
-                            gp.pid,
-                            gp.used_memory,
-                            gp.kind,
-                            _state_verdict(proc),
-                            proc,
-                            "NVML pid is a host pid",
-                            view=view,
-                        )
-                    )
-            elif proc is not None and (proc.nvidia_fds or proc.is_zombie):
-                refs.append(
-                    _ref(
-                        device,
-                        gp.pid,
-                        gp.used_memory,
-                        gp.kind,
-                        _state_verdict(proc),
-                        proc,
-                        "local pid of a process holding /dev/nvidia*",
-                        view=view,
-                    )
-                )
-            elif proc is not None and proc.access_denied and _name_matches(gp.name, proc):
-                # Not root: another user's fds are unreadable, but pid and NVML's name agree.
-                refs.append(
-                    _ref(
-                        device,
-                        gp.pid,
-                        gp.used_memory,
-                        gp.kind,
-                        _state_verdict(proc),
-                        proc,
-                        f"local pid; its fds are unreadable here, NVML name {gp.name!r} matches",
-                        view=view,
-                    )
-                )
-            else:
-                refs.append(None)
-                pending.append((device, gp.pid, gp.used_memory, gp.kind, gp.name))
-    if not pending:
-        return tuple(r for r in refs if r is not None)
+def _direct(device: GpuDevice, gp: GpuProcess, proc: ProcessInfo | None, view: ReaderView) -> GpuProcessRef | None:
+    """An NVML entry attributed by its pid alone; None when only pairing can tell (a host pid seen
+    from inside a container)."""
+    if proc is None:
+        if not view.in_root_pidns:
+            return None
+        why = "no such pid in the root namespace's /proc"
+        return _ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.GONE, None, why, host_pid=gp.pid)
+    if view.in_root_pidns:
+        why = "NVML pid is a host pid"
+    elif proc.nvidia_fds or proc.is_zombie:
+        why = "local pid of a process holding /dev/nvidia*"
+    elif proc.access_denied and _name_matches(gp.name, proc):
+        # Not root: another user's fds are unreadable, but pid and NVML's name agree.
+        why = f"local pid; its fds are unreadable here, NVML name {gp.name!r} matches"
+    else:
+        return None
+    return _ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc, why, view=view)
 
-    matched_local = {r.local_pid for r in refs if r is not None}
-    candidates = [p for p in holders if p.innermost_pid not in matched_local]
-    unmatched_pids = sorted({pid for _, pid, _, _, _ in pending})
+
+_Pending = tuple[GpuDevice, GpuProcess]
+
+
+def _pair(
+    pending: list[_Pending], candidates: list[ProcessInfo]
+) -> tuple[dict[int, tuple[ProcessInfo, str]], list[int], list[ProcessInfo]]:
+    """Unmatched NVML pids paired with unmatched /dev/nvidia* holders by name, else the only one
+    with the only one; and the pids and holders left unpaired."""
+    unmatched_pids = sorted({gp.pid for _, gp in pending})
     mapping: dict[int, tuple[ProcessInfo, str]] = {}
     for pid in unmatched_pids:
-        name = next((n for _, p, _, _, n in pending if p == pid and n), None)
+        name = next((gp.name for _, gp in pending if gp.pid == pid and gp.name), None)
         by_name = [c for c in candidates if _name_matches(name, c)]
         if len(by_name) == 1:
             mapping[pid] = (by_name[0], f"NVML name {name!r} matches one local fd holder")
@@ -239,52 +197,53 @@ def attribute_processes(table: ProcessTable, gpus: GpuSnapshot, view: ReaderView
             rest_cands[0],
             "the only unmatched NVML pid and the only unmatched /dev/nvidia* holder (NVML gave a host pid)",
         )
+    return mapping, rest_pids, rest_cands
 
-    resolved = iter(refs)
+
+def _unresolved(rest_pids: list[int], rest_cands: list[ProcessInfo]) -> str:
+    """Why an NVML pid seen from inside a container could not be paired."""
+    if not rest_cands:
+        return (
+            "not visible in this PID namespace and no unmatched local /dev/nvidia* "
+            "holder: a host pid of a process outside this namespace, or a dead one"
+        )
+    holders_text = ", ".join(str(c.innermost_pid) for c in rest_cands)
+    paired = (
+        " (as many holders as unmatched NVML pids: all alive and accounted for, pairing unknown)"
+        if len(rest_cands) == len(rest_pids)
+        else ""
+    )
+    return f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it ({holders_text}){paired}"
+
+
+def attribute_processes(table: ProcessTable, gpus: GpuSnapshot, view: ReaderView) -> tuple[GpuProcessRef, ...]:
+    """Attribute every NVML process entry to a process of ``table``, or say why not."""
+    refs: list[GpuProcessRef | None] = []
+    pending: list[_Pending] = []
+    for device in gpus.devices:
+        for gp in device.processes:
+            ref = _direct(device, gp, table.get(gp.pid), view)
+            refs.append(ref)
+            if ref is None:
+                pending.append((device, gp))
+    if not pending:
+        return tuple(r for r in refs if r is not None)
+    matched_local = {r.local_pid for r in refs if r is not None}
+    holders = [p for p in table if p.nvidia_fds and not p.is_zombie and p.pid != view.own_pid]
+    mapping, rest_pids, rest_cands = _pair(pending, [p for p in holders if p.innermost_pid not in matched_local])
     out: list[GpuProcessRef] = []
     pending_iter = iter(pending)
-    for ref in resolved:
+    for ref in refs:
         if ref is not None:
             out.append(ref)
             continue
-        device, pid, used, kind, _ = next(pending_iter)
-        if pid in mapping:
-            proc, why = mapping[pid]
-            out.append(_ref(device, pid, used, kind, _state_verdict(proc), proc, why, host_pid=pid))
-        elif not rest_cands:
-            out.append(
-                _ref(
-                    device,
-                    pid,
-                    used,
-                    kind,
-                    Verdict.UNRESOLVED,
-                    None,
-                    "not visible in this PID namespace and no unmatched local /dev/nvidia* "
-                    "holder: a host pid of a process outside this namespace, or a dead one",
-                    host_pid=None,
-                )
-            )
+        device, gp = next(pending_iter)
+        if gp.pid in mapping:
+            proc, why = mapping[gp.pid]
+            out.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc, why, host_pid=gp.pid))
         else:
-            holders_text = ", ".join(str(c.innermost_pid) for c in rest_cands)
-            paired = (
-                " (as many holders as unmatched NVML pids: all alive and accounted for, pairing unknown)"
-                if len(rest_cands) == len(rest_pids)
-                else ""
-            )
-            out.append(
-                _ref(
-                    device,
-                    pid,
-                    used,
-                    kind,
-                    Verdict.UNRESOLVED,
-                    None,
-                    f"likely a host pid; {len(rest_cands)} local /dev/nvidia* holders could be it "
-                    f"({holders_text}){paired}",
-                    host_pid=None,
-                )
-            )
+            why = _unresolved(rest_pids, rest_cands)
+            out.append(_ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.UNRESOLVED, None, why, host_pid=None))
     return tuple(out)
 
 

@@ -76,7 +76,7 @@ POLL_LINE_LIMIT = 4096
 REASON_LIMIT = 400
 NAME_LIMIT = 200
 """The most characters kept of a reason, and of a GPU's UUID or MIG instance name, from NVML or a stand-in."""
-NO_GPU = (
+NO_GPU_REASON = (
     "NVML shows this container no GPU (was it given the pod's GPU resources? the webhook's injected "
     "container asks for the same ones)"
 )
@@ -119,7 +119,7 @@ def checks_of(
     if not isinstance(devices, tuple | list):
         return (_unreadable_check(f"impossible reading: devices {shown(devices)}"),)
     if not devices:
-        return (_unreadable_check(NO_GPU),)
+        return (_unreadable_check(NO_GPU_REASON),)
     return tuple(
         _check(d, tolerance_bytes, baseline_bytes)
         if isinstance(d, GpuDevice)

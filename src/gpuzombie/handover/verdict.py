@@ -18,7 +18,7 @@ from __future__ import annotations
 import reprlib
 from dataclasses import dataclass
 
-MIB = 1 << 20
+from gpuzombie.units import MIB
 
 DEFAULT_TOLERANCE_BYTES = 16 * MIB
 """What an idle GPU may show held without being dirty. An idle H200 shows 0 bytes held by v2 (the

@@ -27,7 +27,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from gpuzombie.errors import needs_extra
-from gpuzombie.k8s.names import DEFAULT_SOCKETS, DEFAULT_TIMEOUT, RuntimeChannel
+from gpuzombie.k8s.names import CRI_TIMEOUT, DEFAULT_SOCKETS, RuntimeChannel
 from gpuzombie.k8s.podresources import DEFAULT_SOCKET as KUBELET_SOCKET
 from gpuzombie.k8s.podresources import PodResources, list_pod_resources
 
@@ -160,7 +160,7 @@ class PodLister(RuntimeChannel):
         self,
         socket_path: str | None = None,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = CRI_TIMEOUT,
         candidates: Iterable[str] = DEFAULT_SOCKETS,
         kubelet_socket: str | None = KUBELET_SOCKET,
         trust_runtime: bool = False,

@@ -32,7 +32,7 @@ T = TypeVar("T")
 SOCKET_ENV = "GPUZOMBIE_CRI_SOCKET"
 DEFAULT_SOCKETS = ("/run/containerd/containerd.sock", "/run/crio/crio.sock", "/var/run/cri-dockerd.sock")
 """crictl's default endpoints, in its order: containerd, CRI-O, cri-dockerd."""
-DEFAULT_TIMEOUT = 5.0
+CRI_TIMEOUT = 5.0
 MAX_STATUS_CALLS = 16
 MAX_REMEMBERED = 1024
 """Pods, and containers, no longer listed whose names are kept (the oldest forgotten first): about 9
@@ -115,7 +115,7 @@ class RuntimeChannel:
         self,
         socket_path: str | None = None,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = CRI_TIMEOUT,
         candidates: Iterable[str] = DEFAULT_SOCKETS,
     ):
         self.explicit = socket_path
@@ -151,7 +151,7 @@ class RuntimeNames(RuntimeChannel):
         self,
         socket_path: str | None = None,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = CRI_TIMEOUT,
         candidates: Iterable[str] = DEFAULT_SOCKETS,
     ):
         super().__init__(socket_path, timeout=timeout, candidates=candidates)

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuzombie.pid1kinds import SHELLS
+
 DEFAULT_GRACE_SECONDS = 30
 """What the API server defaults ``terminationGracePeriodSeconds`` to (a file may leave it out)."""
 
@@ -834,8 +836,6 @@ def _template_pointers(obj: Mapping[str, Any]) -> Iterator[tuple[str, bool]]:
             yield _pointer(path), True
 
 
-SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"})
-"""Programs the admission rules read as shells (``busybox`` as ``busybox sh``)."""
 ARGO_KINDS = frozenset({"Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow"})
 ARGO_EXECUTOR = ("/var/run/argo/argoexec", "emissary", "--")
 """What Argo's controller puts before a main container's command (its ENTRYPOINT looked up when the

@@ -213,15 +213,53 @@ def main_entries(scenarios: Mapping[str, RunRecord]) -> dict[str, RunRecord | No
     return found
 
 
-def comparison_md(data: LabResults) -> str:
+MEASURED: tuple[tuple[str, Callable[[RunRecord], str]], ...] = (
+    ("PID 1", lambda e: f"`{e.init}`"),
+    ("memory held at deletion (MiB)", lambda e: f"{e.metrics.held_at_delete_mib:.0f}"),
+    ("deletion → memory free", lambda e: format_seconds(e.metrics.release_latency_s)),
+    ("deletion → pod gone", lambda e: format_seconds(e.metrics.pod_exit_after_delete_s)),
+    ("SIGKILL at grace end → free", lambda e: format_seconds(e.metrics.sigkill_to_free_s)),
+    ("kill -9 of a worker → its memory free", lambda e: format_seconds(e.metrics.kill9_to_free_s)),
+    (
+        "deletion → free, × (kill -9 → free)",
+        lambda e: "—" if e.metrics.release_over_kill9 is None else f"{e.metrics.release_over_kill9:.1f}×",
+    ),
+    (
+        "preStop exit code / outcomes",
+        lambda e: (
+            "—"
+            if e.deletion.prestop_rc is None
+            else f"{e.deletion.prestop_rc}: {', '.join(e.deletion.outcomes) or 'no target'}"
+        ),
+    ),
+    ("deletion → preStop hook running", lambda e: format_seconds(e.deletion.prestop_started_after_delete_s)),
+    (
+        "preStop SIGTERM → target gone",
+        lambda e: ", ".join(format_seconds(o.exited_after_s) for o in e.deletion.prestop_outcomes or ()) or "—",
+    ),
+    ("pod exit code (unshare, or the container's)", lambda e: str(e.deletion.pod_exit_code)),
+    (
+        "zombies spawn / kill / delete",
+        lambda e: " / ".join(
+            str(_count(e.observed(p), "zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete")
+        ),
+    ),
+    ("observe summary after kill", lambda e: _observe_summary(e.observed("after-kill"))),
+    ("processes left after deletion", lambda e: str(len(e.deletion.leftovers))),
+    (
+        "sampler: samples, mean interval, CPU",
+        lambda e: f"{e.sampler.count}, {e.sampler.mean_interval_ms} ms, {e.sampler.cpu_percent_of_one_core}% of a core",
+    ),
+)
+
+"""The rows of "Measured only": our numbers the seed had no value for."""
+
+
+def _header_md(
+    data: LabResults, columns: dict[str, RunRecord | None], first: RunRecord | None, prov: Mapping[str, Any]
+) -> list[str]:
+    """The title, the machine and the command, and the main table's heading."""
     scenarios = data.runs
-    if scenarios and not data.scenario_runs:
-        return pods_comparison_md(scenarios)
-    columns = main_entries(scenarios)
-    base = list(columns.values())
-    first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
-    # Runs of the same kind merge into one results.json: describe the main table's own run.
-    prov = (first.provenance if first else None) or data.provenance
     title = "the seed's four scenarios" + (" and S5 (shareProcessNamespace)" if SHARE_PID in columns else "")
     lines = [f"# Comparison: {title}, measured", ""]
     if first is not None and first.cpu_standin:
@@ -264,62 +302,13 @@ def comparison_md(data: LabResults) -> str:
         "| | " + " | ".join(HEADINGS[k] for k in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
-    for label, original, original_yes, read in ROWS:
-        cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*original, None), (*original_yes, None))]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    nccl = data.nccl
-    s5_cell = " — |" if SHARE_PID in columns else ""
-    lines.append(
-        "| NCCL hang: GPU memory held | not run here (the seed measured 5.7 GB held until the pod was "
-        "deleted, on its 4×A100 node) | not run (seed expected: same) | not run (seed expected: preStop "
-        "cannot end the hang) | not run (seed expected: NCCL_ASYNC + destroy_process_group frees it) |" + s5_cell
-        if nccl is None
-        else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |" + s5_cell
-    )
-    lines += ["", "## Measured only", "", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    extra: tuple[tuple[str, Callable[[RunRecord], str]], ...] = (
-        ("PID 1", lambda e: f"`{e.init}`"),
-        ("memory held at deletion (MiB)", lambda e: f"{e.metrics.held_at_delete_mib:.0f}"),
-        ("deletion → memory free", lambda e: format_seconds(e.metrics.release_latency_s)),
-        ("deletion → pod gone", lambda e: format_seconds(e.metrics.pod_exit_after_delete_s)),
-        ("SIGKILL at grace end → free", lambda e: format_seconds(e.metrics.sigkill_to_free_s)),
-        ("kill -9 of a worker → its memory free", lambda e: format_seconds(e.metrics.kill9_to_free_s)),
-        (
-            "deletion → free, × (kill -9 → free)",
-            lambda e: "—" if e.metrics.release_over_kill9 is None else f"{e.metrics.release_over_kill9:.1f}×",
-        ),
-        (
-            "preStop exit code / outcomes",
-            lambda e: (
-                "—"
-                if e.deletion.prestop_rc is None
-                else f"{e.deletion.prestop_rc}: {', '.join(e.deletion.outcomes) or 'no target'}"
-            ),
-        ),
-        ("deletion → preStop hook running", lambda e: format_seconds(e.deletion.prestop_started_after_delete_s)),
-        (
-            "preStop SIGTERM → target gone",
-            lambda e: ", ".join(format_seconds(o.exited_after_s) for o in e.deletion.prestop_outcomes or ()) or "—",
-        ),
-        ("pod exit code (unshare, or the container's)", lambda e: str(e.deletion.pod_exit_code)),
-        (
-            "zombies spawn / kill / delete",
-            lambda e: " / ".join(
-                str(_count(e.observed(p), "zombies", "—")) for p in ("after-spawn", "after-kill", "after-delete")
-            ),
-        ),
-        ("observe summary after kill", lambda e: _observe_summary(e.observed("after-kill"))),
-        ("processes left after deletion", lambda e: str(len(e.deletion.leftovers))),
-        (
-            "sampler: samples, mean interval, CPU",
-            lambda e: (
-                f"{e.sampler.count}, {e.sampler.mean_interval_ms} ms, {e.sampler.cpu_percent_of_one_core}% of a core"
-            ),
-        ),
-    )
-    for label, fn in extra:
-        lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
-    lines += spread_md(scenarios)
+    return lines
+
+
+def _variants_md(data: LabResults) -> list[str]:
+    """The runs that vary a scenario (another PID 1, backend, uid)."""
+    scenarios = data.runs
+    lines: list[str] = []
     variants = [k for k, e in data.scenario_runs.items() if _is_variant(e)]
     if variants:
         lines += [
@@ -341,7 +330,12 @@ def comparison_md(data: LabResults) -> str:
                 f"{'yes' if m.waited_whole_grace else 'no'} | {m.grace_waste_gib_s:.2f} | "
                 f"{format_seconds(m.kill9_to_free_s)} |"
             )
-    lines += pods_md(data.pod_runs)
+    return lines
+
+
+def _nccl_md(nccl: Any) -> list[str]:
+    """The NCCL section: its table, or its summary as JSON."""
+    lines: list[str] = []
     if nccl is not None:
         lines += [
             "",
@@ -357,6 +351,38 @@ def comparison_md(data: LabResults) -> str:
             lines.append(str(nccl["table_md"]).rstrip())
         else:
             lines += ["```json", dumps(nccl, indent=1)[:6000], "```"]
+    return lines
+
+
+def comparison_md(data: LabResults) -> str:
+    scenarios = data.runs
+    if scenarios and not data.scenario_runs:
+        return pods_comparison_md(scenarios)
+    columns = main_entries(scenarios)
+    base = list(columns.values())
+    first = next((e for e in base if e), None) or next(iter(scenarios.values()), None)
+    # Runs of the same kind merge into one results.json: describe the main table's own run.
+    prov = (first.provenance if first else None) or data.provenance
+    lines = _header_md(data, columns, first, prov)
+    for label, original, original_yes, read in ROWS:
+        cells = [_cell(e, s, y, read) for e, s, y in zip(base, (*original, None), (*original_yes, None))]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    nccl = data.nccl
+    s5_cell = " — |" if SHARE_PID in columns else ""
+    lines.append(
+        "| NCCL hang: GPU memory held | not run here (the seed measured 5.7 GB held until the pod was "
+        "deleted, on its 4×A100 node) | not run (seed expected: same) | not run (seed expected: preStop "
+        "cannot end the hang) | not run (seed expected: NCCL_ASYNC + destroy_process_group frees it) |" + s5_cell
+        if nccl is None
+        else "| NCCL hang: GPU memory held | see [NCCL](#nccl) | | | |" + s5_cell
+    )
+    lines += ["", "## Measured only", "", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for label, fn in MEASURED:
+        lines.append(f"| {label} | " + " | ".join(fn(e) if e else "—" for e in base) + " |")
+    lines += spread_md(scenarios)
+    lines += _variants_md(data)
+    lines += pods_md(data.pod_runs)
+    lines += _nccl_md(nccl)
     lines += [
         "",
         (

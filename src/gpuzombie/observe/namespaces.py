@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.observe.orphans import Orphan, Zombie, find_orphans, find_zombies
-from gpuzombie.observe.pid1 import Pid1, Pid1Kind, find_pid1
+from gpuzombie.observe.pid1 import Pid1, find_pid1
+from gpuzombie.pid1kinds import Pid1Kind
 from gpuzombie.proc.parse import SigtermDisposition
 from gpuzombie.proc.pidns import NamespaceView, namespace_views
 from gpuzombie.proc.procfs import ProcessTable, Procfs

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuzombie.observe.pid1 import Pid1, Pid1Kind
+from gpuzombie.observe.pid1 import Pid1
+from gpuzombie.pid1kinds import Pid1Kind
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
 
 ORPHAN = "orphan"

@@ -9,44 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from enum import Enum
 
+from gpuzombie.pid1kinds import KINDS, REAPING_KINDS, Pid1Kind
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable
 
-
-class Pid1Kind(str, Enum):
-    INIT = "init"
-    """A reaping init that starts exactly one child (tini, dumb-init, catatonit, docker-init)."""
-    SUPERVISOR = "supervisor"
-    """A reaping init that starts many children (systemd, s6-svscan, runit, supervisord, init)."""
-    PAUSE = "pause"
-    """Kubernetes' pause container: reaps, starts nothing (shared process namespace)."""
-    NON_FORKING = "non_forking"
-    """A program that never forks or waits after its exec (sleep, tail -f): reaps nothing."""
-    SHELL = "shell"
-    """A shell: reaps only while it waits for its own jobs, forwards no SIGTERM to them."""
-    PROGRAM = "program"
-    """Anything else (python, java, node, ...): reaps nothing it did not start."""
-    UNKNOWN = "unknown"
-    """PID 1 could not be read."""
-
-
-_KINDS: dict[str, Pid1Kind] = {
-    **dict.fromkeys(("tini", "tini-static", "dumb-init", "catatonit", "docker-init"), Pid1Kind.INIT),
-    **dict.fromkeys(
-        ("systemd", "init", "s6-svscan", "runit", "runit-init", "runsvdir", "supervisord", "openrc-init", "my_init"),
-        Pid1Kind.SUPERVISOR,
-    ),
-    "pause": Pid1Kind.PAUSE,
-    **dict.fromkeys(("sleep", "tail"), Pid1Kind.NON_FORKING),
-    **dict.fromkeys(("sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"), Pid1Kind.SHELL),
-}
-
-_PAUSE_FLAG = "-P"
+PAUSE_FLAG = "-P"
 """``catatonit -P`` is a pause container (it starts no child), not a single-child init: without it,
 observe took the oldest re-parented worker for catatonit's own child and called S5's orphan none."""
-
-_REAPS = {Pid1Kind.INIT, Pid1Kind.SUPERVISOR, Pid1Kind.PAUSE}
 
 _NOTES = {
     Pid1Kind.INIT: "a reaping init: reaps every zombie re-parented to it and forwards signals to its one child",
@@ -82,9 +51,9 @@ def program_name(proc: ProcessInfo) -> str:
     its target's comm; comm wins when argv[0] is unknown (an interpreter running a script).
     """
     argv0 = os.path.basename(proc.cmdline[0]) if proc.cmdline else ""
-    if argv0 in _KINDS:
+    if argv0 in KINDS:
         return argv0
-    if proc.comm in _KINDS:
+    if proc.comm in KINDS:
         return proc.comm
     return argv0 or proc.comm
 
@@ -102,8 +71,8 @@ def classify(proc: ProcessInfo | None) -> Pid1:
             note=_NOTES[Pid1Kind.UNKNOWN],
         )
     name = program_name(proc)
-    kind = _KINDS.get(name, Pid1Kind.PROGRAM)
-    if name == "catatonit" and _PAUSE_FLAG in proc.cmdline[1:]:
+    kind = KINDS.get(name, Pid1Kind.PROGRAM)
+    if name == "catatonit" and PAUSE_FLAG in proc.cmdline[1:]:
         kind = Pid1Kind.PAUSE  # podman's infra and the lab's S5 pause: no child of its own
     return Pid1(
         pid=proc.pid,
@@ -111,7 +80,7 @@ def classify(proc: ProcessInfo | None) -> Pid1:
         command=proc.command,
         program=name,
         kind=kind,
-        is_reaping_init=kind in _REAPS,
+        is_reaping_init=kind in REAPING_KINDS,
         note=_NOTES[kind],
     )
 

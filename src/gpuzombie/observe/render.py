@@ -62,30 +62,22 @@ def _section(n: int, title: str) -> list[str]:
     return ["", f"[{n}] {title}"]
 
 
-def render_text(report: ObserveReport) -> str:
-    """The eight sections, then a one-line summary; ``view.warnings`` are the caller's (stderr)."""
-    r, s, now = report, report.summary, report.taken_at
-    out = [
-        f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
-        f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"
-    ]
-
-    out += _section(1, "PID 1")
+def _processes(r: ObserveReport) -> list[str]:
+    """Sections 1 to 4: PID 1, the process tree, zombies, orphans."""
+    s = r.summary
+    out = _section(1, "PID 1")
     out.append(f"  {escape(r.pid1.command or '?', 120)}  ->  {r.pid1.kind.value}: {r.pid1.note}")
-
     marks = {z.pid: "  <- zombie" for z in r.zombies}
     marks.update({o.pid: f"  <- {'orphan' if o.verdict == ORPHAN else 'orphan? cannot tell'}" for o in r.orphans})
     marks.update({h.pid: "  <- D state, holds the GPU" for h in r.d_state_holders})
     marks.update(dict.fromkeys(r.view.excluded_pids, "  (this observer)"))
     out += _section(2, "Process tree")
-    out += _table(("PID", "PPID", "STAT", "UID", "AGE", "COMMAND"), _tree_rows(r.table, now, marks))
-
+    out += _table(("PID", "PPID", "STAT", "UID", "AGE", "COMMAND"), _tree_rows(r.table, r.taken_at, marks))
     out += _section(3, f"Zombies (state Z): {s.zombies}")
     out += _table(
         ("PID", "PPID", "PARENT", "AGE", "REAPED BY"),
         [(z.pid, z.ppid, z.parent_comm, f"{z.age_s:.0f}s", z.reaped_by) for z in r.zombies],
     )
-
     out += _section(
         4,
         f"Orphans (re-parented to PID 1): {s.orphans}"
@@ -95,8 +87,12 @@ def render_text(report: ObserveReport) -> str:
         ("PID", "COMM", "AGE", "VERDICT", "EVIDENCE"),
         [(o.pid, o.comm, f"{o.age_s:.0f}s", o.verdict, "; ".join(o.evidence) or "none") for o in r.orphans],
     )
+    return out
 
-    out += _section(5, "GPU memory")
+
+def _gpus(r: ObserveReport) -> list[str]:
+    """Sections 5 to 7: GPU memory, NVML's processes, /dev/nvidia* holders."""
+    out = _section(5, "GPU memory")
     if not r.gpu.available:
         out.append(f"  no GPU/NVML: {r.gpu.reason}")
     else:
@@ -114,8 +110,7 @@ def render_text(report: ObserveReport) -> str:
                 for d in r.gpu.devices
             ],
         )
-
-    out += _section(6, f"GPU processes (NVML): {s.gpu_processes}")
+    out += _section(6, f"GPU processes (NVML): {r.summary.gpu_processes}")
     out += _table(
         ("GPU", "NVML_PID", "LOCAL_PID", "HOST_PID", "COMM", "MEMORY", "VERDICT", "EVIDENCE"),
         [
@@ -132,7 +127,6 @@ def render_text(report: ObserveReport) -> str:
             for g in r.attribution.processes
         ],
     )
-
     out += _section(7, f"/dev/nvidia* holders: {len(r.attribution.fd_holders)}")
     out += _table(
         ("PID", "LOCAL_PID", "STAT", "COMM", "IN_NVML", "DEVICES"),
@@ -141,8 +135,12 @@ def render_text(report: ObserveReport) -> str:
             for h in r.attribution.fd_holders
         ],
     )
+    return out
 
-    out += _section(8, "Orphaned contexts and ghost memory")
+
+def _ghosts(r: ObserveReport) -> list[str]:
+    """Section 8: orphaned contexts, ghost memory and D-state holders."""
+    out = _section(8, "Orphaned contexts and ghost memory")
     for g in r.orphaned_contexts:
         out.append(
             f"  ORPHANED CONTEXT: GPU {g.gpu_index} pid {g.nvml_pid} {_mib(g.used_memory)} "
@@ -158,7 +156,6 @@ def render_text(report: ObserveReport) -> str:
         )
         out.append(line)
         out += [f"      likely: {escape(c, 1000)}" for c in gh.likely_causes]
-
     for h in r.d_state_holders:
         held = f"{_mib(h.gpu_memory)} on GPU {','.join(map(str, h.gpus))}" if h.gpus else "no memory NVML lists"
         out.append(
@@ -166,7 +163,17 @@ def render_text(report: ObserveReport) -> str:
             + (f" and {escape(' '.join(h.devices), 300)}" if h.devices else "")
             + ": uninterruptible, SIGKILL waits; if it stays in D only a drain or reboot frees the GPU"
         )
+    return out
 
+
+def render_text(report: ObserveReport) -> str:
+    """The eight sections, then a one-line summary; ``view.warnings`` are the caller's (stderr)."""
+    r, s = report, report.summary
+    out = [
+        f"gpuzombie observe — {r.view.procfs}, {r.view.processes_seen} processes, "
+        f"{'root' if r.view.in_root_pidns else 'inside a'} PID namespace"
+    ]
+    out += _processes(r) + _gpus(r) + _ghosts(r)
     verdict = "HEALTHY" if s.healthy else "FINDINGS" if s.findings else "INCOMPLETE (not verified)"
     out += [
         "",

@@ -5,7 +5,7 @@ Standard library (+ NVML through gpuzombie.gpu.nvml) only: it runs inside the us
 
 from gpuzombie.prestop.run import (
     DEFAULT_KILL_WAIT,
-    DEFAULT_TIMEOUT,
+    PRESTOP_TIMEOUT,
     PrestopReport,
     plan_prestop,
     render_text,
@@ -18,7 +18,7 @@ from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Ter
 
 __all__ = [
     "DEFAULT_KILL_WAIT",
-    "DEFAULT_TIMEOUT",
+    "PRESTOP_TIMEOUT",
     "Excluded",
     "Outcome",
     "PrestopEvent",

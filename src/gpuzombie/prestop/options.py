@@ -15,7 +15,7 @@ from enum import Enum
 
 from gpuzombie.proc.own import PROCFS
 
-DEFAULT_TIMEOUT = 20.0
+PRESTOP_TIMEOUT = 20.0
 """The original experiment's prestop.sh waited 20 s. Timeout + kill wait must fit the pod's grace period."""
 DEFAULT_KILL_WAIT = 2.0
 NVML_CHOICES = ("always", "undecided", "never")
@@ -96,7 +96,7 @@ OPTIONS: tuple[HookOption, ...] = (
         Kind.VALUE,
         "Seconds between SIGTERM and SIGKILL. With --kill-wait it must fit the pod's "
         "terminationGracePeriodSeconds (the hook's time counts against it).",
-        default=DEFAULT_TIMEOUT,
+        default=PRESTOP_TIMEOUT,
         envvar="GPUZOMBIE_PRESTOP_TIMEOUT",
         metavar="S",
         convert=seconds,
@@ -161,7 +161,7 @@ OPTIONS: tuple[HookOption, ...] = (
 class HookOptions:
     """One run's options, however they were parsed (one field an entry of ``OPTIONS``)."""
 
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float = PRESTOP_TIMEOUT
     kill_wait: float = DEFAULT_KILL_WAIT
     dry_run: bool = False
     no_orphans: bool = False

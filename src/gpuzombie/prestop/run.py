@@ -13,10 +13,10 @@ from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
-from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, DEFAULT_TIMEOUT
+from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, PRESTOP_TIMEOUT
 from gpuzombie.prestop.scope import Scope
 from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets, require_scope
-from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, Terminator, count_left_alive
+from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, TerminationRun, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
@@ -29,13 +29,7 @@ REASONS_LIMIT = 400
 
 
 @dataclass(frozen=True)
-class PrestopReport:
-    schema: str
-    started_at: float
-    duration_s: float
-    dry_run: bool
-    timeout_s: float
-    kill_wait_s: float
+class PrestopReport(TerminationRun):
     own_pid: int
     pidns: int | None
     in_root_pidns: bool
@@ -121,12 +115,47 @@ def _refuse_unpinned(plan: PrestopPlan, pins: PinnedPids) -> None:
         )
 
 
+def _own_pid(procfs: Procfs) -> int:
+    """This process's pid, once ``procfs`` is its own PID namespace's procfs (GpuzombieError, exit 2, if not)."""
+    me = own_pid_in(procfs.root)
+    if me != os.getpid():
+        raise GpuzombieError(
+            f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are "
+            f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)",
+            ExitStatus.ERROR,
+        )
+    return me
+
+
+def _first_plan(
+    scan: Callable[..., tuple[PrestopPlan, PinnedPids]],
+    nvml: NvmlBackend | None,
+    nvml_if_undecided: Callable[[], NvmlBackend] | None,
+) -> tuple[PrestopPlan, PinnedPids]:
+    """The plan, NVML asked only when the /proc scan left a process unread (``nvml_if_undecided``)."""
+    if nvml is None and nvml_if_undecided is not None:
+        plan, pins = scan(nvml=None, without_nvml=NVML_NOT_ASKED)
+        if plan.unread:  # an unreadable process may hold a GPU: ask NVML, from a fresh scan
+            pins.close()
+            plan, pins = scan(nvml=nvml_if_undecided())
+        return plan, pins
+    return scan(nvml=nvml)
+
+
+def _announce(plan: PrestopPlan, on_event: Callable[[PrestopEvent], None]) -> None:
+    on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
+    for ex in plan.excluded:
+        on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
+    for u in plan.unread:
+        on_event(PrestopEvent(0.0, "unread", u.pid, f"could not read pid {u.pid} ({u.comm}): {u.reason}"))
+
+
 def run_prestop(
     *,
     procfs: Procfs | None = None,
     nvml: NvmlBackend | None = None,
     nvml_if_undecided: Callable[[], NvmlBackend] | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = PRESTOP_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = False,
     include_orphans: bool = True,
@@ -144,34 +173,18 @@ def run_prestop(
     start costs 0.13-0.2 s on an H200, and every CUDA process holds /dev/nvidia*).
     """
     procfs = procfs or Procfs()
-    me = own_pid_in(procfs.root)
-    if me != os.getpid():
-        raise GpuzombieError(
-            f"{procfs.root} is not this PID namespace's procfs ({procfs.root}/self is {me}, we are "
-            f"{os.getpid()}): run prestop inside the pod (nsenter needs --pid AND --mount)",
-            ExitStatus.ERROR,
-        )
+    me = _own_pid(procfs)
     require_scope(reader_pidns(procfs.root), scope)  # before a single process is read
     started = time.time()
     t0 = clock()
     scan = functools.partial(
         plan_prestop, procfs=procfs, include_orphans=include_orphans, same_cgroup=same_cgroup, scope=scope, own_pid=me
     )
-    if nvml is None and nvml_if_undecided is not None:
-        plan, pins = scan(nvml=None, without_nvml=NVML_NOT_ASKED)
-        if plan.unread:  # an unreadable process may hold a GPU: ask NVML, from a fresh scan
-            pins.close()
-            plan, pins = scan(nvml=nvml_if_undecided())
-    else:
-        plan, pins = scan(nvml=nvml)
+    plan, pins = _first_plan(scan, nvml, nvml_if_undecided)
     if not dry_run:
         _refuse_unpinned(plan, pins)
-    on_event(PrestopEvent(0.0, "plan", None, _plan_line(plan)))
-    for ex in plan.excluded:
-        on_event(PrestopEvent(0.0, "exclude", ex.pid, f"leaving pid {ex.pid} ({ex.comm}) alone: {ex.reason}"))
+    _announce(plan, on_event)
     unread = {u.pid: u for u in plan.unread}
-    for u in plan.unread:
-        on_event(PrestopEvent(0.0, "unread", u.pid, f"could not read pid {u.pid} ({u.comm}): {u.reason}"))
 
     def rescan() -> tuple[tuple[Target, ...], PinnedPids]:
         new_plan, new_pins = scan(nvml=None)

@@ -180,8 +180,16 @@ def _missing(proc: ProcessInfo) -> str:
     return ", ".join(f"{u.file}: {u.reason.value}" for u in proc.incomplete)
 
 
-def _orphan_reason(orphan: Orphan) -> str:
-    return "orphan: " + "; ".join(orphan.evidence)
+def _reasons(proc: ProcessInfo, orphan: Orphan | None, nvml_memory: int | None) -> list[str]:
+    """Why ``proc`` is a target, if it is in scope: its /dev/nvidia* fds, NVML's listing, its orphaning."""
+    reasons = []
+    if proc.nvidia_fds:
+        reasons.append("holds " + ", ".join(proc.nvidia_fds))
+    if nvml_memory is not None:
+        reasons.append(f"listed by NVML ({nvml_memory // MIB} MiB)")
+    if orphan is not None and orphan.verdict != CANNOT_TELL:
+        reasons.append("orphan: " + "; ".join(orphan.evidence))
+    return reasons
 
 
 def plan_targets(
@@ -227,13 +235,7 @@ def plan_targets(
     unread: list[Unread] = []
     for proc in table:
         orphan = orphans.get(proc.pid)
-        reasons: list[str] = []
-        if proc.nvidia_fds:
-            reasons.append("holds " + ", ".join(proc.nvidia_fds))
-        if proc.pid in nvml_memory:
-            reasons.append(f"listed by NVML ({nvml_memory[proc.pid] // MIB} MiB)")
-        if orphan is not None and orphan.verdict != CANNOT_TELL:
-            reasons.append(_orphan_reason(orphan))
+        reasons = _reasons(proc, orphan, nvml_memory.get(proc.pid))
         why_not = rules.outside(proc)
         if why_not is not None:
             if reasons:

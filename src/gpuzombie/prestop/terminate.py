@@ -56,6 +56,18 @@ def count_left_alive(outcomes: Iterable[Outcome]) -> int:
 
 
 @dataclass(frozen=True)
+class TerminationRun:
+    """What a report of the SIGTERM/SIGKILL sequence begins with (prestop's and reap's JSON)."""
+
+    schema: str
+    started_at: float
+    duration_s: float
+    dry_run: bool
+    timeout_s: float
+    kill_wait_s: float
+
+
+@dataclass(frozen=True)
 class TargetResult:
     target: Target
     outcome: Outcome

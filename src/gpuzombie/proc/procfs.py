@@ -561,6 +561,52 @@ class Procfs:
         """
         return self._read_whole(pid, boot_time, with_cgroup=with_cgroup, tree_pidns=tree_pidns, detail=detail)[0]
 
+    @staticmethod
+    def _pid_namespace(base: str, tree_pidns: int | None, reading: _Reading) -> tuple[StatusFields, int | None]:
+        """Its PID namespace (ns/pid) and, outside the tree's own namespace, its NSpid (status)."""
+        status = StatusFields(uid=None, nspid=())
+        pidns: int | None = None
+        ns_failure: OSError | None = None
+        try:
+            pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
+        except OSError as exc:
+            ns_failure = exc
+        if pidns is None or pidns != tree_pidns:
+            try:
+                status = parse_status(read_text(f"{base}/status", "status"))
+            except (OSError, ValueError) as exc:
+                reading.failed("status", exc)
+        if ns_failure is not None:
+            reading.failed("ns/pid", ns_failure)
+        return status, pidns
+
+    def _fds(self, base: str, reading: _Reading) -> tuple[tuple[str, ...], int]:
+        """Its /dev/nvidia* fds and the size of its fd directory."""
+        try:
+            fds, odd, fd_size = self._nvidia_fds(f"{base}/fd")
+        except OSError as exc:
+            reading.failed("fd", exc)
+            return (), 0
+        if odd is not None:
+            reading.failed("fd", ValueError(odd))
+        return fds, fd_size
+
+    @staticmethod
+    def _names(base: str, with_cgroup: bool, reading: _Reading) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """What only names it: its cmdline and (``with_cgroup``) its cgroup lines."""
+        cmdline: tuple[str, ...] = ()
+        cgroup: tuple[str, ...] = ()
+        try:
+            cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
+        except OSError as exc:
+            reading.failed("cmdline", exc)
+        if with_cgroup:
+            try:
+                cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
+            except OSError as exc:
+                reading.failed("cgroup", exc)
+        return cmdline, cgroup
+
     def _read_whole(
         self,
         pid: int,
@@ -592,28 +638,8 @@ class Procfs:
             return None, None
         if stat.is_kernel_thread:  # no argv, no fds, never in a container: nothing more to read
             return self._process(pid, stat, owner, boot_time, nspid=(pid,), pidns=tree_pidns), None
-        status = StatusFields(uid=None, nspid=())
-        pidns: int | None = None
-        fds: tuple[str, ...] = ()
-        fd_size = 0
-        ns_failure: OSError | None = None
-        try:
-            pidns = parse_ns_link(os.readlink(f"{base}/ns/pid"))
-        except OSError as exc:
-            ns_failure = exc
-        if pidns is None or pidns != tree_pidns:
-            try:
-                status = parse_status(read_text(f"{base}/status", "status"))
-            except (OSError, ValueError) as exc:
-                reading.failed("status", exc)
-        if ns_failure is not None:
-            reading.failed("ns/pid", ns_failure)
-        try:
-            fds, odd, fd_size = self._nvidia_fds(f"{base}/fd")
-            if odd is not None:
-                reading.failed("fd", ValueError(odd))
-        except OSError as exc:
-            reading.failed("fd", exc)
+        status, pidns = self._pid_namespace(base, tree_pidns, reading)
+        fds, fd_size = self._fds(base, reading)
         nspid = status.nspid or (pid,)
         keep = stat.state != "Z"
         if detail is not None:
@@ -625,17 +651,7 @@ class Procfs:
                 known = _Known(stat.start_ticks, stat.comm, nspid, pidns, fd_size, fds=fds)
                 known.last = (raw, owner, boot_time, brief, False) if with_cgroup else None
                 return brief, known if keep and not missing else None
-        cmdline: tuple[str, ...] = ()
-        cgroup: tuple[str, ...] = ()
-        try:
-            cmdline = parse_cmdline(read_capped(f"{base}/cmdline", "cmdline"))
-        except OSError as exc:
-            reading.failed("cmdline", exc)
-        if with_cgroup:
-            try:
-                cgroup = parse_cgroup(read_text(f"{base}/cgroup", "cgroup"))
-            except OSError as exc:
-                reading.failed("cgroup", exc)
+        cmdline, cgroup = self._names(base, with_cgroup, reading)
         if reading.gone:
             return None, None  # exited mid-read: drop it rather than report half a process
         proc = self._process(

@@ -1,9 +1,9 @@
 """``gpuzombie reap``: end the processes of stale pods (GPU holders that outlived their pod)."""
 
-from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
+from gpuzombie.reap.plan import ReapPlan, StalePod, stale_pods, stale_targets
 from gpuzombie.reap.run import (
     DEFAULT_KILL_WAIT,
-    DEFAULT_TIMEOUT,
+    REAP_TIMEOUT,
     ReapReport,
     ReapResult,
     reaping_pid,
@@ -14,15 +14,15 @@ from gpuzombie.reap.run import (
 
 __all__ = [
     "DEFAULT_KILL_WAIT",
-    "DEFAULT_TIMEOUT",
+    "REAP_TIMEOUT",
     "ReapPlan",
     "ReapReport",
     "ReapResult",
     "StalePod",
-    "plan_targets",
     "reaping_pid",
     "render_text",
     "run_reap",
     "stale_pods",
+    "stale_targets",
     "summary_line",
 ]

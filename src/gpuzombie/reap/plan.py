@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuzombie.k8s.cgroup import parse_cgroup_lines
+from gpuzombie.k8s.owner import in_cgroup
 from gpuzombie.prestop.targets import Target, Unread
 from gpuzombie.proc.procfs import ProcessTable
 from gpuzombie.trace.model import TraceReport
@@ -46,7 +46,7 @@ def stale_pods(report: TraceReport, only: Iterable[str] | None = None) -> tuple[
     wanted = set(only) if only is not None else None
     found: dict[str, list] = {}
     for row in report.rows:
-        if row.dirty != Dirty.STALE.value or row.pod_uid is None or row.pid is None:
+        if row.dirty != Dirty.STALE or row.pod_uid is None or row.pid is None:
             continue
         found.setdefault(row.pod_uid, []).append(row)
     pods, skipped = [], []
@@ -67,7 +67,7 @@ def stale_pods(report: TraceReport, only: Iterable[str] | None = None) -> tuple[
     return pods, skipped
 
 
-def plan_targets(
+def stale_targets(
     table: ProcessTable, pods: Iterable[StalePod], *, own_pid: int, memory: dict[int, int] | None = None
 ) -> tuple[list[Target], list[Unread]]:
     """Every live process of ``table`` in the cgroup of one of ``pods``; the unreadable ones apart.
@@ -86,7 +86,7 @@ def plan_targets(
             if proc.unread("cgroup") or proc.unread("stat"):
                 unread.append(Unread(proc.pid, proc.comm, "cgroup or stat unreadable: it could be in a stale pod"))
             continue
-        ref = parse_cgroup_lines(proc.cgroup)
+        ref = in_cgroup(proc).ref  # its own cgroup alone: never a process its PID namespace or parent places
         pod = by_uid.get(ref.pod_uid) if ref is not None and ref.pod_uid else None
         if pod is None:
             continue

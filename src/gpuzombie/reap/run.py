@@ -21,18 +21,26 @@ from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.attribution import current_view
 from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
 from gpuzombie.k8s.liveness import PodState
+from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.prestop.targets import Target, Unread
-from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator, count_left_alive
+from gpuzombie.prestop.terminate import (
+    Outcome,
+    PrestopEvent,
+    TargetResult,
+    TerminationRun,
+    Terminator,
+    count_left_alive,
+)
 from gpuzombie.proc.pidfd import PinnedPids, read_start_and_state
 from gpuzombie.proc.pidns import is_root_pidns, own_pid_in, reader_pidns
 from gpuzombie.proc.procfs import Procfs
-from gpuzombie.reap.plan import ReapPlan, StalePod, plan_targets, stale_pods
-from gpuzombie.trace.model import NamesLookup, PodsLookup, build_trace
+from gpuzombie.reap.plan import ReapPlan, StalePod, stale_pods, stale_targets
+from gpuzombie.trace.model import PodsLookup, build_trace
 from gpuzombie.units import MIB
 
 SCHEMA = "gpuzombie.reap/1"
-DEFAULT_TIMEOUT = 10.0
+REAP_TIMEOUT = 10.0
 DEFAULT_KILL_WAIT = 2.0
 STOPPED_STATES = (PodState.NOT_READY, PodState.NOT_LISTED)
 
@@ -46,13 +54,7 @@ class ReapResult(TargetResult):
 
 
 @dataclass(frozen=True)
-class ReapReport:
-    schema: str
-    started_at: float
-    duration_s: float
-    dry_run: bool
-    timeout_s: float
-    kill_wait_s: float
+class ReapReport(TerminationRun):
     runtime: str | None
     """The CRI socket whose answer made the pods stale."""
     stale_pods: tuple[StalePod, ...]
@@ -81,7 +83,7 @@ def plan_reap(
     try:
         table = procfs.snapshot(pids, now=time.time())
         gpus = read_gpus(nvml) if nvml is not None else NO_GPU
-        report = build_trace(
+        report, _ = build_trace(
             table,
             gpus,
             view=current_view(),
@@ -101,7 +103,7 @@ def plan_reap(
         for row in report.rows:
             if row.pid is not None and row.gpu_memory:
                 memory[row.pid] = memory.get(row.pid, 0) + row.gpu_memory
-        targets, unread = plan_targets(table, found, own_pid=own_pid, memory=memory)
+        targets, unread = stale_targets(table, found, own_pid=own_pid, memory=memory)
     except BaseException:
         pins.close()
         raise
@@ -134,7 +136,7 @@ def run_reap(
     names: NamesLookup,
     nvml: NvmlBackend | None = None,
     only: frozenset[str] | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = REAP_TIMEOUT,
     kill_wait: float = DEFAULT_KILL_WAIT,
     dry_run: bool = True,
     on_event: Callable[[PrestopEvent], None] = lambda e: None,
@@ -174,7 +176,7 @@ def run_reap(
             table = procfs.snapshot(pids, now=time.time())
             now = pods()
             still = [p for p in plan.stale_pods if now.problem is None and now.state(p.pod_uid) in STOPPED_STATES]
-            targets, _ = plan_targets(table, still, own_pid=me)
+            targets, _ = stale_targets(table, still, own_pid=me)
         except BaseException:
             new_pins.close()
             raise

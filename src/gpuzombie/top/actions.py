@@ -12,12 +12,13 @@ from collections.abc import Callable
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import NvmlBackend
+from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.proc.pidfd import Liveness, ProcessHandle, ProcessIdentity
 from gpuzombie.proc.pidns import own_pid_in
 from gpuzombie.proc.procfs import Procfs
 from gpuzombie.reap import run_reap, summary_line
 from gpuzombie.top.model import PodLine, ProcessLine
-from gpuzombie.trace.model import NamesLookup, PodsLookup
+from gpuzombie.trace.model import PodsLookup
 
 READ_ONLY = "read-only: start top with --allow-actions to signal processes or reap stale pods"
 

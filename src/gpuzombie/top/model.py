@@ -17,12 +17,11 @@ from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import GpuDevice
 from gpuzombie.handover.verdict import GpuReading, judge
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import parse_cgroup_lines
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
-from gpuzombie.observe.pid1 import Pid1Kind
+from gpuzombie.pid1kinds import Pid1Kind
 from gpuzombie.proc.procfs import ProcessInfo
-from gpuzombie.trace.model import GpuMemory, TraceRow
+from gpuzombie.trace.model import GpuMemory, TraceReport, TraceRow
 from gpuzombie.trace.scan import NodeScan
 from gpuzombie.trace.stale import Dirty
 
@@ -31,7 +30,7 @@ SORT_KEYS = ("memory", "zombies", "age", "name")
 """What pods can be sorted by: GPU memory held, zombies + orphans, age (oldest process), name."""
 HOST = "host"
 """The group and pseudo-pod of processes in no pod (they hold a GPU or are zombies)."""
-NO_GPU = "no GPU"
+NO_GPU_GROUP = "no GPU"
 """The group of pods that hold no GPU (their zombies, orphans and PID 1 still matter)."""
 _CMDLINE_LIMIT = 160
 _NAME_LIMIT = 80
@@ -74,7 +73,7 @@ class PodLine:
     pod: str
     containers: tuple[str, ...]
     gpu_memory: int = field(metadata=IN_MIB)
-    """Bytes NVML attributes to its processes on this group's GPU (all GPUs in ``NO_GPU``: 0)."""
+    """Bytes NVML attributes to its processes on this group's GPU (all GPUs in ``NO_GPU_GROUP``: 0)."""
     gpus: tuple[int, ...]
     """Every GPU index its processes are listed on or hold a device node of."""
     processes: tuple[ProcessLine, ...]
@@ -176,7 +175,7 @@ def _handover(device: GpuDevice | None, memory: GpuMemory | None, rows: list[Tra
         label = "clean"
     elif not device.processes_read:
         label = "cannot tell"
-    elif memory.flagged or any(r.dirty in (Dirty.STALE.value, Dirty.FOREIGN.value) for r in rows):
+    elif memory.flagged or any(r.dirty in (Dirty.STALE, Dirty.FOREIGN) for r in rows):
         label = "dirty"  # ghost memory beside its processes, or a holder that should be gone
     else:
         label = "in use" if device.processes else "dirty"
@@ -215,6 +214,145 @@ def _tree(procs: list[tuple[ProcessInfo, str]]) -> list[tuple[ProcessInfo, str, 
     return ordered
 
 
+def _pods(scan: NodeScan) -> tuple[dict[str, _PodAcc], _PodAcc]:
+    """Every pod's processes, by their owner (``k8s.owner``); the host pseudo-pod: the processes in
+    no pod that a trace row shows (they hold a GPU or are zombies)."""
+    accs: dict[str, _PodAcc] = {}
+    host = _PodAcc(HOST, namespace=HOST)
+    row_pids = {r.pid for r in scan.trace.rows if r.pid is not None}
+    for proc in scan.table:
+        owner = scan.owners.of(proc.pid)
+        uid = owner.ref.pod_uid if owner.ref else None
+        if not uid:
+            if proc.pid in row_pids:
+                host.procs.append((proc, ""))
+            continue
+        acc = accs.setdefault(uid, _PodAcc(uid))
+        acc.namespace = acc.namespace or owner.namespace or ""
+        acc.pod = acc.pod or owner.pod or ""
+        if owner.container_label:
+            acc.containers[owner.container_label] = None
+        acc.procs.append((proc, owner.container_label))
+    for ns in scan.namespaces.namespaces:
+        uid = ns.container.pod_uid if ns.container else None
+        if uid and uid in accs:
+            accs[uid].namespaces.append((scan.labels(ns).container, ns))
+    return accs, host
+
+
+@dataclass
+class _GpuFacts:
+    """What the trace rows say about each pid: the groups and GPUs it is on, its memory by group,
+    its mark; and each group's rows."""
+
+    memory_of: dict[int, dict[str, int]] = field(default_factory=dict)
+    dirty_of: dict[int, str] = field(default_factory=dict)
+    groups_of: dict[int, set[str]] = field(default_factory=dict)
+    gpus_of: dict[int, set[int]] = field(default_factory=dict)
+    rows_by_group: dict[str, list[TraceRow]] = field(default_factory=dict)
+
+    def on(self, pid: int, key: str, gpu: int) -> None:
+        self.groups_of.setdefault(pid, set()).add(key)
+        self.gpus_of.setdefault(pid, set()).add(gpu)
+
+
+def _gpu_facts(trace: TraceReport) -> _GpuFacts:
+    facts = _GpuFacts()
+    index_keys: dict[int, str] = {}
+    for m in trace.gpus:
+        index_keys.setdefault(m.index, _gpu_key(m.index, m.mig))
+    for r in trace.rows:
+        if r.gpu_index is None:
+            continue
+        key = _gpu_key(r.gpu_index, r.mig) if r.nsmi else index_keys.get(r.gpu_index, _gpu_key(r.gpu_index, r.mig))
+        facts.rows_by_group.setdefault(key, []).append(r)
+        if r.pid is None:
+            continue
+        facts.on(r.pid, key, r.gpu_index)
+        if r.gpu_memory:
+            bucket = facts.memory_of.setdefault(r.pid, {})
+            bucket[key] = bucket.get(key, 0) + r.gpu_memory
+        if r.dirty:
+            facts.dirty_of[r.pid] = r.dirty.value
+    for r in trace.rows:  # fd holders of several GPUs: every /dev/nvidiaN they hold
+        if r.pid is not None and not r.nsmi:
+            for dev in r.devices:
+                tail = dev.removeprefix("/dev/nvidia")
+                if tail.isdigit():
+                    facts.on(r.pid, index_keys.get(int(tail), tail), int(tail))
+    return facts
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """One scan's facts that every pod line reads."""
+
+    facts: _GpuFacts
+    in_d: Mapping[int, float]
+    pods: RuntimePods | None
+    stopping_s: Mapping[str, float]
+    now: float
+
+
+def _line(frame: _Frame, proc: ProcessInfo, container: str, depth: int, group: str | None) -> ProcessLine:
+    mem = frame.facts.memory_of.get(proc.pid, {})
+    return ProcessLine(
+        pid=proc.pid,
+        nspid=proc.innermost_pid,
+        ppid=proc.ppid,
+        start_ticks=proc.start_ticks,
+        state=proc.state,
+        comm=escape(proc.comm, 32),
+        command=escape(proc.command, _CMDLINE_LIMIT),
+        container=escape(container, _NAME_LIMIT),
+        gpu_memory=mem.get(group, 0) if group is not None else sum(mem.values()),
+        gpus=tuple(sorted(frame.facts.gpus_of.get(proc.pid, ()))),
+        age_s=max(0.0, frame.now - proc.start_time),
+        d_state_s=frame.in_d.get(proc.pid),
+        dirty=frame.facts.dirty_of.get(proc.pid),
+        depth=depth,
+    )
+
+
+_WORST = (Dirty.STALE.value, Dirty.FOREIGN.value, Dirty.UNKNOWN.value)
+
+
+def _pod_line(frame: _Frame, acc: _PodAcc, group: str | None) -> PodLine:
+    procs = [_line(frame, p, c, depth, group) for p, c, depth in _tree(acc.procs)]
+    marks = {p.dirty for p in procs if p.dirty}
+    d_ages = [p.d_state_s for p in procs if p.d_state_s is not None]
+    scans = [ns for _, ns in acc.namespaces]
+    pid1 = ", ".join(
+        f"{escape(c, _NAME_LIMIT) + ': ' if c and len(acc.namespaces) > 1 else ''}"
+        f"{escape(ns.pid1.program or '?', 32)} ({ns.pid1.kind.value})"
+        for c, ns in acc.namespaces
+        if ns.pid1.kind is not Pid1Kind.PAUSE or len(acc.namespaces) == 1
+    )
+    risks = sorted({r for ns in scans if (r := ns.grace_risk)})
+    pods = frame.pods
+    state = "" if acc.key == HOST else (pods.state(acc.key).value if pods is not None else "")
+    return PodLine(
+        key=acc.key,
+        namespace=escape(acc.namespace, _NAME_LIMIT),
+        pod=escape(acc.pod, _NAME_LIMIT) if acc.pod else (acc.key[:13] if acc.key != HOST else ""),
+        containers=tuple(escape(c, _NAME_LIMIT) for c in acc.containers),
+        gpu_memory=sum(p.gpu_memory for p in procs),
+        gpus=tuple(sorted({g for p in procs for g in p.gpus})),
+        processes=tuple(procs),
+        pid1=pid1,
+        reaps=all(ns.pid1.is_reaping_init for ns in scans) if scans else None,
+        zombies=sum(len(ns.zombies) for ns in scans) if scans else sum(p.state == "Z" for p in procs),
+        orphans=sum(len(ns.orphans) for ns in scans),
+        d_state=len(d_ages),
+        d_state_max_s=max(d_ages) if d_ages else None,
+        dirty=next((m for m in _WORST if m in marks), None),
+        grace_risk=", ".join(risks) or None,
+        runtime_state=state,
+        stopping_s=frame.stopping_s.get(acc.key),
+        age_s=max((p.age_s for p in procs), default=0.0),
+    )
+
+
 def build_view(
     scan: NodeScan,
     *,
@@ -223,190 +361,54 @@ def build_view(
     now: float | None = None,
 ) -> NodeView:
     """The frame of one scan: ``pods`` is the runtime's answer the scan's stale check got."""
-    now = scan.trace.taken_at if now is None else now
-    table, trace = scan.table, scan.trace
-    accs: dict[str, _PodAcc] = {}
-
-    # A zombie's cgroup reads empty: its PID namespace still says whose it is.
-    pod_of_pidns = {
-        ns.inode: ns.container for ns in scan.namespaces.namespaces if ns.container and ns.container.pod_uid
-    }
-
-    seen: dict[tuple[tuple[str, ...], int | None], tuple[_PodAcc, str] | None] = {}
-
-    def acc_of(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        """Its pod and container: the same for every process of a container (same cgroup lines and
-        PID namespace), so found once per container."""
-        key = (proc.cgroup, proc.pidns)
-        if key not in seen:
-            seen[key] = _find_pod(proc)
-        return seen[key]
-
-    def _find_pod(proc: ProcessInfo) -> tuple[_PodAcc, str] | None:
-        ref = parse_cgroup_lines(proc.cgroup) if proc.cgroup else None
-        if (ref is None or not ref.pod_uid) and proc.pidns is not None:
-            ref = pod_of_pidns.get(proc.pidns)
-        if ref is None or not ref.pod_uid:
-            return None
-        acc = accs.setdefault(ref.pod_uid, _PodAcc(ref.pod_uid))
-        cnames = scan.names.container(ref.container_id)
-        pnames = scan.names.pod(ref.pod_uid)
-        acc.namespace = (
-            acc.namespace or (cnames.namespace if cnames else None) or (pnames.namespace if pnames else "") or ""
-        )
-        acc.pod = acc.pod or (cnames.pod if cnames else None) or (pnames.pod if pnames else "") or ""
-        container = (cnames.container if cnames else None) or (ref.short_id or "")
-        if container == "POD":
-            container = ""
-        return acc, container
-
-    host = _PodAcc(HOST, namespace=HOST)
-    row_pids = {r.pid for r in trace.rows if r.pid is not None}
-    placed: dict[int, tuple[_PodAcc, str]] = {}
-    for proc in table:
-        found = acc_of(proc) if proc.cgroup or proc.pidns in pod_of_pidns else None
-        if found is not None:
-            placed[proc.pid] = found
-            if found[1]:
-                found[0].containers[found[1]] = None
-    for proc in table:
-        found = placed.get(proc.pid)
-        if found is None and proc.is_zombie and len(proc.nspid) > 1:
-            found = placed.get(proc.ppid)  # its cgroup and namespace links are gone: its parent's pod
-        if found is not None:
-            found[0].procs.append((proc, found[1]))
-        elif proc.pid in row_pids:
-            host.procs.append((proc, ""))
-    for ns in scan.namespaces.namespaces:
-        uid = ns.container.pod_uid if ns.container else None
-        if uid and uid in accs:
-            accs[uid].namespaces.append((scan.labels(ns).container, ns))
-
-    memory_of: dict[int, dict[str, int]] = {}
-    dirty_of: dict[int, str] = {}
-    groups_of: dict[int, set[str]] = {}
-    gpus_of: dict[int, set[int]] = {}
-    rows_by_group: dict[str, list[TraceRow]] = {}
-    index_keys: dict[int, str] = {}
-    for m in trace.gpus:
-        index_keys.setdefault(m.index, _gpu_key(m.index, m.mig))
-    for r in trace.rows:
-        key = _gpu_key(r.gpu_index, r.mig)
-        if r.gpu_index is None:
-            continue
-        if not r.nsmi:
-            key = index_keys.get(r.gpu_index, key)
-        rows_by_group.setdefault(key, []).append(r)
-        if r.pid is None:
-            continue
-        groups_of.setdefault(r.pid, set()).add(key)
-        gpus_of.setdefault(r.pid, set()).add(r.gpu_index)
-        if r.gpu_memory:
-            bucket = memory_of.setdefault(r.pid, {})
-            bucket[key] = bucket.get(key, 0) + r.gpu_memory
-        if r.dirty:
-            dirty_of[r.pid] = r.dirty
-    for r in trace.rows:  # fd holders of several GPUs: every /dev/nvidiaN they hold
-        if r.pid is not None and not r.nsmi:
-            for dev in r.devices:
-                tail = dev.removeprefix("/dev/nvidia")
-                if tail.isdigit():
-                    groups_of.setdefault(r.pid, set()).add(index_keys.get(int(tail), tail))
-                    gpus_of.setdefault(r.pid, set()).add(int(tail))
-    in_d = {h.pid: scan.d_state_seconds.get(h.identity, 0.0) for h in trace.d_state}
-
-    def line(proc: ProcessInfo, container: str, depth: int, group: str | None) -> ProcessLine:
-        mem = memory_of.get(proc.pid, {})
-        return ProcessLine(
-            pid=proc.pid,
-            nspid=proc.innermost_pid,
-            ppid=proc.ppid,
-            start_ticks=proc.start_ticks,
-            state=proc.state,
-            comm=escape(proc.comm, 32),
-            command=escape(proc.command, _CMDLINE_LIMIT),
-            container=escape(container, _NAME_LIMIT),
-            gpu_memory=mem.get(group, 0) if group is not None else sum(mem.values()),
-            gpus=tuple(sorted(gpus_of.get(proc.pid, ()))),
-            age_s=max(0.0, now - proc.start_time),
-            d_state_s=in_d.get(proc.pid),
-            dirty=dirty_of.get(proc.pid),
-            depth=depth,
-        )
-
+    trace = scan.trace
+    accs, host = _pods(scan)
+    facts = _gpu_facts(trace)
     stopped = {uid for uid in accs if pods is not None and pods.state(uid) in (PodState.NOT_READY, PodState.NOT_LISTED)}
-    stopping_s = (stopping or StoppingTracker()).update(stopped)
-    worst = (Dirty.STALE.value, Dirty.FOREIGN.value, Dirty.UNKNOWN.value)
+    frame = _Frame(
+        facts=facts,
+        in_d={h.pid: scan.d_state_seconds.get(h.identity, 0.0) for h in trace.d_state},
+        pods=pods,
+        stopping_s=(stopping or StoppingTracker()).update(stopped),
+        now=trace.taken_at if now is None else now,
+    )
+    pod_groups = {a.key: {g for p, _ in a.procs for g in facts.groups_of.get(p.pid, ())} for a in accs.values()}
 
-    def pod_line(acc: _PodAcc, group: str | None) -> PodLine:
-        procs = [line(p, c, depth, group) for p, c, depth in _tree(acc.procs)]
-        marks = {p.dirty for p in procs if p.dirty}
-        d_ages = [p.d_state_s for p in procs if p.d_state_s is not None]
-        scans = [ns for _, ns in acc.namespaces]
-        pid1 = ", ".join(
-            f"{escape(c, _NAME_LIMIT) + ': ' if c and len(acc.namespaces) > 1 else ''}"
-            f"{escape(ns.pid1.program or '?', 32)} ({ns.pid1.kind.value})"
-            for c, ns in acc.namespaces
-            if ns.pid1.kind is not Pid1Kind.PAUSE or len(acc.namespaces) == 1
-        )
-        risks = sorted({r for ns in scans if (r := ns.grace_risk)})
-        state = "" if acc.key == HOST else (pods.state(acc.key).value if pods is not None else "")
-        return PodLine(
-            key=acc.key,
-            namespace=escape(acc.namespace, _NAME_LIMIT),
-            pod=escape(acc.pod, _NAME_LIMIT) if acc.pod else (acc.key[:13] if acc.key != HOST else ""),
-            containers=tuple(escape(c, _NAME_LIMIT) for c in acc.containers),
-            gpu_memory=sum(p.gpu_memory for p in procs),
-            gpus=tuple(sorted({g for p in procs for g in p.gpus})),
-            processes=tuple(procs),
-            pid1=pid1,
-            reaps=all(ns.pid1.is_reaping_init for ns in scans) if scans else None,
-            zombies=sum(len(ns.zombies) for ns in scans) if scans else sum(p.state == "Z" for p in procs),
-            orphans=sum(len(ns.orphans) for ns in scans),
-            d_state=len(d_ages),
-            d_state_max_s=max(d_ages) if d_ages else None,
-            dirty=next((m for m in worst if m in marks), None),
-            grace_risk=", ".join(risks) or None,
-            runtime_state=state,
-            stopping_s=stopping_s.get(acc.key),
-            age_s=max((p.age_s for p in procs), default=0.0),
-        )
+    def pod_lines(key: str) -> tuple[PodLine, ...]:
+        return tuple(_pod_line(frame, a, key) for a in accs.values() if key in pod_groups[a.key])
 
     groups: list[GpuGroup] = []
-    pod_groups: dict[str, set[str]] = {}
-    for acc in accs.values():
-        pod_groups[acc.key] = {g for p, _ in acc.procs for g in groups_of.get(p.pid, ())}
-    known = set()
     unread = escape(trace.gpu.reason or "NVML not read", 200)
     devices: Iterable[GpuDevice | None] = scan.gpus.devices if scan.gpus.devices else (None for _ in trace.gpus)
     for device, m in zip(devices, trace.gpus, strict=True):
         key = _gpu_key(m.index, m.mig)
-        known.add(key)
-        members = [a for a in accs.values() if key in pod_groups[a.key]]
-        label, reason = _handover(device, m, rows_by_group.get(key, []), unread)
-        pods_of = tuple(pod_line(a, key) for a in members)
-        groups.append(GpuGroup(key, _gpu_title(m), m, label, pods_of, reason))
+        label, reason = _handover(device, m, facts.rows_by_group.get(key, []), unread)
+        groups.append(GpuGroup(key, _gpu_title(m), m, label, pod_lines(key), reason))
+    known = {g.key for g in groups}
     for key in sorted({g for gs in pod_groups.values() for g in gs} - known):  # no NVML: /dev/nvidiaN only
-        members = [a for a in accs.values() if key in pod_groups[a.key]]
         title = f"GPU {key} (from /dev/nvidia{key}; NVML not read)"
         label, reason = _handover(None, None, [], unread)
-        groups.append(GpuGroup(key, title, None, label, tuple(pod_line(a, key) for a in members), reason))
+        groups.append(GpuGroup(key, title, None, label, pod_lines(key), reason))
     if host.procs:
-        groups.append(GpuGroup(HOST, "host processes holding GPUs (or zombies)", None, "", (pod_line(host, None),)))
+        groups.append(
+            GpuGroup(HOST, "host processes holding GPUs (or zombies)", None, "", (_pod_line(frame, host, None),))
+        )
     idle = [a for a in accs.values() if not pod_groups[a.key]]
     if idle:
-        groups.append(GpuGroup(NO_GPU, "pods holding no GPU", None, "", tuple(pod_line(a, None) for a in idle)))
+        groups.append(
+            GpuGroup(NO_GPU_GROUP, "pods holding no GPU", None, "", tuple(_pod_line(frame, a, None) for a in idle))
+        )
     gpu = trace.gpu
     return NodeView(
         schema=SCHEMA,
-        taken_at=now,
+        taken_at=frame.now,
         node=escape(scan.node_name, _NAME_LIMIT),
         nvml=f"ok (driver {gpu.driver_version})" if gpu.available else f"absent ({gpu.reason}): processes only",
         groups=tuple(groups),
         warnings=tuple(escape(w, 1000) for w in (*trace.warnings, *scan.namespaces.warnings)),
         scan_s=scan.duration_s,
         pods=len(accs),
-        processes=len(table),
+        processes=len(scan.table),
     )
 
 

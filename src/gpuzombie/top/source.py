@@ -12,10 +12,11 @@ from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
 from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import NvmlBackend
 from gpuzombie.k8s.liveness import RuntimePods
+from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.proc.procfs import ProcessCache, Procfs
 from gpuzombie.top.model import NodeView, StoppingTracker, build_view
-from gpuzombie.trace.model import NamesLookup, PodsLookup
+from gpuzombie.trace.model import PodsLookup
 from gpuzombie.trace.scan import scan_node
 
 

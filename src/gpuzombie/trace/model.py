@@ -30,17 +30,15 @@ from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, to_jsonable
-from gpuzombie.k8s.cgroup import ContainerRef, parse_cgroup_lines
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
+from gpuzombie.k8s.owner import NamesLookup, Owner, Owners, resolve
 from gpuzombie.k8s.podresources import DraClaim, PodResources
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.trace.stale import Dirty, DirtyChecks, Holder, judge
 
 SCHEMA = "gpuzombie.trace/1"
-UNREAD_CGROUP = "? (cgroup unreadable)"
-"""What a process whose cgroup could not be read shows as its container: never "(host)"."""
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)$")
 
 
@@ -79,7 +77,7 @@ class TraceRow:
     """Files of the process that could not be used (``cgroup``: the pod is unknown, not absent)."""
     mig: MigInstance | None = None
     """The MIG GPU instance NVML lists it on (None without MIG)."""
-    dirty: str | None = None
+    dirty: Dirty | None = None
     """stale, foreign or unknown (``trace.stale``); None for a holder where it should be, or no holder."""
     dirty_reason: str | None = None
 
@@ -180,7 +178,6 @@ class TraceReport:
         return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-NamesLookup = Callable[[Iterable[str]], CriNames]
 PodsLookup = Callable[[], RuntimePods]
 
 
@@ -190,8 +187,7 @@ def _gpu_nodes(devices: Iterable[str]) -> list[int]:
 
 def _row(
     proc: ProcessInfo | None,
-    ref: ContainerRef | None,
-    names: CriNames,
+    owner: Owner,
     *,
     pid: int | None,
     gpu: tuple[int | None, str | None],
@@ -201,8 +197,7 @@ def _row(
     evidence: str,
     mig: MigInstance | None = None,
 ) -> TraceRow:
-    cnames = names.container(ref.container_id) if ref else None
-    pnames = names.pod(ref.pod_uid) if ref else None
+    ref = owner.ref
     return TraceRow(
         pid=pid,
         nspid=proc.innermost_pid if proc else None,
@@ -214,11 +209,11 @@ def _row(
         nsmi=nsmi,
         verdict=verdict,
         qos=ref.qos if ref else None,
-        pod=(cnames.pod if cnames else None) or (pnames.pod if pnames else None),
-        namespace=(cnames.namespace if cnames else None) or (pnames.namespace if pnames else None),
-        container=cnames.container if cnames else None,
+        pod=owner.pod,
+        namespace=owner.namespace,
+        container=owner.container,
         container_id=ref.container_id if ref else None,
-        pod_uid=(ref.pod_uid if ref else None) or (cnames.pod_uid if cnames else None),
+        pod_uid=owner.pod_uid,
         runtime=ref.runtime if ref else None,
         cgroup_version=ref.cgroup_version if ref else None,
         cgroup_driver=ref.driver if ref else None,
@@ -233,8 +228,7 @@ def build_rows(
     table: ProcessTable,
     refs: Iterable[GpuProcessRef],
     holders: Iterable[FdHolder],
-    containers: dict[int, ContainerRef | None],
-    names: CriNames,
+    owners: Owners,
 ) -> list[TraceRow]:
     """NVML entries first (one row per GPU), then unlisted fd holders, then zombies not yet shown."""
     rows: list[TraceRow] = []
@@ -245,8 +239,7 @@ def build_rows(
         rows.append(
             _row(
                 proc,
-                containers.get(pid) if pid is not None else None,
-                names,
+                owners.of(pid),
                 pid=pid if proc else r.host_pid,
                 gpu=(r.gpu_index, r.gpu_uuid),
                 memory=r.used_memory,
@@ -266,8 +259,7 @@ def build_rows(
         rows.append(
             _row(
                 proc,
-                containers.get(h.pid),
-                names,
+                owners.of(h.pid),
                 pid=h.pid,
                 gpu=(nodes[0] if len(nodes) == 1 else None, None),
                 memory=None,
@@ -282,8 +274,7 @@ def build_rows(
             rows.append(
                 _row(
                     proc,
-                    containers.get(proc.pid),
-                    names,
+                    owners.of(proc.pid),
                     pid=proc.pid,
                     gpu=(None, None),
                     memory=None,
@@ -398,7 +389,7 @@ def mark_dirty(
 
     verdicts, checks = judge([holder(r) for r in rows], pods=pods, resources=resources, still_there=still_there)
     marked = [
-        dataclasses.replace(row, dirty=v[0].value, dirty_reason=v[1]) if v is not None else row
+        dataclasses.replace(row, dirty=v[0], dirty_reason=v[1]) if v is not None else row
         for row, v in zip(rows, verdicts)
     ]
     return marked, checks
@@ -415,31 +406,9 @@ def read_trace_table(procfs: Procfs, gpus: GpuSnapshot, view: ReaderView, *, now
     return dataclasses.replace(table, unread=unread + table.unread) if unread else table
 
 
-def build_trace(
-    table: ProcessTable,
-    gpus: GpuSnapshot,
-    *,
-    view: ReaderView,
-    names: NamesLookup,
-    resources: PodResources,
-    now: float,
-    baseline: int | None = None,
-    threshold: int = DEFAULT_GHOST_THRESHOLD,
-    pods: PodsLookup | None = None,
-) -> TraceReport:
-    """Map every process of ``table`` that matters (a full node table or ``read_trace_table``'s).
-
-    ``pods``, when given, is asked once, after ``table`` was read, which pods the runtime runs:
-    GPU holders of the others are stale (``trace.stale``)."""
-    att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
-    shown_pids = {r.reader_pid for r in att.processes if r.reader_pid is not None}
-    shown_pids |= {h.pid for h in att.fd_holders} | {p.pid for p in table if p.is_zombie}
-    containers = {pid: parse_cgroup_lines(table.processes[pid].cgroup) for pid in shown_pids}
-    cri = names(sorted({c.container_id for c in containers.values() if c and c.container_id}))
-    rows = build_rows(table, att.processes, att.fd_holders, containers, cri)
-    minors = {d.uuid: d.minor_number for d in gpus.devices if d.minor_number is not None}
-    rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources, minors)
-    memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
+def _warnings(
+    cri: CriNames, resources: PodResources, gpus: GpuSnapshot, table: ProcessTable, shown_pids: set[int]
+) -> list[str]:
     warnings = list(cri.warnings)
     if resources.warning:
         warnings.append(resources.warning)
@@ -449,21 +418,25 @@ def build_trace(
     unreadable = describe_unreadable(table, shown_pids)
     if unreadable:
         warnings.append(unreadable)
-    stale = sum(r.dirty == Dirty.STALE.value for r in rows)
-    foreign = sum(r.dirty == Dirty.FOREIGN.value for r in rows)
-    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN.value for r in rows)
-    if dirty_unknown:
-        why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN.value)
-        if any(why and why in w for w in warnings):  # the names' lookup said it already
-            why = "the runtime could not be read (above)"
-        warnings.append(f"{dirty_unknown} pod GPU holder(s) not judged stale or not: {why}")
+    return warnings
+
+
+def _summary(
+    rows: list[TraceRow],
+    memory: tuple[GpuMemory, ...],
+    table: ProcessTable,
+    shown_pids: set[int],
+    d_state: tuple[DStateHolder, ...],
+) -> TraceSummary:
     incomplete = table.incomplete
     zombies = sum(r.state == "Z" for r in rows)
     gone = sum(r.verdict == Verdict.GONE.value for r in rows)
     ghost_gpus = sum(m.flagged for m in memory)
     not_verified = len(table.unverified(shown_pids)) + len(table.unread)
-    d_state = d_state_holders(table, att)
-    summary = TraceSummary(
+    stale = sum(r.dirty == Dirty.STALE for r in rows)
+    foreign = sum(r.dirty == Dirty.FOREIGN for r in rows)
+    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN for r in rows)
+    return TraceSummary(
         rows=len(rows),
         gpu_processes=sum(r.nsmi for r in rows),
         fd_only=sum(r.verdict == "fd-only" for r in rows),
@@ -480,19 +453,55 @@ def build_trace(
         foreign=foreign,
         dirty_unknown=dirty_unknown,
     )
-    return TraceReport(
+
+
+def build_trace(
+    table: ProcessTable,
+    gpus: GpuSnapshot,
+    *,
+    view: ReaderView,
+    names: NamesLookup,
+    resources: PodResources,
+    now: float,
+    baseline: int | None = None,
+    threshold: int = DEFAULT_GHOST_THRESHOLD,
+    pods: PodsLookup | None = None,
+) -> tuple[TraceReport, Owners]:
+    """Map every process of ``table`` that matters (a full node table or ``read_trace_table``'s), and
+    name the owner of every process of it (``k8s.owner``: the rows are named by them).
+
+    ``pods``, when given, is asked once, after ``table`` was read, which pods the runtime runs:
+    GPU holders of the others are stale (``trace.stale``)."""
+    att = attribute(table, gpus, view, baseline=baseline, threshold=threshold)
+    shown_pids = {r.reader_pid for r in att.processes if r.reader_pid is not None}
+    shown_pids |= {h.pid for h in att.fd_holders} | {p.pid for p in table if p.is_zombie}
+    owners = resolve(table, names, ask=shown_pids)
+    rows = build_rows(table, att.processes, att.fd_holders, owners)
+    minors = {d.uuid: d.minor_number for d in gpus.devices if d.minor_number is not None}
+    rows, checks = mark_dirty(rows, table, pods() if pods is not None else None, resources, minors)
+    memory = tuple(account_memory(d, g, rows, resources, threshold) for d, g in zip(gpus.devices, att.ghosts))
+    warnings = _warnings(owners.names, resources, gpus, table, shown_pids)
+    dirty_unknown = sum(r.dirty == Dirty.UNKNOWN for r in rows)
+    if dirty_unknown:
+        why = checks.stale_problem or next(r.dirty_reason for r in rows if r.dirty == Dirty.UNKNOWN)
+        if any(why and why in w for w in warnings):  # the names' lookup said it already
+            why = "the runtime could not be read (above)"
+        warnings.append(f"{dirty_unknown} pod GPU holder(s) not judged stale or not: {why}")
+    d_state = d_state_holders(table, att)
+    report = TraceReport(
         schema=SCHEMA,
         taken_at=now,
         gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
-        sources=Sources(procfs=table.procfs_root, cri_socket=cri.source, pod_resources=resources.source),
+        sources=Sources(procfs=table.procfs_root, cri_socket=owners.names.source, pod_resources=resources.source),
         rows=tuple(rows),
         gpus=memory,
         baseline_note=baseline_note(gpus),
         warnings=tuple(warnings),
-        summary=summary,
+        summary=_summary(rows, memory, table, shown_pids, d_state),
         d_state=d_state,
         checks=checks,
     )
+    return report, owners
 
 
 def trace_node(
@@ -511,7 +520,7 @@ def trace_node(
     ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
     table = read_trace_table(procfs, gpus, view, now=now)
-    return build_trace(
+    report, _ = build_trace(
         table,
         gpus,
         view=view,
@@ -522,3 +531,4 @@ def trace_node(
         threshold=threshold,
         pods=pods,
     )
+    return report

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gpuzombie.escape import escape
-from gpuzombie.trace.model import UNREAD_CGROUP, TraceReport, TraceRow
+from gpuzombie.k8s.owner import UNREAD_CGROUP
+from gpuzombie.trace.model import TraceReport, TraceRow
+from gpuzombie.trace.stale import Dirty
 from gpuzombie.units import MIB
 
 HOLDER_MARKS = {"stale": "STALE", "foreign": "FOREIGN"}
@@ -69,7 +71,7 @@ def render_text(report: TraceReport) -> str:
     out = []
     dirty = [r for r in report.rows if r.dirty]
     if dirty:  # a HOLDER column only where there is something to say: STALE, FOREIGN, unknown
-        cells = [(*_cells(r), HOLDER_MARKS.get(r.dirty or "", r.dirty or "-")) for r in report.rows]
+        cells = [(*_cells(r), HOLDER_MARKS.get(r.dirty.value, r.dirty.value) if r.dirty else "-") for r in report.rows]
         out.append(table([(*COLUMNS, "HOLDER"), *cells]))
     elif report.rows:
         out.append(table([COLUMNS, *(_cells(r) for r in report.rows)]))
@@ -93,10 +95,10 @@ def render_text(report: TraceReport) -> str:
                 out.append("  allocated to: " + escape(allocated, 1000))
         out.append(f"note: {report.baseline_note}")
     for r in dirty:
-        if r.dirty != "unknown":
+        if r.dirty is not None and r.dirty != Dirty.UNKNOWN:
             where = f"GPU {_gpu(r)}" + (f", {_mib(r.gpu_memory)}" if r.gpu_memory else "")
             out.append(
-                f"{r.dirty}: pid {r.pid} ({escape(r.comm or '?')}) holds {where}: {escape(r.dirty_reason or '')}"
+                f"{r.dirty.value}: pid {r.pid} ({escape(r.comm or '?')}) holds {where}: {escape(r.dirty_reason or '')}"
             )
     s = report.summary
     findings = s.zombies or s.gone or s.ghost_gpus or s.stale or s.foreign

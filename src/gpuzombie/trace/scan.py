@@ -13,55 +13,19 @@ from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
 from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
+from gpuzombie.k8s.owner import NamesLookup, Owners, PodLabels
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessCache, ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.model import UNREAD_CGROUP, NamesLookup, PodsLookup, TraceReport, TraceRow, build_trace
-
-
-@dataclass(frozen=True)
-class PodLabels:
-    """The namespace/pod/container labels of a finding: names, as kube-state-metrics and dcgm-exporter
-    have them, never a UID in ``pod``; ``pod_uid`` tells a terminating pod from its same-named
-    replacement. Empty where unknown (host processes); the short container id where the runtime
-    gave no name; container ``UNREAD_CGROUP`` where the cgroup could not be read (a pod's process,
-    for all we know: never labelled as the host's)."""
-
-    namespace: str = ""
-    pod: str = ""
-    pod_uid: str = ""
-    container: str = ""
-
-    @classmethod
-    def of_row(cls, row: TraceRow) -> PodLabels:
-        if row.container_id is None and "cgroup" in row.unread:
-            return cls(container=UNREAD_CGROUP)
-        container = row.container or (row.container_id[:13] if row.container_id else "")
-        return cls(row.namespace or "", row.pod or "", row.pod_uid or "", container)
-
-    @classmethod
-    def of_namespace(cls, ns: NamespaceScan, names: CriNames) -> PodLabels:
-        ref = ns.container
-        if ref is None:
-            return cls(container=UNREAD_CGROUP) if ns.cgroup_unread else cls()
-        cnames, pnames = names.container(ref.container_id), names.pod(ref.pod_uid)
-        if cnames is not None and cnames.container == "POD":
-            container = ""  # the pod's sandbox (pause): a shared process namespace, no one container
-        else:
-            container = (cnames.container if cnames else None) or ref.short_id or ""
-        return cls(
-            (cnames.namespace if cnames else None) or (pnames.namespace if pnames else None) or "",
-            (cnames.pod if cnames else None) or (pnames.pod if pnames else None) or "",
-            ref.pod_uid or (cnames.pod_uid if cnames else None) or "",
-            container,
-        )
+from gpuzombie.trace.model import PodsLookup, TraceReport, TraceRow, build_trace
 
 
 @dataclass(frozen=True)
 class NodeScan:
     trace: TraceReport
     namespaces: NamespaceSurvey
-    names: CriNames
+    owners: Owners
+    """Every process of ``table``'s pod and container (``k8s.owner``), named by the runtime once."""
     duration_s: float
     table: ProcessTable
     """The node's processes as read, once, for both."""
@@ -74,8 +38,13 @@ class NodeScan:
     """NVML's reading the trace was built from (``trace.gpus`` in the same order): the handover verdict
     judges it as preflight does."""
 
+    def row_labels(self, row: TraceRow) -> PodLabels:
+        """A trace row's labels: its process's owner's (none for an NVML pid with no process)."""
+        return self.owners.of(row.pid if row.nspid is not None else None).labels
+
     def labels(self, ns: NamespaceScan) -> PodLabels:
-        return PodLabels.of_namespace(ns, self.names)
+        """A PID namespace's labels: its PID 1's owner's."""
+        return self.owners.of(ns.pid1_host_pid).labels
 
 
 def scan_node(
@@ -111,13 +80,11 @@ def scan_node(
     table = procfs.snapshot(now=now, detail=named, cache=cache, list_fds=nvml_pids)
     namespaces = survey(procfs, table, now=now)
     extra = {ns.container.container_id for ns in namespaces.namespaces if ns.container and ns.container.container_id}
-    asked: list[CriNames] = []
 
     def lookup(ids: Iterable[str]) -> CriNames:
-        asked.append(names(sorted(set(ids) | extra)))
-        return asked[-1]
+        return names(sorted(set(ids) | extra))
 
-    trace = build_trace(
+    trace, owners = build_trace(
         table,
         gpus,
         view=view,
@@ -132,7 +99,7 @@ def scan_node(
     return NodeScan(
         trace=trace,
         namespaces=namespaces,
-        names=asked[0] if asked else CriNames(source=None),
+        owners=owners,
         duration_s=clock() - started,
         table=table,
         node_name=node_name,

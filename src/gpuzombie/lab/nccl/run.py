@@ -11,6 +11,7 @@ survivor exited (None while it still runs).
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import tempfile
@@ -73,6 +74,38 @@ def _resolve(ranks: int | None, device: str, nvml: NvmlBackend) -> tuple[int, st
     return ranks, device
 
 
+def _chosen(specs: dict[str, CaseSpec], cases: list[str] | None) -> list[str]:
+    """The cases to run, in their table's order; NcclScenarioError for a name it lacks."""
+    keys = [k for k in specs if cases is None or k in cases]
+    unknown = sorted(set(cases or ()) - set(specs))
+    if unknown or not keys:
+        raise NcclScenarioError(f"unknown case(s) {unknown}; choose from {', '.join(specs)}")
+    return keys
+
+
+def _defaults(
+    gpu: bool, size_mib: int | None, observe_seconds: float | None, stagger_s: float | None
+) -> tuple[int, float, float]:
+    """The buffer size, the window after the first kill and the kills' stagger, on a GPU or the CPU."""
+    return (
+        size_mib or (2048 if gpu else 64),
+        observe_seconds or (420.0 if gpu else 20.0),
+        stagger_s if stagger_s is not None else (3.0 if gpu else 0.5),
+    )
+
+
+def _ready(ranks: int | None, device: str, nvml: NvmlBackend | None) -> tuple[NvmlBackend, tuple[int, str]]:
+    """NVML and the ranks and device to run on; NcclScenarioError without torch."""
+    if not torch_installed():
+        raise NcclScenarioError(TORCH_HINT)
+    nvml = nvml or default_backend()
+    return nvml, _resolve(ranks, device, nvml)
+
+
+def _since(origin: float) -> float:
+    return time.monotonic() - origin
+
+
 def run_nccl_comparison(
     *,
     ranks: int | None,
@@ -93,32 +126,18 @@ def run_nccl_comparison(
 
     ``budget_s`` caps the whole run (a device call has 10 minutes): the window then ends early
     enough to leave ``WRAP_UP_S`` for stopping the ranks and writing the results."""
-    if not torch_installed():
-        raise NcclScenarioError(TORCH_HINT)
-    nvml = nvml or default_backend()
-    ranks, device = _resolve(ranks, device, nvml)
+    nvml, (ranks, device) = _ready(ranks, device, nvml)
     specs = specs or case_specs(collective_timeout_s)
-    keys = [k for k in specs if cases is None or k in cases]
-    unknown = sorted(set(cases or ()) - set(specs))
-    if unknown or not keys:
-        raise NcclScenarioError(f"unknown case(s) {unknown}; choose from {', '.join(specs)}")
+    keys = _chosen(specs, cases)
     gpu = device == "cuda"
-    size_mib = size_mib or (2048 if gpu else 64)
-    observe_seconds = observe_seconds or (420.0 if gpu else 20.0)
-    stagger_s = stagger_s if stagger_s is not None else (3.0 if gpu else 0.5)
+    size_mib, observe_seconds, stagger_s = _defaults(gpu, size_mib, observe_seconds, stagger_s)
     nccl_dir = Path(out_dir) / "nccl"
     log_dir = nccl_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    progress(
-        f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} "
-        f"({'nccl' if gpu else 'gloo, ' + CPU_STANDIN_LABEL.split(':')[0]}); "
-        f"observing up to {observe_seconds:g} s after the first kill"
-    )
-    origin = time.monotonic()
-
-    def now() -> float:
-        return time.monotonic() - origin
-
+    backend = "nccl" if gpu else "gloo, " + CPU_STANDIN_LABEL.split(":")[0]
+    window = f"observing up to {observe_seconds:g} s after the first kill"
+    progress(f"nccl: {len(keys)} case(s) x {ranks} ranks on {device} ({backend}); {window}")
+    now = functools.partial(_since, time.monotonic())
     launches: list[CaseLaunch] = []
     kills: dict[str, float] = {}
     sampler = MemorySampler(
@@ -130,12 +149,9 @@ def run_nccl_comparison(
     # killed whatever happens (Ctrl-C during the start-up included).
     with tempfile.TemporaryDirectory(prefix="gpuzombie-nccl-") as tmp:
         try:
-            for k in keys:
-                launches.append(
-                    launch_case(
-                        specs[k], ranks=ranks, device=device, size_mib=size_mib, run_dir=Path(tmp), log_dir=log_dir
-                    )
-                )
+            launch = functools.partial(launch_case, ranks=ranks, device=device, size_mib=size_mib, log_dir=log_dir)
+            for k in keys:  # one at a time: every rank launched so far is stopped below
+                launches.append(launch(specs[k], run_dir=Path(tmp)))
             _kill_and_watch(
                 launches,
                 kills,

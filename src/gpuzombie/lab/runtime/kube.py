@@ -55,7 +55,7 @@ from gpuzombie.lab.runtime.manifestpod import (
     lab_container_environment,
     opt_children,
 )
-from gpuzombie.lab.runtime.pod import Deletion, leftovers, pidns_of, pids_in_pidns, pod_pid1
+from gpuzombie.lab.runtime.pod import Deletion, leftovers, pidns_of, pids_in_pidns, pod_ids, pod_pid1
 from gpuzombie.lab.runtime.rundirs import cgroup_roots, new_run_dir
 from gpuzombie.prestop.zipapp import build as build_hook
 from gpuzombie.proc.own import PROCFS
@@ -709,15 +709,8 @@ class KubePod:
 
     @property
     def ids(self) -> dict[str, int | str]:
-        return {
-            "pid1": self.pid1,
-            "main_pid": self.main_pid,
-            "pidns": self.pidns,
-            "pod": f"{self.namespace}/{self.name}",
-            "pod_uid": self.uid,
-            "container_id": self.ids_by_name.get(self.main.name, ""),
-            "cluster": self.cluster.where,
-        }
+        container_id = self.ids_by_name.get(self.main.name, "")
+        return pod_ids(self, self.namespace, self.name, self.uid, container_id=container_id, cluster=self.cluster.where)
 
     def processes(self) -> list[int]:
         pids = sorted({p for ns in self._namespaces for p in pids_in_pidns(ns)})

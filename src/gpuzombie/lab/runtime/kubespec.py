@@ -115,6 +115,45 @@ def _has_seccomp(security: object) -> bool:
     return isinstance(security, Mapping) and security.get("seccompProfile") is not None
 
 
+def _patch_container(
+    c: dict[str, Any],
+    kind: str,
+    parts: NodeParts,
+    read_only_volumes: Sequence[str],
+    hook_out: str | None,
+    pod_seccomp: bool,
+) -> tuple[bool, bool]:
+    """One container as the node runs it (``node_document``); whether its GPUs were dropped and
+    whether its seccomp profile was set."""
+    c["image"], c["imagePullPolicy"] = parts.image, "Never"
+    mounts = c.setdefault("volumeMounts", [])
+    for m in mounts:
+        if m.get("name") in read_only_volumes:
+            m["readOnly"] = True
+    taken = {m.get("mountPath") for m in mounts}
+    mounts += [
+        {"name": f"{VOLUME_PREFIX}{i}", "mountPath": m.mount_path, "readOnly": True}
+        for i, m in enumerate(parts.mounts)
+        if m.mount_path not in taken
+    ]
+    names = _env_names(c)
+    added = [{"name": k, "value": v} for k, v in parts.env.items() if k not in names]
+    c["env"] = [*added, *(c.get("env") or [])]
+    gpus_dropped = _drop_gpus(c) if not parts.gpu else False
+    security = c.setdefault("securityContext", {})
+    seccomp_set = not (pod_seccomp or _has_seccomp(security))
+    if seccomp_set:
+        security["seccompProfile"] = {"type": "RuntimeDefault"}
+    caps = security.setdefault("capabilities", {})
+    if DROPPED not in (caps.get("drop") or []):
+        caps["drop"] = [*(caps.get("drop") or []), DROPPED]
+    hook = (c.get("lifecycle") or {}).get("preStop", {}).get("exec") if kind == "containers" else None
+    if hook_out is not None and hook and hook.get("command"):
+        hook["command"] = capture_prestop(hook["command"])
+        mounts.append({"name": f"{VOLUME_PREFIX}hook", "mountPath": HOOK_OUT_MOUNT})
+    return gpus_dropped, seccomp_set
+
+
 def node_document(
     document: Mapping[str, Any],
     parts: NodeParts,
@@ -159,33 +198,8 @@ def node_document(
     gpus_dropped = seccomp_set = False
     for kind in ("initContainers", "containers"):
         for c in spec.get(kind) or ():
-            c["image"], c["imagePullPolicy"] = parts.image, "Never"
-            mounts = c.setdefault("volumeMounts", [])
-            for m in mounts:
-                if m.get("name") in read_only_volumes:
-                    m["readOnly"] = True
-            taken = {m.get("mountPath") for m in mounts}
-            mounts += [
-                {"name": f"{VOLUME_PREFIX}{i}", "mountPath": m.mount_path, "readOnly": True}
-                for i, m in enumerate(parts.mounts)
-                if m.mount_path not in taken
-            ]
-            names = _env_names(c)
-            added = [{"name": k, "value": v} for k, v in parts.env.items() if k not in names]
-            c["env"] = [*added, *(c.get("env") or [])]
-            if not parts.gpu:
-                gpus_dropped = _drop_gpus(c) or gpus_dropped
-            security = c.setdefault("securityContext", {})
-            if not (pod_seccomp or _has_seccomp(security)):
-                security["seccompProfile"] = {"type": "RuntimeDefault"}
-                seccomp_set = True
-            caps = security.setdefault("capabilities", {})
-            if DROPPED not in (caps.get("drop") or []):
-                caps["drop"] = [*(caps.get("drop") or []), DROPPED]
-            hook = (c.get("lifecycle") or {}).get("preStop", {}).get("exec") if kind == "containers" else None
-            if hook_out is not None and hook and hook.get("command"):
-                hook["command"] = capture_prestop(hook["command"])
-                mounts.append({"name": f"{VOLUME_PREFIX}hook", "mountPath": HOOK_OUT_MOUNT})
+            dropped, seccomp = _patch_container(c, kind, parts, read_only_volumes, hook_out, pod_seccomp)
+            gpus_dropped, seccomp_set = gpus_dropped or dropped, seccomp_set or seccomp
     if read_only_volumes:
         changes.append("hostPath " + ", ".join(read_only_volumes) + " mounted read-only (no :rw grant)")
     changes.append("PATH and PYTHONPATH point at the lab's Python and the project (where the manifest sets neither)")

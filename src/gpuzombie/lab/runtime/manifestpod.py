@@ -45,7 +45,7 @@ from gpuzombie.lab.runtime.cri import (
     lab_environment,
     parse_cri_log,
 )
-from gpuzombie.lab.runtime.pod import Deletion, leftovers, pidns_of, pids_in_pidns, pod_pid1
+from gpuzombie.lab.runtime.pod import Deletion, leftovers, pidns_of, pids_in_pidns, pod_ids, pod_pid1
 from gpuzombie.prestop.zipapp import build as build_hook
 
 HOOK_PATH = "/opt/gpuzombie/prestop.pyz"
@@ -344,15 +344,10 @@ class ManifestPod:
 
     @property
     def ids(self) -> dict[str, int | str]:
-        return {
-            "pid1": self.pid1,
-            "main_pid": self.main_pid,
-            "pidns": self.pidns,
-            "pod": f"{self.spec.namespace}/{self.spec.name}",
-            "pod_uid": self.spec.uid,
-            "sandbox_id": self.sandbox.sandbox_id if self.sandbox else "",
-            "container_id": self.ids_by_name.get(self.main.name, ""),
-        }
+        sandbox_id = self.sandbox.sandbox_id if self.sandbox else ""
+        container_id = self.ids_by_name.get(self.main.name, "")
+        spec = self.spec
+        return pod_ids(self, spec.namespace, spec.name, spec.uid, sandbox_id=sandbox_id, container_id=container_id)
 
     def processes(self) -> list[int]:
         pids = sorted({p for ns in self._namespaces for p in pids_in_pidns(ns)})

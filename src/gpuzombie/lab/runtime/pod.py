@@ -68,6 +68,19 @@ class Deletion:
     leftovers: tuple[int, ...]
 
 
+def pod_ids(pod: LabPod, namespace: str, name: str, uid: str, **more: int | str) -> dict[str, int | str]:
+    """What names a lab pod in a run's record: its PID 1, main process and PID namespace, the pod,
+    and ``more`` (its runtime's own ids)."""
+    return {
+        "pid1": pod.pid1,
+        "main_pid": pod.main_pid,
+        "pidns": pod.pidns,
+        "pod": f"{namespace}/{name}",
+        "pod_uid": uid,
+        **more,
+    }
+
+
 class LabPod(Protocol):
     """What a measurement needs of a pod, on either runtime."""
 
