@@ -1,5 +1,5 @@
-"""The multi-call Kubernetes binary (``go/kube``), and containerd 2's three commands
-(``go/containerd``): built with the Go toolchain from the pinned modules, stripped, and cached
+"""The multi-call Kubernetes binary (``go/kube``), containerd 2's three commands
+(``go/containerd``) and the NRI plugin (``go/nri``): built with the Go toolchain from the pinned modules, stripped, and cached
 outside the tree under a key of everything that decides their bytes (go.mod, go.sum, main.go, the
 Go version, the flags), so that a second ``cluster up`` costs seconds."""
 
@@ -110,11 +110,11 @@ def go_version(go: str) -> str:
     return done.stdout.strip()
 
 
-def _dependency_count(go: str, source: KubeSource, env: dict[str, str]) -> int:
+def _dependency_count(go: str, directory: Path, env: dict[str, str]) -> int:
     """How many packages the build compiles when nothing is cached (the progress line's total)."""
     done = subprocess.run(
         [go, "list", "-deps", "-f", "{{if not .Standard}}x{{end}}", "."],
-        cwd=source.directory,
+        cwd=directory,
         env=env,
         capture_output=True,
         text=True,
@@ -126,14 +126,21 @@ def _dependency_count(go: str, source: KubeSource, env: dict[str, str]) -> int:
 
 def build(source: KubeSource, output: Path, progress: Progress, *, timeout: float = BUILD_TIMEOUT_S) -> None:
     """``go build`` the binary into ``output`` (atomically), reporting the packages compiled."""
+    _build_main(
+        source.directory, source.ldflags(), output, f"building kube {source.kubernetes_version}", progress, timeout
+    )
+
+
+def _build_main(directory: Path, ldflags: str, output: Path, label: str, progress: Progress, timeout: float) -> None:
+    """``go build`` the main package of ``directory`` into ``output``, whole or not at all."""
     go = go_binary()
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
-    total = _dependency_count(go, source, env)
+    total = _dependency_count(go, directory, env)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_suffix(".partial")
-    argv = [go, "build", "-v", "-trimpath", "-ldflags", source.ldflags(), "-o", str(partial), "."]
+    argv = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(partial), "."]
     try:
-        _go_build(argv, source.directory, env, total, f"building kube {source.kubernetes_version}", progress, timeout)
+        _go_build(argv, directory, env, total, label, progress, timeout)
     except BuildError:
         partial.unlink(missing_ok=True)
         raise
@@ -304,3 +311,53 @@ def ensure_containerd(progress: Progress) -> Path:
         return directory
     build_containerd(source, directory, progress)
     return directory
+
+
+# --- the NRI plugin (go/nri) -----------------------------------------------------------------------
+
+NRI_SOURCE_ENV = "GPUZOMBIE_NRI_SOURCE"
+NRI_PLUGIN_ENV = "GPUZOMBIE_NRI_PLUGIN"
+"""A prebuilt gpuzombie-nri to use as is."""
+NRI_PLUGIN = "gpuzombie-nri"
+_NRI_LDFLAGS = "-s -w"
+
+
+@dataclass(frozen=True)
+class NriSource:
+    """The Go module of the NRI plugin: its go.mod, go.sum, Go files and the contract it embeds."""
+
+    directory: Path
+
+    @classmethod
+    def locate(cls) -> NriSource:
+        return cls(_module_directory(NRI_SOURCE_ENV, "nri"))
+
+    def keyed_files(self) -> list[Path]:
+        sources = [p for p in self.directory.glob("*.go") if not p.name.endswith("_test.go")]
+        return sorted(
+            [self.directory / "go.mod", self.directory / "go.sum", self.directory / "contract.json", *sources]
+        )
+
+    def cache_key(self, go_version: str) -> str:
+        digest = hashlib.sha256()
+        for path in self.keyed_files():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(f"{go_version}\0{_NRI_LDFLAGS}".encode())
+        return digest.hexdigest()[:20]
+
+
+def ensure_nri_plugin(progress: Progress) -> Path:
+    """The plugin binary: the one named by GPUZOMBIE_NRI_PLUGIN, the cached build, or a new build
+    (about a minute cold: NRI's stub, ttrpc, protobuf) cached in ~/.cache/gpuzombie/nri."""
+    prebuilt = os.environ.get(NRI_PLUGIN_ENV)
+    if prebuilt:
+        if not os.access(prebuilt, os.X_OK):
+            raise BuildError(f"{NRI_PLUGIN_ENV}={prebuilt} is not an executable file")
+        return Path(prebuilt)
+    source = NriSource.locate()
+    go = go_binary()
+    binary = cache_root().parent / "nri" / source.cache_key(go_version(go)) / NRI_PLUGIN
+    if binary.is_file():
+        return binary
+    _build_main(source.directory, _NRI_LDFLAGS, binary, f"building {NRI_PLUGIN}", progress, BUILD_TIMEOUT_S)
+    return binary
