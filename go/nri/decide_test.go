@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"slices"
@@ -191,5 +192,34 @@ func TestInstallTini(t *testing.T) {
 	}
 	if err := installFile(dir+"/missing", dir+"/x"); err == nil {
 		t.Fatal("a missing source installed")
+	}
+}
+
+func TestArgsAppliedByRuntimeVersion(t *testing.T) {
+	for _, tc := range []struct {
+		runtime, version string
+		ok, said         bool
+	}{
+		{"containerd", "v2.4.2", true, false},
+		{"containerd", "v2.2.0", true, false},
+		{"containerd", "v2.1.4", false, true},
+		{"containerd", "1.7.27", false, true},
+		{"cri-o", "1.34.0", true, false},
+		{"cri-o", "1.33.2", false, true},
+		{"podman", "5.0", true, true},
+		{"containerd", "devel", true, true},
+	} {
+		ok, why := argsApplied(tc.runtime, tc.version)
+		if ok != tc.ok || (why != "") != tc.said {
+			t.Errorf("%s %s: applied %v (%q), want %v", tc.runtime, tc.version, ok, why, tc.ok)
+		}
+	}
+	var logs bytes.Buffer
+	p := &Plugin{contract: contract(t), hostTini: "/bin/sh", log: newLogger(&logs, false)}
+	if _, err := p.Configure(context.Background(), "", "containerd", "v2.1.4"); err != nil || !p.off {
+		t.Fatalf("containerd 2.1 left on: %v", err)
+	}
+	if p.adjust(pod(), gpuContainer("python3")) != nil || !strings.Contains(logs.String(), "drops an NRI plugin's args") {
+		t.Fatalf("an adjustment on a runtime that drops args, or no log line: %q", logs.String())
 	}
 }

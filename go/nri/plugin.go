@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/containerd/nri/pkg/api"
 )
@@ -17,6 +19,40 @@ type Plugin struct {
 	// hostTini is the static tini on the node that is bind-mounted, read-only, at contract.Tini.
 	hostTini string
 	log      *slog.Logger
+	// off: the runtime would drop the new argv (NRI before 0.10), so nothing is changed.
+	off bool
+}
+
+// argsSince: the first releases whose NRI applies a plugin's args (NRI v0.10.0:
+// ContainerAdjustment.args, applied by runtime-tools/generate's AdjustArgs).
+var argsSince = map[string][2]int{"containerd": {2, 2}, "cri-o": {1, 34}}
+
+// argsApplied says whether runtime at version applies an adjusted argv, and why not.
+func argsApplied(runtime, version string) (bool, string) {
+	since, known := argsSince[runtime]
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(version, "v"), "%d.%d", &major, &minor); !known || err != nil {
+		return true, fmt.Sprintf("runtime %s %s is not one the plugin knows: assuming it applies NRI args", runtime, version)
+	}
+	if major > since[0] || major == since[0] && minor >= since[1] {
+		return true, ""
+	}
+	return false, fmt.Sprintf("%s %s drops an NRI plugin's args (they are applied from %s %d.%d, NRI v0.10.0): nothing is changed", runtime, version, runtime, since[0], since[1])
+}
+
+// Configure is the NRI registration's handler: the runtime says who it is.
+func (p *Plugin) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
+	ok, why := argsApplied(runtime, version)
+	p.off = !ok
+	switch {
+	case !ok:
+		p.log.Error(why)
+	case why != "":
+		p.log.Warn(why)
+	default:
+		p.log.Info("connected", "runtime", runtime, "version", version)
+	}
+	return 0, nil
 }
 
 // CreateContainer is the NRI request handler.
@@ -25,6 +61,9 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 }
 
 func (p *Plugin) adjust(pod *api.PodSandbox, ctr *api.Container) *api.ContainerAdjustment {
+	if p.off {
+		return nil
+	}
 	v := Decide(p.contract, p.skip, pod, ctr)
 	who := []any{"namespace", pod.GetNamespace(), "pod", pod.GetName(), "container", ctr.GetName()}
 	switch {
