@@ -36,7 +36,7 @@ from kube.conftest import Kube
 
 _START = re.compile(r'time="([^"]+)" level=info msg="StartContainer for \\"(\w+)\\""')
 _STARTED = re.compile(r'time="([^"]+)" level=info msg="StartContainer for \\"(\w+)\\" returns successfully"')
-_ID = re.compile(r'for &ContainerMetadata\{Name:([^,]+),.*returns container id \\"(\w+)\\"')
+_ID = re.compile(r'for name:\\"([^\\]+)\\" returns container id \\"(\w+)\\"')
 
 
 def _kube() -> Kube:
@@ -77,9 +77,9 @@ def _start_seconds(log: str, names: set[str]) -> dict[str, float]:
     for line in log.splitlines():
         if done := _STARTED.search(line):
             if done.group(2) in ids and done.group(2) in began:
-                took[ids[done.group(2)]] = nri._stamp(done.group(1)) - began[done.group(2)]
+                took[ids[done.group(2)]] = nri.log_time(done.group(1)) - began[done.group(2)]
         elif start := _START.search(line):
-            began[start.group(2)] = nri._stamp(start.group(1))
+            began[start.group(2)] = nri.log_time(start.group(1))
     return took
 
 

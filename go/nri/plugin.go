@@ -55,6 +55,13 @@ func (p *Plugin) Configure(_ context.Context, _, runtime, version string) (api.E
 	return 0, nil
 }
 
+// Synchronize is NRI's handshake: the pods and containers that run already (left as they are:
+// an argv cannot change once a container runs).
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	p.log.Info("synchronized", "pods", len(pods), "containers", len(ctrs))
+	return nil, nil
+}
+
 // CreateContainer is the NRI request handler.
 func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	return p.adjust(pod, ctr), nil, nil

@@ -39,10 +39,20 @@ def layout(kube: Kube) -> Layout:
     return Layout(kube.root, int(kube.env["GPUZOMBIE_CLUSTER_INSTANCE"]), "containerd2")
 
 
+SYNCHRONIZED = 'plugin \\"10-gpuzombie-init\\" connected and synchronized'
+"""What containerd logs once the plugin is in its list (asked from then on)."""
+
+
+def synchronized(kube: Kube) -> int:
+    """How often containerd has taken the plugin in."""
+    return containerd_log(kube).count(SYNCHRONIZED)
+
+
 @dataclass
 class Plugin:
     """gpuzombie-nri running on the host, connected to the node's containerd."""
 
+    kube: Kube
     process: subprocess.Popen[bytes]
     log: Path
     tini: Path
@@ -50,9 +60,9 @@ class Plugin:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_registered(self, after: int = 0) -> None:
-        """Until the stub logs a (new) registration: "Started plugin" past the ``after``-th."""
-        wait_until(lambda: self.log_text().count("Started plugin") > after, timeout=REGISTERED_TIMEOUT_S)
+    def wait_synchronized(self, before: int) -> None:
+        """Until containerd has taken the plugin in once more than ``before`` times."""
+        wait_until(lambda: synchronized(self.kube) > before, timeout=REGISTERED_TIMEOUT_S)
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
@@ -69,13 +79,15 @@ def start_plugin(kube: Kube, workdir: Path, *extra: str) -> Plugin:
     binary = ensure_nri_plugin(lambda line: None)
     tini = workdir / "opt-nri" / "gpuzombie" / "tini-static"
     log = workdir / "gpuzombie-nri.log"
+    workdir.mkdir(parents=True, exist_ok=True)
+    before = synchronized(kube)
     out: IO[bytes] = log.open("wb")
     argv = [str(binary), "--socket", str(layout(kube).nri_socket), "--tini", str(tini), "--install-tini", TINI, *extra]
     process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     out.close()
-    plugin = Plugin(process, log, tini)
+    plugin = Plugin(kube, process, log, tini)
     try:
-        plugin.wait_registered()
+        plugin.wait_synchronized(before)
     except Exception:
         plugin.stop()
         raise
@@ -116,9 +128,15 @@ def _status_field(pid: int, field: str) -> str | None:
     return None
 
 
+PAUSE_ARGV = "/catatonit -P"
+"""The cluster's pause container (configs.PAUSE_IMAGE), PID 1 of the sandbox's own namespace."""
+
+
 def pod_pid1(processes: dict[int, str]) -> tuple[int, str] | None:
-    """(host pid, command line) of the process that is PID 1 of its own PID namespace among a pod's."""
+    """(host pid, command line) of the container's PID 1 among a pod's processes (not the pause's)."""
     for pid, cmdline in processes.items():
+        if cmdline == PAUSE_ARGV:
+            continue
         nspid = _status_field(pid, "NSpid")
         if nspid is not None and nspid.split()[-1] == "1" and len(nspid.split()) > 1:
             return pid, cmdline
@@ -137,14 +155,16 @@ def state_of(pid: int) -> str | None:
 
 
 _CREATE = re.compile(
-    r'time="([^"]+)" level=info msg="CreateContainer within sandbox \\"(\w+)\\" for (&ContainerMetadata\{Name:([^,]+),)'
+    r'time="([^"]+)" level=info msg="CreateContainer within sandbox \\"(\w+)\\" for container name:\\"([^\\]+)\\""'
 )
 _CREATED = re.compile(
-    r'time="([^"]+)" level=info msg="CreateContainer within sandbox \\"(\w+)\\" for &ContainerMetadata\{Name:([^,]+),.*returns container id'
+    r'time="([^"]+)" level=info msg="CreateContainer within sandbox \\"(\w+)\\" for name:\\"([^\\]+)\\" returns container id \\"(\w+)\\"'
 )
+"""containerd 2.4's lines for a CreateContainer request and its reply (internal/cri/instrument)."""
 
 
-def _stamp(text: str) -> float:
+def log_time(text: str) -> float:
+    """containerd's log time (RFC 3339, nanoseconds) as seconds since the epoch."""
     return datetime.datetime.fromisoformat(text).timestamp()
 
 
@@ -157,9 +177,9 @@ def create_container_seconds(containerd_log: str, container: str) -> list[float]
         if "returns container id" in line:
             done = _CREATED.search(line)
             if done and done.group(3) == container and (done.group(2), container) in began:
-                took.append(_stamp(done.group(1)) - began.pop((done.group(2), container)))
-        elif (start := _CREATE.search(line)) and start.group(4) == container:
-            began[(start.group(2), container)] = _stamp(start.group(1))
+                took.append(log_time(done.group(1)) - began.pop((done.group(2), container)))
+        elif (start := _CREATE.search(line)) and start.group(3) == container:
+            began[(start.group(2), container)] = log_time(start.group(1))
     return took
 
 
