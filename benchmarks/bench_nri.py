@@ -3,14 +3,14 @@
 On a running cluster on containerd 2 (``GPUZOMBIE_CLUSTER_RUNTIME=containerd2 gpuzombie cluster up``;
 ``$GPUZOMBIE_CLUSTER_DIR`` and ``$GPUZOMBIE_CLUSTER_INSTANCE`` as for every cluster command), --rounds
 times in alternating order: --pods pods of one GPU container each (busybox ``sleep``, the device
-plugin's ``NVIDIA_VISIBLE_DEVICES`` as the stand-in GPU: what the plugin acts on) applied at once
-through the API server and the kubelet, once with the plugin connected to containerd's NRI socket
+plugin's ``NVIDIA_VISIBLE_DEVICES`` as the stand-in GPU: what the plugin acts on) applied one after
+the other through the API server and the kubelet, once with the plugin connected to containerd's NRI socket
 (every container then runs under tini, bind-mounted) and once with no plugin. Per container, from
 containerd's own log: CreateContainer (request to reply: the plugin's CreateContainer runs inside
 it, the mount and the new argv are applied in it) and StartContainer. Prints the machine, the date
 and this command, each time's median, p90 and min-max per mode, the difference and the ratio.
 
-Run (root): python3 benchmarks/bench_nri.py [--pods 10] [--rounds 4]
+Run (root): python3 benchmarks/bench_nri.py [--pods 15] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -62,11 +62,12 @@ def _pod(name: str) -> dict:
 
 
 def _batch(kube: Kube, names: list[str]) -> None:
-    """Apply the pods at once, wait until every one is Ready, delete them (no grace)."""
-    items = {"apiVersion": "v1", "kind": "List", "items": [_pod(n) for n in names]}
-    kube.kubectl("apply", "-f", "-", input_text=json.dumps(items))
+    """One pod after the other, each Ready before the next is applied (so each CreateContainer is
+    timed alone, not queued behind the others'), then all deleted (no grace)."""
+    for name in names:
+        kube.kubectl("apply", "-f", "-", input_text=json.dumps(_pod(name)))
+        kube.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", "default", "--timeout=120s", timeout=150)
     pods = [f"pod/{n}" for n in names]
-    kube.kubectl("wait", "--for=condition=Ready", *pods, "-n", "default", "--timeout=300s", timeout=330)
     kube.kubectl("delete", *pods, "-n", "default", "--grace-period=0", "--force", "--wait=true", timeout=330)
 
 
@@ -91,7 +92,7 @@ def _spread(seconds: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pods", type=int, default=10)
+    ap.add_argument("--pods", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     kube = _kube()

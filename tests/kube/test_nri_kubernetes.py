@@ -7,10 +7,12 @@ containerd's plugin_request_timeout (2 s), once, then containerd drops the plugi
 container as it is; crashed (its connection gone), nothing; restarted, it fixes the next pod.
 
 Its own cluster on containerd 2 (conftest's ``containerd2_cluster``, instance N+3, one module at a
-time); the stand-ins are named in tests/kube/nri.py."""
+time); the stand-ins are named in tests/kube/nri.py. Last, the chart's DaemonSet runs the same
+plugin from the node image."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -21,10 +23,17 @@ import pytest
 
 from kube import nri, pods
 from kube.api import Api
-from kube.conftest import CONTAINERD2_BUILD_TIMEOUT_S, UP_TIMEOUT_S, Kube, containerd2_cluster, standin_gpus
+from kube.conftest import (
+    CONTAINERD2_BUILD_TIMEOUT_S,
+    NODE_IMAGE_TIMEOUT_S,
+    UP_TIMEOUT_S,
+    Kube,
+    containerd2_cluster,
+    standin_gpus,
+)
 from pidns import wait_until
 
-pytestmark = pytest.mark.timeout(CONTAINERD2_BUILD_TIMEOUT_S + UP_TIMEOUT_S)
+pytestmark = pytest.mark.timeout(CONTAINERD2_BUILD_TIMEOUT_S + UP_TIMEOUT_S + NODE_IMAGE_TIMEOUT_S)
 NAMESPACE = "default"
 TINI_ARGV = "/.gpuzombie/tini-static -s -g -- sh -c python3 -m gpuzombie.workloads.parent"
 REQUEST_TIMEOUT_S = 2.0
@@ -90,6 +99,10 @@ def test_s1_starts_under_tini_its_killed_worker_is_reaped_and_it_frees_in_s2s_ti
     os.kill(worker, signal.SIGKILL)
     wait_until(lambda: nri.state_of(worker) is None, timeout=10)  # reaped: not even a zombie
     reaped_s = time.monotonic() - worker_killed
+    # What tini cannot reach: the parent's zombie, a child of the shell that exec'd sleep (as in S5).
+    uid = api.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/s1-nri").body["metadata"]["uid"]
+    zombies = [p for p in pods.host_pids(uid) if nri.state_of(p) == "Z"]
+    assert len(zombies) == 1 and "sleep" in pods.host_pids(uid).get(nri.parent_of(zombies[0]) or 0, ""), zombies
     took = pods.delete_and_wait(api, pod)
     print(f"S1 under the plugin's tini: worker reaped {reaped_s:.3f} s after kill -9, deleted in {took:.2f} s")
     assert took < DELETED_WITHIN_S  # tini passes the kubelet's SIGTERM on: not the 30 s grace
@@ -155,3 +168,41 @@ def test_a_crashed_plugin_costs_nothing_and_a_restarted_one_fixes_the_next_pod(
     finally:
         again.stop()
     print(f"crashed plugin: CreateContainer {crashed:.3f} s")
+
+
+def test_the_charts_daemonset_runs_the_plugin_from_the_node_image(cluster: Kube, api: Api, tmp_path: Path) -> None:
+    """`helm template --set nri.enabled=true` (the exporter off), applied as it is but for this
+    node's NRI socket directory and a host directory of the test's: the DaemonSet's pod runs
+    gpuzombie-nri from the node image, copies its tini to the node, and S1 starts under it."""
+    from kube import chart
+
+    image = cluster.cli("cluster", "node-image", timeout=NODE_IMAGE_TIMEOUT_S).stdout.strip().splitlines()[-1]
+    host = tmp_path / "opt-nri"
+    values = {
+        "exporter": {"enabled": False},
+        "nri": {"enabled": True, "socketDir": str(nri.layout(cluster).nri_socket.parent), "hostDir": str(host)},
+        "gpuNodesOnly": False,
+        "priorityClassName": "",
+    }
+    version = json.loads(cluster.cli("cluster", "status", "--json").stdout)["kubernetes_version"]
+    objects = chart.render(values, version)
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    api.ensure_namespace(chart.NAMESPACE)
+    cluster.kubectl(
+        "label", "--overwrite", "namespace", chart.NAMESPACE, "pod-security.kubernetes.io/enforce=privileged"
+    )
+    taken = nri.synchronized(cluster)
+    chart.apply_all(api, objects)
+    try:
+        wait_until(lambda: nri.synchronized(cluster) > taken, timeout=180)
+        assert (host / "gpuzombie" / "tini-static").read_bytes() == Path(nri.TINI).read_bytes()
+        pod = nri.s1_pod("s1-daemonset", NAMESPACE)
+        pods.kubectl_apply(cluster, pod)
+        _, argv = _pid1(api, pod)
+        assert argv.startswith(TINI_ARGV), argv
+        logs = cluster.kubectl("logs", "-n", chart.NAMESPACE, f"daemonset/{ds['metadata']['name']}").stdout
+        assert "namespace=default pod=s1-daemonset container=worker" in logs, logs
+        pods.delete_and_wait(api, pod)
+    finally:
+        chart.delete_all(api, objects)

@@ -82,11 +82,24 @@ class KubeSource:
         return " ".join(["-s", "-w", *(f"-X {k}={v}" for k, v in stamps.items())])
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for name in _KEYED_FILES:
-            digest.update(name.encode() + b"\0" + (self.directory / name).read_bytes() + b"\0")
-        digest.update(go_version.encode() + b"\0" + self.ldflags().encode())
-        return digest.hexdigest()[:20]
+        return _cache_key([self.directory / n for n in _KEYED_FILES], f"{go_version}\0{self.ldflags()}")
+
+
+def _cache_key(files: list[Path], settings: str) -> str:
+    """A cache directory's name: the files' names and bytes, then the toolchain and flags."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(settings.encode())
+    return digest.hexdigest()[:20]
+
+
+def _prebuilt(env: str) -> Path | None:
+    """The executable ``env`` names, or None when it is unset."""
+    given = os.environ.get(env)
+    if given and not os.access(given, os.X_OK):
+        raise BuildError(f"{env}={given} is not an executable file")
+    return Path(given) if given else None
 
 
 def cache_root() -> Path:
@@ -188,11 +201,9 @@ def _go_build(
 def ensure_binary(progress: Progress) -> Path:
     """The multi-call binary: the one named by GPUZOMBIE_KUBE_BINARY, the cached build, or a new
     build (minutes, cold) cached for the next call."""
-    prebuilt = os.environ.get(KUBE_BINARY_ENV)
+    prebuilt = _prebuilt(KUBE_BINARY_ENV)
     if prebuilt:
-        if not os.access(prebuilt, os.X_OK):
-            raise BuildError(f"{KUBE_BINARY_ENV}={prebuilt} is not an executable file")
-        return Path(prebuilt)
+        return prebuilt
     source = KubeSource.locate()
     go = go_binary()
     binary = cache_root() / source.cache_key(go_version(go)) / "kube"
@@ -234,11 +245,8 @@ class ContainerdSource:
         return f"-s -w -X {CONTAINERD_MODULE}/version.Version={self.version}"
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum"):
-            digest.update(name.encode() + b"\0" + (self.directory / name).read_bytes() + b"\0")
-        digest.update(f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}".encode())
-        return digest.hexdigest()[:20]
+        files = [self.directory / "go.mod", self.directory / "go.sum"]
+        return _cache_key(files, f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}")
 
 
 def containerd_cache_root() -> Path:
@@ -339,21 +347,15 @@ class NriSource:
         )
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for path in self.keyed_files():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        digest.update(f"{go_version}\0{_NRI_LDFLAGS}".encode())
-        return digest.hexdigest()[:20]
+        return _cache_key(self.keyed_files(), f"{go_version}\0{_NRI_LDFLAGS}")
 
 
 def ensure_nri_plugin(progress: Progress) -> Path:
     """The plugin binary: the one named by GPUZOMBIE_NRI_PLUGIN, the cached build, or a new build
     (about a minute cold: NRI's stub, ttrpc, protobuf) cached in ~/.cache/gpuzombie/nri."""
-    prebuilt = os.environ.get(NRI_PLUGIN_ENV)
+    prebuilt = _prebuilt(NRI_PLUGIN_ENV)
     if prebuilt:
-        if not os.access(prebuilt, os.X_OK):
-            raise BuildError(f"{NRI_PLUGIN_ENV}={prebuilt} is not an executable file")
-        return Path(prebuilt)
+        return prebuilt
     source = NriSource.locate()
     go = go_binary()
     binary = cache_root().parent / "nri" / source.cache_key(go_version(go)) / NRI_PLUGIN
