@@ -116,3 +116,14 @@ def test_the_plugin_binary_accepts_the_command(helm_binary):
 def test_values_schema_rejects_mistakes(helm_binary, values, complaint):
     got = helm(helm_binary, "template", "x", str(CHART), values=values)
     assert got.returncode != 0 and complaint in got.stderr, got.stderr
+
+
+def test_the_notes_name_the_plugin(helm_binary):
+    values = {"nri": {"enabled": True}, "exporter": {"enabled": False}}
+    got = helm(helm_binary, "install", "gz", str(CHART), "-n", NAMESPACE, "--dry-run=client", values=values)
+    assert got.returncode == 0, got.stderr
+    notes = got.stdout.split("NOTES:\n", 1)[1]
+    assert f"in namespace {NAMESPACE}: the NRI plugin (" in notes
+    assert f"kubectl -n {NAMESPACE} logs ds/gz-gpuzombie-nri" in notes
+    assert "pod-security.kubernetes.io/enforce=privileged" in notes  # hostPath
+    assert "CRI socket" not in notes and "port-forward" not in notes
