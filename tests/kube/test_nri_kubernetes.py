@@ -4,7 +4,8 @@ anywhere: S1's pod (deploy/pod-nofix.yaml, no ``command``: what the webhook can 
 frees in S2's time, not the 30 s grace; the same pod opted out keeps ``sleep`` and its zombie. And
 what a dead plugin costs: frozen (it takes the request and never answers), one container start waits
 containerd's plugin_request_timeout (2 s), once, then containerd drops the plugin and starts the
-container as it is; crashed (its connection gone), nothing; restarted, it fixes the next pod.
+container as it is; crashed (its connection gone), or wedged before it registered, nothing;
+restarted, it fixes the next pod.
 
 Its own cluster on containerd 2 (conftest's ``containerd2_cluster``, instance N+3, one module at a
 time); the stand-ins are named in tests/kube/nri.py. Last, the chart's DaemonSet runs the same
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +46,7 @@ update included): 0.53-1.56 s in four runs here, one beside stress-ng --cpu 2; S
 grace."""
 NORMAL_CREATE_S = 1.0
 """A CreateContainer here with the plugin answering, or dropped, or gone: 0.009-0.035 s in four
-runs (one beside stress-ng --cpu 2); frozen, 2.020-2.029 s."""
+runs (one beside stress-ng --cpu 2); frozen, 2.018-2.029 s."""
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,29 @@ def test_a_crashed_plugin_costs_nothing_and_a_restarted_one_fixes_the_next_pod(
     finally:
         again.stop()
     print(f"crashed plugin: CreateContainer {crashed:.3f} s")
+
+
+REGISTRATION_TIMEOUT_S = 5.0
+"""containerd's plugin_registration_timeout as configs.containerd2_config writes it."""
+NOT_REGISTERED = "failed to start external plugin: plugin registration timed out"
+
+
+def test_a_plugin_that_never_registers_delays_no_start_and_is_dropped(cluster: Kube, api: Api) -> None:
+    """A process that connects to the NRI socket and says nothing (a plugin wedged before its
+    registration): the registration runs beside the container starts, not in front of them."""
+    before = nri.containerd_log(cluster).count(NOT_REGISTERED)
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.connect(str(nri.layout(cluster).nri_socket))
+        connected = time.time()
+        took, argv = _started(cluster, api, "unregistered-1")
+        assert took < NORMAL_CREATE_S and not argv.startswith("/.gpuzombie/"), (took, argv)
+        line = wait_until(
+            lambda: [x for x in nri.containerd_log(cluster).splitlines() if NOT_REGISTERED in x][before:],
+            timeout=REGISTRATION_TIMEOUT_S + 30,
+        )[0]
+    dropped = nri.log_time(line.split('"')[1]) - connected
+    print(f"unregistered plugin: CreateContainer {took:.3f} s, dropped {dropped:.2f} s after it connected")
+    assert dropped < REGISTRATION_TIMEOUT_S + NORMAL_CREATE_S, dropped
 
 
 def test_the_charts_daemonset_runs_the_plugin_from_the_node_image(cluster: Kube, api: Api, tmp_path: Path) -> None:
