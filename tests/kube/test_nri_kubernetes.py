@@ -42,11 +42,11 @@ REQUEST_TIMEOUT_S = 2.0
 """containerd's plugin_request_timeout as configs.containerd2_config writes it."""
 DELETED_WITHIN_S = 10.0
 """S1 under the plugin's tini, from the DELETE to the object gone (the kubelet's sync and status
-update included): 0.53-1.56 s in four runs here, one beside stress-ng --cpu 2; S1's own is the 30 s
+update included): 0.53-1.56 s in five runs here, one beside stress-ng --cpu 2; S1's own is the 30 s
 grace."""
 NORMAL_CREATE_S = 1.0
-"""A CreateContainer here with the plugin answering, or dropped, or gone: 0.009-0.035 s in four
-runs (one beside stress-ng --cpu 2); frozen, 2.018-2.029 s."""
+"""A CreateContainer here with the plugin answering, or dropped, or gone: 0.009-0.035 s in five
+runs (one beside stress-ng --cpu 2); frozen, 2.016-2.029 s."""
 
 
 @pytest.fixture(scope="module")
