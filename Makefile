@@ -46,7 +46,7 @@ lab: debian venv  ## the main job: the four scenarios on the embedded runtime, i
 
 test: debian venv  ## lint, types, the import contracts and the tests (tests/kube on a real cluster)
 	$(PYTHON) -m pip install -q -e '.[test]'
-	$(PYTHON) -m gpuzombie cluster build  # the multi-call Kubernetes binary: ~11 min cold, cached in ~/.cache/gpuzombie/kube
+	$(PYTHON) -m gpuzombie cluster build --nri  # the multi-call Kubernetes binary (~11 min cold) and the NRI plugin (~1 min), cached in ~/.cache/gpuzombie
 	$(PYTHON) -m ruff check $(LINTED)
 	$(PYTHON) -m ruff format --check $(LINTED)
 	$(PYTHON) -m mypy

@@ -150,6 +150,12 @@ def test_containerd2_keeps_every_path_under_the_cluster_directory() -> None:
     assert "io.containerd.internal.v1.opt" in config["disabled_plugins"]  # it would make /opt/containerd
 
 
+def test_containerd2_bounds_what_a_dead_nri_plugin_costs() -> None:
+    nri = _containerd2()["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["plugin_request_timeout"] == configs.NRI_REQUEST_TIMEOUT == "2s"
+    assert nri["plugin_registration_timeout"] == configs.NRI_REGISTRATION_TIMEOUT == "5s"
+
+
 def test_shim_sockets_stay_inside_unless_the_path_is_too_long_for_containerd() -> None:
     assert LAYOUT.shim_socket_dir == "/var/lib/gpuzombie-cluster/s"
     long = Layout(Path("/var/lib/gpuzombie-cluster-with-a-long-name"))

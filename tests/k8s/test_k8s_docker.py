@@ -94,12 +94,13 @@ def test_every_image_is_a_build_target():
 
 
 def test_bases_are_pinned_build_args():
-    torch_base, node_base = GLOBAL_ARGS["TORCH_BASE"], GLOBAL_ARGS["NODE_BASE"]
+    torch_base, node_base, go_base = GLOBAL_ARGS["TORCH_BASE"], GLOBAL_ARGS["NODE_BASE"], GLOBAL_ARGS["GO_BASE"]
     # A PyTorch CUDA runtime image GPU users run, by exact version; never :latest.
     assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", torch_base)
     assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim-\w+", node_base)
+    assert re.fullmatch(r"golang:1\.\d+(\.\d+)?-\w+", go_base)  # the NRI plugin's build stage
     for stage in STAGES.values():
-        assert stage.base in STAGES or stage.base in ("${TORCH_BASE}", "${NODE_BASE}"), stage.base
+        assert stage.base in STAGES or stage.base in ("${TORCH_BASE}", "${NODE_BASE}", "${GO_BASE}"), stage.base
 
 
 def test_copy_sources_exist_and_pass_the_dockerignore():

@@ -100,6 +100,7 @@ _RESOURCES = {
     "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
     "Deployment": "deployments",
+    "DaemonSet": "daemonsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
 }
 

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,54 +24,17 @@ from cri_api.v1.api_pb2_grpc import RuntimeServiceStub
 
 from gpuzombie.cluster.layout import DEFAULT_SHIM_SOCKET_DIR, Layout
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
-from kube.conftest import UP_TIMEOUT_S, Kube
+from kube.conftest import CONTAINERD2_BUILD_TIMEOUT_S, UP_TIMEOUT_S, Kube, containerd2_cluster
 
-BUILD_TIMEOUT_S = 1200
-pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + UP_TIMEOUT_S)
+pytestmark = pytest.mark.timeout(CONTAINERD2_BUILD_TIMEOUT_S + UP_TIMEOUT_S)
 BUSYBOX = "localhost/gpuzombie/busybox:static"
 CNI_CACHE = Path("/var/lib/cni/results")
 
 
-def _gpuzombie(env: dict[str, str], *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuzombie", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def kube2() -> Iterator[Kube]:
-    if os.geteuid() != 0:
-        pytest.skip("the real cluster needs root")
-    # /var/lib/gpuzombie-cluster-ctd2-<pid>/s: short enough for containerd's 42-character socket_dir
-    root = Path("/var/lib") / f"gpuzombie-cluster-ctd2-{os.getpid()}"
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    instance = (int(os.environ.get("GPUZOMBIE_CLUSTER_INSTANCE", "0")) + 3) % 10
-    env = dict(
-        os.environ,
-        GPUZOMBIE_CLUSTER_DIR=str(root),
-        GPUZOMBIE_CLUSTER_INSTANCE=str(instance),
-        GPUZOMBIE_CLUSTER_RUNTIME="containerd2",
-        PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
-    )
-    built = _gpuzombie(env, "cluster", "build", "--containerd2", timeout=BUILD_TIMEOUT_S)
-    if built.returncode != 0:
-        pytest.fail(f"cluster build --containerd2 exited {built.returncode}: {built.stderr[-2000:]}")
-    done = _gpuzombie(env, "cluster", "up", timeout=UP_TIMEOUT_S)
-    if done.returncode != 0:
-        _gpuzombie(env, "cluster", "down", timeout=300)
-        pytest.fail(f"cluster up exited {done.returncode}: {done.stderr[-3000:]}")
-    kubeconfig = Path(done.stdout.strip().splitlines()[-1])
-    env["KUBECONFIG"] = str(kubeconfig)
-    try:
-        yield Kube(root, kubeconfig, env)
-    finally:  # test_down_leaves_nothing has done it already when it ran
-        down = _gpuzombie(env, "cluster", "down", timeout=300)
-        assert down.returncode == 0, down.stderr
+    with containerd2_cluster("ctd2") as kube:
+        yield kube
 
 
 def _layout(kube: Kube) -> Layout:

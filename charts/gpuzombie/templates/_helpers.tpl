@@ -88,3 +88,31 @@ has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {{
 (has(c.resources.claims) && c.resources.claims.size() > 0))) ||
 (has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations))
 {{- end -}}
+
+{{/* Where the node DaemonSets (the exporter, the NRI plugin) run: GPU nodes (gpuNodesOnly), the
+selector and affinity given, the GPU taints tolerated. */}}
+{{- define "gpuzombie.nodePlacement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if or .Values.gpuNodesOnly .Values.affinity }}
+affinity:
+  {{- if .Values.gpuNodesOnly }}
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - key: {{ .Values.gpuNodeLabel.key }}
+              operator: In
+              values: [{{ .Values.gpuNodeLabel.value | quote }}]
+  {{- end }}
+  {{- with .Values.affinity }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

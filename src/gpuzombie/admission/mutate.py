@@ -33,6 +33,8 @@ OPT_INS = ("prestop", "grace-seconds", "torchrun-shutdown", "preflight")
 VOLUME = "gpuzombie-bin"
 MOUNT = "/.gpuzombie"
 TINI = f"{MOUNT}/tini-static"
+TINI_FLAGS = ("-s", "-g", "--")
+"""tini as a subreaper (-s: it reaps even when not PID 1), signals to the child's process group (-g)."""
 PRESTOP_PYZ = f"{MOUNT}/prestop.pyz"
 INIT_CONTAINER = "gpuzombie-install"
 NAME_TAKEN = f"a container is named {INIT_CONTAINER} already"
@@ -328,7 +330,7 @@ def _ops(pod: Mapping[str, Any], plan: _Plan, image: str) -> list[dict[str, Any]
         _append(ops, c.raw, path, "volumeMounts", {"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
         if c.pointer in wrapped:
             assert c.command is not None
-            ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, "-s", "-g", "--", *c.command]})
+            ops.append({"op": "replace", "path": f"{path}/command", "value": [TINI, *TINI_FLAGS, *c.command]})
         if c.pointer in hooked:
             hook = {"exec": {"command": _hook_command(plan.grace)}}
             if isinstance(c.raw.get("lifecycle"), Mapping):

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuzombie.cluster.build import ensure_binary, ensure_containerd
+from gpuzombie.cluster.build import ensure_binary, ensure_containerd, ensure_nri_plugin
 from gpuzombie.cluster.layout import Layout
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
@@ -55,12 +55,20 @@ def command() -> None:
     is_flag=True,
     help="Also containerd 2 (go/containerd: containerd, its runc shim, ctr; cached in ~/.cache/gpuzombie/containerd).",
 )
-def build_command(containerd2: bool) -> None:
+@click.option(
+    "--nri",
+    "nri",
+    is_flag=True,
+    help="Also the NRI plugin (go/nri: gpuzombie-nri, tini for GPU containers in containerd; cached in ~/.cache/gpuzombie/nri).",
+)
+def build_command(containerd2: bool, nri: bool) -> None:
     """Build (or find in the cache) the multi-call Kubernetes binary; print its path (and the
-    directory of containerd 2's binaries)."""
+    directory of containerd 2's binaries, the NRI plugin's path)."""
     click.echo(ensure_binary(_progress))
     if containerd2:
         click.echo(ensure_containerd(_progress))
+    if nri:
+        click.echo(ensure_nri_plugin(_progress))
 
 
 @command.command("up")

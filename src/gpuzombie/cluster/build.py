@@ -1,5 +1,5 @@
-"""The multi-call Kubernetes binary (``go/kube``), and containerd 2's three commands
-(``go/containerd``): built with the Go toolchain from the pinned modules, stripped, and cached
+"""The multi-call Kubernetes binary (``go/kube``), containerd 2's three commands
+(``go/containerd``) and the NRI plugin (``go/nri``): built with the Go toolchain from the pinned modules, stripped, and cached
 outside the tree under a key of everything that decides their bytes (go.mod, go.sum, main.go, the
 Go version, the flags), so that a second ``cluster up`` costs seconds."""
 
@@ -82,11 +82,24 @@ class KubeSource:
         return " ".join(["-s", "-w", *(f"-X {k}={v}" for k, v in stamps.items())])
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for name in _KEYED_FILES:
-            digest.update(name.encode() + b"\0" + (self.directory / name).read_bytes() + b"\0")
-        digest.update(go_version.encode() + b"\0" + self.ldflags().encode())
-        return digest.hexdigest()[:20]
+        return _cache_key([self.directory / n for n in _KEYED_FILES], f"{go_version}\0{self.ldflags()}")
+
+
+def _cache_key(files: list[Path], settings: str) -> str:
+    """A cache directory's name: the files' names and bytes, then the toolchain and flags."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(settings.encode())
+    return digest.hexdigest()[:20]
+
+
+def _prebuilt(env: str) -> Path | None:
+    """The executable ``env`` names, or None when it is unset."""
+    given = os.environ.get(env)
+    if given and not os.access(given, os.X_OK):
+        raise BuildError(f"{env}={given} is not an executable file")
+    return Path(given) if given else None
 
 
 def cache_root() -> Path:
@@ -110,11 +123,11 @@ def go_version(go: str) -> str:
     return done.stdout.strip()
 
 
-def _dependency_count(go: str, source: KubeSource, env: dict[str, str]) -> int:
+def _dependency_count(go: str, directory: Path, env: dict[str, str]) -> int:
     """How many packages the build compiles when nothing is cached (the progress line's total)."""
     done = subprocess.run(
         [go, "list", "-deps", "-f", "{{if not .Standard}}x{{end}}", "."],
-        cwd=source.directory,
+        cwd=directory,
         env=env,
         capture_output=True,
         text=True,
@@ -126,14 +139,21 @@ def _dependency_count(go: str, source: KubeSource, env: dict[str, str]) -> int:
 
 def build(source: KubeSource, output: Path, progress: Progress, *, timeout: float = BUILD_TIMEOUT_S) -> None:
     """``go build`` the binary into ``output`` (atomically), reporting the packages compiled."""
+    _build_main(
+        source.directory, source.ldflags(), output, f"building kube {source.kubernetes_version}", progress, timeout
+    )
+
+
+def _build_main(directory: Path, ldflags: str, output: Path, label: str, progress: Progress, timeout: float) -> None:
+    """``go build`` the main package of ``directory`` into ``output``, whole or not at all."""
     go = go_binary()
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false")
-    total = _dependency_count(go, source, env)
+    total = _dependency_count(go, directory, env)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_suffix(".partial")
-    argv = [go, "build", "-v", "-trimpath", "-ldflags", source.ldflags(), "-o", str(partial), "."]
+    argv = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(partial), "."]
     try:
-        _go_build(argv, source.directory, env, total, f"building kube {source.kubernetes_version}", progress, timeout)
+        _go_build(argv, directory, env, total, label, progress, timeout)
     except BuildError:
         partial.unlink(missing_ok=True)
         raise
@@ -181,11 +201,9 @@ def _go_build(
 def ensure_binary(progress: Progress) -> Path:
     """The multi-call binary: the one named by GPUZOMBIE_KUBE_BINARY, the cached build, or a new
     build (minutes, cold) cached for the next call."""
-    prebuilt = os.environ.get(KUBE_BINARY_ENV)
+    prebuilt = _prebuilt(KUBE_BINARY_ENV)
     if prebuilt:
-        if not os.access(prebuilt, os.X_OK):
-            raise BuildError(f"{KUBE_BINARY_ENV}={prebuilt} is not an executable file")
-        return Path(prebuilt)
+        return prebuilt
     source = KubeSource.locate()
     go = go_binary()
     binary = cache_root() / source.cache_key(go_version(go)) / "kube"
@@ -227,11 +245,8 @@ class ContainerdSource:
         return f"-s -w -X {CONTAINERD_MODULE}/version.Version={self.version}"
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum"):
-            digest.update(name.encode() + b"\0" + (self.directory / name).read_bytes() + b"\0")
-        digest.update(f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}".encode())
-        return digest.hexdigest()[:20]
+        files = [self.directory / "go.mod", self.directory / "go.sum"]
+        return _cache_key(files, f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}")
 
 
 def containerd_cache_root() -> Path:
@@ -304,3 +319,47 @@ def ensure_containerd(progress: Progress) -> Path:
         return directory
     build_containerd(source, directory, progress)
     return directory
+
+
+# --- the NRI plugin (go/nri) -----------------------------------------------------------------------
+
+NRI_SOURCE_ENV = "GPUZOMBIE_NRI_SOURCE"
+NRI_PLUGIN_ENV = "GPUZOMBIE_NRI_PLUGIN"
+"""A prebuilt gpuzombie-nri to use as is."""
+NRI_PLUGIN = "gpuzombie-nri"
+_NRI_LDFLAGS = "-s -w"
+
+
+@dataclass(frozen=True)
+class NriSource:
+    """The Go module of the NRI plugin: its go.mod, go.sum, Go files and the contract it embeds."""
+
+    directory: Path
+
+    @classmethod
+    def locate(cls) -> NriSource:
+        return cls(_module_directory(NRI_SOURCE_ENV, "nri"))
+
+    def keyed_files(self) -> list[Path]:
+        sources = [p for p in self.directory.glob("*.go") if not p.name.endswith("_test.go")]
+        return sorted(
+            [self.directory / "go.mod", self.directory / "go.sum", self.directory / "contract.json", *sources]
+        )
+
+    def cache_key(self, go_version: str) -> str:
+        return _cache_key(self.keyed_files(), f"{go_version}\0{_NRI_LDFLAGS}")
+
+
+def ensure_nri_plugin(progress: Progress) -> Path:
+    """The plugin binary: the one named by GPUZOMBIE_NRI_PLUGIN, the cached build, or a new build
+    (about a minute cold: NRI's stub, ttrpc, protobuf) cached in ~/.cache/gpuzombie/nri."""
+    prebuilt = _prebuilt(NRI_PLUGIN_ENV)
+    if prebuilt:
+        return prebuilt
+    source = NriSource.locate()
+    go = go_binary()
+    binary = cache_root().parent / "nri" / source.cache_key(go_version(go)) / NRI_PLUGIN
+    if binary.is_file():
+        return binary
+    _build_main(source.directory, _NRI_LDFLAGS, binary, f"building {NRI_PLUGIN}", progress, BUILD_TIMEOUT_S)
+    return binary

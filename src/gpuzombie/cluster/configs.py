@@ -12,6 +12,9 @@ from gpuzombie.cluster.layout import NODE_NAME, SERVICE_CIDR, Layout, Ports
 
 LOOPBACK = "127.0.0.1"
 PAUSE_IMAGE = "localhost/gpuzombie/pause:catatonit"
+NRI_REGISTRATION_TIMEOUT = "5s"
+NRI_REQUEST_TIMEOUT = "2s"
+"""containerd's own defaults, written out: what a hung NRI plugin may cost one container start."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
   socket_path = "{layout.nri_socket}"
   plugin_path = "{layout.nri / "plugins"}"
   plugin_config_path = "{layout.nri / "conf.d"}"
+  # A plugin that does not answer delays a container's start by at most the request timeout, once:
+  # containerd (NRI 0.12.3) then drops it and starts the container without it (docs/admission.md).
+  plugin_registration_timeout = "{NRI_REGISTRATION_TIMEOUT}"
+  plugin_request_timeout = "{NRI_REQUEST_TIMEOUT}"
 [plugins.'io.containerd.shim.v1.manager']
   socket_dir = "{layout.shim_socket_dir}"
 """

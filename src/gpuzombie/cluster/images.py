@@ -2,7 +2,7 @@
 lab's way (no registry, no image builder): Debian's python3 with its standard library and the shared
 libraries it loads, the node requirements pinned with hashes (docker/node-requirements.txt) and
 gpuzombie without what docker/node-excludes.txt leaves out, Debian's tini-static, the preStop and
-preflight zipapps at /opt/gpuzombie, busybox for a shell. The contents the Dockerfile's ``node``
+preflight zipapps at /opt/gpuzombie, the NRI plugin (go/nri, built), busybox for a shell. The contents the Dockerfile's ``node``
 target gives (docs/cluster.md "The image"), under the chart's default name; the one difference is
 its base (Debian 12's python3 3.11, where the Dockerfile takes python:3.12-slim).
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuzombie.cluster.build import BuildError, Progress, cache_root
+from gpuzombie.cluster.build import BuildError, NriSource, Progress, cache_root, ensure_nri_plugin
 from gpuzombie.lab.runtime.containerd import ImageSpec, busybox_image, write_image_archive
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -54,7 +54,12 @@ def node_image_name(repo: Path) -> str:
 def _key(repo: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(
-        [*(repo / "src" / "gpuzombie").rglob("*.py"), repo / "pyproject.toml", *(repo / "docker").glob("node-*.txt")]
+        [
+            *(repo / "src" / "gpuzombie").rglob("*.py"),
+            repo / "pyproject.toml",
+            *(repo / "docker").glob("node-*.txt"),
+            *NriSource(repo / "go" / "nri").keyed_files(),
+        ]
     ):
         digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
     digest.update(Path(__file__).read_bytes())
@@ -136,6 +141,7 @@ def node_image_spec(repo: Path, work: Path, progress: Progress) -> ImageSpec:
         "usr/local/bin/gpuzombie": str(entry),
         "opt/gpuzombie/prestop.pyz": str(zipapps / "prestop.pyz"),
         "opt/gpuzombie/preflight.pyz": str(zipapps / "preflight.pyz"),
+        "usr/local/bin/gpuzombie-nri": str(ensure_nri_plugin(progress)),  # static (CGO_ENABLED=0)
     }
     for tini in ("/usr/bin/tini-static", "/usr/bin/tini"):
         if not os.path.isfile(tini):
