@@ -1,0 +1,265 @@
+"""The fence's pure parts on fixtures: a ResourceSlice's devices (NVIDIA's layout and the DRA example
+driver's, as the real API server returned it), rules told apart as its own or others', Prometheus's
+answers into readings and clean streaks, and the decision: what is created, kept, deleted, held back.
+The API talk and the scheduler are tests/kube/test_fence_kubernetes.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuzombie.fence.decide import Limits, Verdicts, decide, nodes_to_map
+from gpuzombie.fence.model import (
+    OWNER,
+    OWNER_LABEL,
+    TAINT_KEY,
+    Device,
+    Reading,
+    Rule,
+    parse_rule,
+    render_rule,
+    rule_name,
+    slice_devices,
+)
+from gpuzombie.fence.verdicts import parse_readings, parse_streak, uuid_matcher
+
+FIXTURES = Path(__file__).parent / "fixtures" / "fence"
+MIB = 1024 * 1024
+NODE = "gpu-node-7"
+
+
+def devices(node: str = NODE, n: int = 8, driver: str = "gpu.nvidia.com") -> list[Device]:
+    return [Device(driver, node, f"gpu-{i}", node, f"GPU-{node}-{i}") for i in range(n)]
+
+
+def dirty(node: str = NODE, i: int = 0, mib: int = 2048, holder: str = "stale") -> Reading:
+    return Reading(node, f"GPU-{node}-{i}", clean=False, held=((holder, mib * MIB),), at=1_790_000_000.0)
+
+
+def clean(node: str = NODE, i: int = 0) -> Reading:
+    return Reading(node, f"GPU-{node}-{i}", clean=True)
+
+
+def busy(node: str = NODE, i: int = 0) -> Reading:
+    return Reading(node, f"GPU-{node}-{i}", clean=False)
+
+
+def own_rule(node: str = NODE, i: int = 0) -> Rule:
+    device = devices(node)[i]
+    obj = render_rule(device, dirty(node, i))
+    obj["metadata"]["uid"] = f"uid-{node}-{i}"
+    return parse_rule(obj)
+
+
+def verdicts(*readings: Reading, streak: tuple[Reading, ...] = ()) -> Verdicts:
+    return Verdicts({r.key: r for r in readings}, frozenset(r.key for r in streak))
+
+
+# --- the API's objects ----------------------------------------------------------------------------
+
+
+def test_nvidia_slice_devices_by_uuid():
+    got = slice_devices(json.loads((FIXTURES / "resourceslice-nvidia.json").read_text()))
+    assert [(d.name, d.uuid) for d in got] == [
+        ("gpu-0", "GPU-8a3c0f52-1b7e-4d0a-9c61-2e5f7a9b3d10"),
+        ("gpu-1", "GPU-6714d9e5-0c2a-4f3e-8b1d-7a9c5e2f4b61"),
+        ("gpu-1-mig-9-0-1", None),  # a MIG device: parentUUID only, never matched by a GPU's UUID
+    ]
+    assert {(d.driver, d.pool, d.node) for d in got} == {("gpu.nvidia.com", NODE, NODE)}
+
+
+def test_example_driver_slice_as_the_api_server_returned_it():
+    """Recorded from the real cluster (tests/kube/test_fence_kubernetes.py): dra-example-driver v0.4.0."""
+    got = slice_devices(json.loads((FIXTURES / "resourceslice-example-driver.json").read_text()))
+    assert got and all(d.driver == "gpu.example.com" and d.uuid and d.uuid.startswith("gpu-") for d in got)
+    assert [d.name for d in got] == [f"gpu-{i}" for i in range(len(got))]
+
+
+def test_qualified_uuid_attribute():
+    obj = {
+        "spec": {
+            "driver": "d.example",
+            "pool": {"name": "p"},
+            "devices": [{"name": "x", "attributes": {"d.example/uuid": {"string": "U"}}}],
+        }
+    }
+    assert slice_devices(obj)[0].uuid == "U"
+
+
+def test_rendered_rule():
+    device, reading = devices()[3], dirty(i=3, mib=2048, holder="stale")
+    rule = render_rule(device, reading)
+    assert rule["apiVersion"] == "resource.k8s.io/v1" and rule["kind"] == "DeviceTaintRule"
+    assert rule["metadata"]["labels"] == {OWNER_LABEL: OWNER}
+    assert rule["metadata"]["annotations"] == {
+        "gpuzombie.dev/node": NODE,
+        "gpuzombie.dev/uuid": f"GPU-{NODE}-3",
+        "gpuzombie.dev/holder": "stale",
+        "gpuzombie.dev/held-mib": "2048",
+        "gpuzombie.dev/dirty-since": "2026-09-21T14:13:20Z",
+    }
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-3"},
+        "taint": {"key": TAINT_KEY, "value": "stale", "effect": "NoSchedule"},
+    }
+    assert rule["metadata"]["name"] == rule_name(device) and len(rule_name(device)) <= 63
+    assert rule_name(device) != rule_name(devices()[4])
+
+
+def test_rule_with_the_label_alone_is_not_own():
+    """Someone's rule that copies the label but not the name or the taint key is not the fence's."""
+    mine = render_rule(devices()[0], dirty())
+    assert parse_rule(mine).own
+    copied_label = {"metadata": {"name": "team-rule", "labels": {OWNER_LABEL: OWNER}}, "spec": mine["spec"]}
+    assert not parse_rule(copied_label).own
+    other_key = json.loads(json.dumps(mine))
+    other_key["spec"]["taint"]["key"] = "example.com/broken"
+    assert not parse_rule(other_key).own
+    assert not parse_rule({"metadata": {"name": "x"}, "spec": {}}).own
+
+
+# --- Prometheus's answers ---------------------------------------------------------------------------
+
+
+def _series(value: float, uuid: str, node: str = NODE, at: float = 1_790_000_000.0, **labels: str) -> dict:
+    return {"metric": {"UUID": uuid, "Hostname": node, "gpu": "0", **labels}, "value": [at, str(value)]}
+
+
+def test_readings_join_the_two_series():
+    got = parse_readings(
+        [_series(0, "GPU-a"), _series(1, "GPU-b"), _series(0, "GPU-c"), _series(0, "GPU-m", GPU_I_ID="9")],
+        [
+            _series(512 * MIB, "GPU-a", holder="stale"),
+            _series(2048 * MIB, "GPU-a", holder="ghost"),
+            _series(64 * MIB, "GPU-m", GPU_I_ID="9", holder="stale"),
+        ],
+    )
+    assert set(got) == {(NODE, "GPU-a"), (NODE, "GPU-b"), (NODE, "GPU-c")}  # MIG left out
+    a = got[NODE, "GPU-a"]
+    assert a.dirty and a.holder == "ghost" and a.held_bytes == 2560 * MIB and a.at == 1_790_000_000.0
+    assert not got[NODE, "GPU-b"].dirty and got[NODE, "GPU-b"].clean
+    assert not got[NODE, "GPU-c"].dirty and not got[NODE, "GPU-c"].clean  # busy: its own pod
+
+
+def test_held_without_a_clean_series_is_no_reading():
+    assert parse_readings([], [_series(MIB, "GPU-a", holder="stale")]) == {}
+
+
+def test_streak_needs_every_point_clean():
+    def matrix(uuid: str, *values: float) -> dict:
+        return {
+            "metric": {"UUID": uuid, "Hostname": NODE},
+            "values": [[1000 + i, str(v)] for i, v in enumerate(values)],
+        }
+
+    got = parse_streak(
+        [
+            matrix("GPU-a", 1, 1, 1),
+            matrix("GPU-b", 0, 1, 1),
+            matrix("GPU-c", 1, 1),
+            matrix("GPU-d", 1, 1, float("nan")),
+        ],
+        3,
+    )
+    assert got == {(NODE, "GPU-a")}  # b was dirty, c has a gap (missing data), d is NaN
+
+
+def test_uuid_matcher_is_exact():
+    assert uuid_matcher(["GPU-b", "GPU-a", "GPU-a"]) == "GPU\\-a|GPU\\-b"
+    assert uuid_matcher([]) == ""
+
+
+# --- the decision ------------------------------------------------------------------------------------
+
+
+def test_dirty_gpu_gets_one_rule():
+    plan = decide(verdicts(dirty(i=2), clean(i=1), busy(i=3)), [], {NODE: devices()}, Limits())
+    assert [(c.device.name, c.reading.uuid) for c in plan.create] == [("gpu-2", f"GPU-{NODE}-2")]
+    assert not plan.delete and not plan.limited and not plan.unmapped
+
+
+def test_fenced_gpu_is_not_fenced_twice():
+    rule = own_rule(i=2)
+    plan = decide(verdicts(dirty(i=2)), [rule], {}, Limits())
+    assert not plan.create and plan.keep == (rule,)
+    assert nodes_to_map(verdicts(dirty(i=2)), [rule]) == set()  # no slice read for it
+    assert nodes_to_map(verdicts(dirty(i=2), dirty("other", 0)), [rule]) == {"other"}
+
+
+def test_lifted_only_after_the_streak():
+    rule = own_rule(i=2)
+    assert decide(verdicts(clean(i=2)), [rule], {}, Limits()).keep == (rule,)  # clean now, not N times yet
+    assert decide(verdicts(clean(i=2), streak=(clean(i=2),)), [rule], {}, Limits()).delete == (rule,)
+    assert decide(verdicts(busy(i=2)), [rule], {}, Limits()).keep == (rule,)
+
+
+def test_missing_verdict_keeps_the_rule():
+    rule = own_rule(i=2)
+    plan = decide(verdicts(), [rule], {}, Limits())
+    assert plan.keep == (rule,) and plan.missing == (rule,) and not plan.delete
+
+
+def test_others_rules_are_never_in_the_plan():
+    mine = own_rule(i=0)
+    theirs = Rule(
+        "team-maintenance", "uid-x", "gpu.nvidia.com", NODE, "gpu-1", own=False, node=NODE, uuid=f"GPU-{NODE}-1"
+    )
+    plan = decide(verdicts(clean(i=0), clean(i=1), streak=(clean(i=0), clean(i=1))), [mine, theirs], {}, Limits())
+    assert plan.delete == (mine,) and theirs not in plan.keep and plan.foreign_rules == 1
+    # a dirty GPU whose device someone else tainted still gets the fence's own rule
+    plan = decide(verdicts(dirty(i=1)), [theirs], {NODE: devices()}, Limits())
+    assert [c.device.name for c in plan.create] == ["gpu-1"]
+
+
+def test_unmapped_dirty_gpu():
+    plan = decide(verdicts(dirty("cpu-node", 0)), [], {"cpu-node": []}, Limits())
+    assert not plan.create and [h.reading.node for h in plan.unmapped] == ["cpu-node"]
+    assert "no DRA device" in plan.unmapped[0].why
+
+
+def test_limit_in_all_counts_kept_rules():
+    rules = [own_rule(i=0), own_rule(i=1)]
+    plan = decide(
+        verdicts(dirty(i=0), dirty(i=1), dirty(i=2), dirty(i=3)), rules, {NODE: devices()}, Limits(max_devices=3)
+    )
+    assert [c.device.name for c in plan.create] == ["gpu-2"]
+    assert [h.device.name for h in plan.limited if h.device] == ["gpu-3"]
+    assert "3 fenced devices in all" in plan.limited[0].why
+
+
+def test_deleted_rules_free_their_place():
+    rule = own_rule(i=0)
+    plan = decide(
+        verdicts(clean(i=0), dirty(i=1), streak=(clean(i=0),)), [rule], {NODE: devices()}, Limits(max_devices=1)
+    )
+    assert plan.delete == (rule,) and [c.device.name for c in plan.create] == ["gpu-1"]
+
+
+@pytest.mark.parametrize(
+    ("percent", "n", "fenced"), [(50, 8, 4), (25, 8, 2), (30, 8, 2), (12.5, 8, 1), (10, 8, 0), (100, 8, 8), (50, 2, 1)]
+)
+def test_limit_per_node_rounds_down(percent, n, fenced):
+    readings = [dirty(i=i) for i in range(n)]
+    plan = decide(verdicts(*readings), [], {NODE: devices(n=n)}, Limits(max_node_percent=percent))
+    assert len(plan.create) == fenced and len(plan.limited) == n - fenced
+
+
+def test_limit_per_node_is_per_node():
+    readings = [dirty(i=i) for i in range(4)] + [dirty("gpu-node-8", i) for i in range(4)]
+    plan = decide(
+        verdicts(*readings), [], {NODE: devices(), "gpu-node-8": devices("gpu-node-8")}, Limits(max_node_percent=25)
+    )
+    assert sorted((c.reading.node, c.device.name) for c in plan.create) == [
+        ("gpu-node-7", "gpu-0"),
+        ("gpu-node-7", "gpu-1"),
+        ("gpu-node-8", "gpu-0"),
+        ("gpu-node-8", "gpu-1"),
+    ]
+
+
+def test_devices_of_other_drivers_do_not_match():
+    other = [Device("gpu.example.com", NODE, "gpu-0", NODE, "GPU-elsewhere")]
+    plan = decide(verdicts(dirty(i=0)), [], {NODE: other}, Limits())
+    assert not plan.create and plan.unmapped
