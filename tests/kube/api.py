@@ -101,6 +101,11 @@ _RESOURCES = {
     "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
     "Deployment": "deployments",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "DeviceClass": "deviceclasses",
+    "DeviceTaintRule": "devicetaintrules",
+    "ResourceClaim": "resourceclaims",
 }
 
 

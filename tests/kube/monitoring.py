@@ -68,13 +68,14 @@ class Detached:
     log: Path
 
     @classmethod
-    def start(cls, argv: Sequence[str], log: Path) -> Detached:
+    def start(cls, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> Detached:
         with log.open("ab") as out:
             launcher = subprocess.Popen(
                 ["sh", "-c", '"$@" </dev/null >&2 & echo $!', "sh", *argv],
                 stdout=subprocess.PIPE,
                 stderr=out,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
             pid_line, _ = launcher.communicate(timeout=30)
         return cls(psutil.Process(int(pid_line)), log)
@@ -601,16 +602,18 @@ def prometheus(
     work: Path,
     scrape_configs: Sequence[Mapping[str, Any]],
     *,
-    discovery: KubernetesDiscovery,
+    discovery: KubernetesDiscovery | None = None,
     rule_groups: Sequence[Mapping[str, Any]] = (),
     interval: str = "5s",
+    port: int | None = None,
 ) -> Iterator[Prometheus]:
-    """Debian's Prometheus on 127.0.0.1 with these jobs, their Kubernetes discovery through the
-    stand-in (and these rule groups, as one rule file)."""
+    """Debian's Prometheus on 127.0.0.1 (on ``port``, or a free one) with these jobs, their Kubernetes
+    discovery through the stand-in (and these rule groups, as one rule file). The same ``work`` and
+    ``port`` start it again on its stored history."""
     work.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [discovery.through_standin(job) for job in scrape_configs],
+        "scrape_configs": [discovery.through_standin(job) if discovery else job for job in scrape_configs],
     }
     if rule_groups:
         rules = work / "rules.yaml"
@@ -621,7 +624,7 @@ def prometheus(
         ["promtool", "check", "config", str(work / "prometheus.yml")], capture_output=True, text=True, timeout=120
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    web = f"127.0.0.1:{free_port()}"
+    web = f"127.0.0.1:{port or free_port()}"
     argv = [
         "prometheus",
         f"--config.file={work / 'prometheus.yml'}",
