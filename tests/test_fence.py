@@ -167,7 +167,8 @@ def test_streak_needs_every_point_clean():
 
 
 def test_uuid_matcher_is_exact():
-    assert uuid_matcher(["GPU-b", "GPU-a", "GPU-a"]) == "GPU\\-a|GPU\\-b"
+    assert uuid_matcher(["GPU-b", "GPU-a", "GPU-a"]) == "GPU-a|GPU-b"  # "\\-" is no escape PromQL knows
+    assert uuid_matcher(['a.b"c']) == 'a\\\\.b\\"c'  # RE2's \\. then the string's own escapes
     assert uuid_matcher([]) == ""
 
 
@@ -263,3 +264,89 @@ def test_devices_of_other_drivers_do_not_match():
     other = [Device("gpu.example.com", NODE, "gpu-0", NODE, "GPU-elsewhere")]
     plan = decide(verdicts(dirty(i=0)), [], {NODE: other}, Limits())
     assert not plan.create and plan.unmapped
+
+
+# --- the kubeconfig and the CLI's refusals ---------------------------------------------------------
+
+
+def test_kubeconfig_fields(tmp_path):
+    from gpuzombie.k8s.apiserver import from_kubeconfig, in_cluster
+
+    (tmp_path / "certs").mkdir()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "b",
+        "clusters": [
+            {"name": "one", "cluster": {"server": "https://10.0.0.1:6443", "certificate-authority": "certs/ca.pem"}},
+            {"name": "two", "cluster": {"server": "https://api.example:443", "certificate-authority-data": "UEVN"}},
+        ],
+        "users": [{"name": "u", "user": {"token": "abc"}}, {"name": "v", "user": {"tokenFile": "/run/token"}}],
+        "contexts": [
+            {"name": "a", "context": {"cluster": "one", "user": "u"}},
+            {"name": "b", "context": {"cluster": "two", "user": "v"}},
+        ],
+    }
+    path = tmp_path / "config"
+    path.write_text(yaml_dump(config))
+    got = from_kubeconfig(path, tmp_path)
+    assert (got.server, got.token, got.token_file) == ("https://api.example:443", None, "/run/token")
+    assert Path(got.ca_file or "").read_bytes() == b"PEM"
+    config["current-context"] = "a"
+    path.write_text(yaml_dump(config))
+    got = from_kubeconfig(path, tmp_path)
+    assert got.ca_file == str(tmp_path / "certs" / "ca.pem") and got.token == "abc"
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t\n")
+    got = in_cluster(sa, {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert got.server == "https://[fd00::1]:443" and got.bearer() == "t"
+
+
+def yaml_dump(obj: object) -> str:
+    return json.dumps(obj)  # JSON is YAML
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kubeconfig", "/nonexistent/config"], "cannot read the kubeconfig /nonexistent/config"),
+        ([], "not in a pod with a service account token"),
+    ],
+)
+def test_cli_refuses_in_one_line(args, message, capsys, monkeypatch):
+    from gpuzombie.cli.main import main
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["fence", "--once", "--prometheus", "http://127.0.0.1:9", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_api_server_unreachable_is_exit_2(tmp_path, capsys):
+    from gpuzombie.cli.main import main
+
+    config = {
+        "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }
+    (tmp_path / "config").write_text(json.dumps(config))
+    assert (
+        main(
+            [
+                "fence",
+                "--once",
+                "--json",
+                "--prometheus",
+                "http://127.0.0.1:9",
+                "--kubeconfig",
+                str(tmp_path / "config"),
+            ]
+        )
+        == 2
+    )
+    captured = capsys.readouterr()
+    assert "unreachable" in captured.err and len(captured.err.strip().splitlines()) == 1

@@ -136,6 +136,8 @@ class Fence:
         self.api, self.prometheus, self.settings = api, prometheus, settings
         self.log, self.clock = log, clock
         self._blind_since: float | None = None
+        self._said_limited: frozenset[tuple[str, str]] = frozenset()
+        """The GPUs whose "not fenced" line was logged: said once while they stay held back."""
 
     def evaluate(self) -> Outcome:
         """One pass; raises ApiError when the API server cannot list the rules (nothing decided)."""
@@ -197,7 +199,9 @@ class Fence:
         for line in errors:
             self.log(f"error: {line}")
         for held in plan.limited:
-            self.log(f"not fenced: node {held.reading.node} {held.reading.uuid}: {held.why}")
+            if held.reading.key not in self._said_limited:
+                self.log(f"not fenced: node {held.reading.node} {held.reading.uuid}: {held.why}")
+        self._said_limited = frozenset(h.reading.key for h in plan.limited)
         return Outcome(
             plan,
             created=tuple(created),

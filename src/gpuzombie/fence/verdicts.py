@@ -10,7 +10,6 @@ left out: its DRA device is not matched by a UUID alone."""
 from __future__ import annotations
 
 import json
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -73,9 +72,15 @@ def parse_streak(matrix: Iterable[Mapping[str, Any]], evaluations: int) -> froze
     return frozenset(k for k, v in points.items() if len(v) >= evaluations and all(x == 1 for x in v))
 
 
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
 def uuid_matcher(uuids: Iterable[str]) -> str:
-    """A PromQL label matcher for exactly these UUIDs (RE2, anchored by Prometheus)."""
-    return "|".join(re.escape(u) for u in sorted(set(uuids)))
+    """The body of a PromQL string for a ``=~`` matcher of exactly these UUIDs: RE2 (anchored by
+    Prometheus) with its metacharacters escaped, then backslashes and quotes escaped for the string
+    (PromQL refuses an unknown escape such as ``\\-``, which Python's re.escape writes)."""
+    alternatives = ("".join("\\" + c if c in _RE2_SPECIAL else c for c in u) for u in sorted(set(uuids)))
+    return "|".join(alternatives).replace("\\", "\\\\").replace('"', '\\"')
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,11 @@ class Prometheus:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = json.load(response)
         except urllib.error.HTTPError as exc:
-            raise VerdictUnavailable(f"Prometheus {url}: HTTP {exc.code} {exc.reason}") from exc
+            try:
+                error = json.loads(exc.read(4096)).get("error", exc.reason)
+            except (OSError, ValueError, AttributeError):
+                error = exc.reason
+            raise VerdictUnavailable(f"Prometheus {url}: HTTP {exc.code}: {error}") from exc
         except (OSError, ValueError) as exc:
             raise VerdictUnavailable(f"Prometheus {url} unreachable: {exc}") from exc
         if not isinstance(body, dict) or body.get("status") != "success":
