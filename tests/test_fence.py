@@ -350,3 +350,105 @@ def test_cli_api_server_unreachable_is_exit_2(tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert "unreachable" in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+# --- the evaluation's order of calls (a recorder in place of the API server) ------------------------
+
+
+class RecordingApi:
+    """Records the fence's calls; answers lists from ``rules`` and ``slices``, refuses what ``fail`` names."""
+
+    def __init__(self, rules: list[dict], slices: list[dict], fail: dict[str, int]) -> None:
+        self.rules, self.slices, self.fail, self.log, self.calls, self.timeout = rules, slices, fail, [], 0, 1.0
+
+    def list(self, path: str, **selectors: str):
+        self.calls += 1
+        self.log.append(("list", path.rsplit("/", 1)[-1]))
+        return iter(self.rules if path.endswith("devicetaintrules") else self.slices)
+
+    def _maybe_fail(self, name: str) -> None:
+        from gpuzombie.k8s.apiserver import ApiError
+
+        if name in self.fail:
+            raise ApiError(f"refused {name}", self.fail[name], "InternalError")
+
+    def create(self, path: str, obj: dict) -> dict:
+        self.calls += 1
+        self.log.append(("create", obj["metadata"]["name"]))
+        self._maybe_fail(obj["metadata"]["name"])
+        return obj
+
+    def delete(self, path: str, *, uid: str) -> dict:
+        self.calls += 1
+        name = path.rsplit("/", 1)[-1]
+        self.log.append(("delete", name))
+        self._maybe_fail(name)
+        return {}
+
+
+class FixedVerdicts:
+    def __init__(self, verdicts: Verdicts) -> None:
+        self.now = verdicts
+
+    def verdicts(self, now: float, **_: object) -> Verdicts:
+        return self.now
+
+
+def _fence(api: RecordingApi, v: Verdicts, limits: Limits):
+    from gpuzombie.fence.controller import Fence, Settings
+
+    settings = Settings(drivers=("gpu.nvidia.com",), limits=limits, interval=1)
+    lines: list[str] = []
+    return Fence(api, FixedVerdicts(v), settings, log=lines.append), lines  # type: ignore[arg-type]
+
+
+def _slice(n: int) -> dict:
+    devs = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{NODE}-{i}"}}} for i in range(n)]
+    return {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": NODE}, "nodeName": NODE, "devices": devs}}
+
+
+def _stored(i: int) -> dict:
+    obj = render_rule(devices()[i], dirty(i=i))
+    obj["metadata"]["uid"] = f"uid-{i}"
+    return obj
+
+
+def test_deletes_come_before_creates_and_a_failed_delete_keeps_its_place():
+    v = verdicts(clean(i=0), dirty(i=1), dirty(i=2), streak=(clean(i=0),))
+    api = RecordingApi([_stored(0)], [_slice(8)], {})
+    fence, _ = _fence(api, v, Limits(max_devices=2))
+    outcome = fence.evaluate()
+    assert [c for c, _ in api.log] == ["list", "list", "delete", "create", "create"]
+    assert outcome.api_calls == 5 and len(outcome.created) == 2 and outcome.deleted == (rule_name(devices()[0]),)
+    api = RecordingApi([_stored(0)], [_slice(8)], {rule_name(devices()[0]): 500})
+    fence, lines = _fence(api, v, Limits(max_devices=2))
+    outcome = fence.evaluate()
+    assert [c for c, _ in api.log] == ["list", "list", "delete", "create"]  # one create waits
+    assert len(outcome.created) == 1 and outcome.errors and any(line.startswith("error: delete") for line in lines)
+
+
+def test_a_create_refused_as_already_there_is_the_rule_wanted():
+    name = rule_name(devices()[1])
+    api = RecordingApi([], [_slice(8)], {})
+    fence, _ = _fence(api, verdicts(dirty(i=1)), Limits())
+
+    def already(path: str, obj: dict) -> dict:
+        from gpuzombie.k8s.apiserver import ApiError
+
+        api.log.append(("create", name))
+        raise ApiError("exists", 409, "AlreadyExists")
+
+    api.create = already  # type: ignore[method-assign]
+    outcome = fence.evaluate()
+    assert outcome.created == (name,) and not outcome.errors
+
+
+def test_dry_run_calls_only_lists():
+    api = RecordingApi([_stored(0)], [_slice(8)], {})
+    from gpuzombie.fence.controller import Fence, Settings
+
+    settings = Settings(drivers=("gpu.nvidia.com",), limits=Limits(), dry_run=True)
+    v = verdicts(clean(i=0), dirty(i=1), streak=(clean(i=0),))
+    outcome = Fence(api, FixedVerdicts(v), settings, log=print).evaluate()  # type: ignore[arg-type]
+    assert {c for c, _ in api.log} == {"list"} and outcome.rules[0]["metadata"]["name"] == rule_name(devices()[1])
+    assert [r.name for r in outcome.plan.delete] == [rule_name(devices()[0])]

@@ -171,7 +171,23 @@ class Fence:
         created, deleted, errors = [], [], []
         objects = tuple(c.rule() for c in plan.create)
         if not self.settings.dry_run:
-            for create, obj in zip(plan.create, objects):
+            # Deletes first: the limits counted their places as free. A delete that failed keeps its
+            # place, and as many creates wait for the next evaluation.
+            stuck = 0
+            for rule in plan.delete:
+                try:
+                    self.api.delete(f"{RULES_PATH}/{rule.name}", uid=rule.uid)
+                except ApiError as exc:
+                    if exc.http_status not in (404, 409):  # gone already, or no longer the rule we listed
+                        errors.append(f"delete {rule.name}: {exc}")
+                        stuck += 1
+                    continue
+                deleted.append(rule.name)
+                self.log(
+                    f"lifted rule {rule.name} (node {rule.node}, {rule.uuid}): clean at "
+                    f"{self.settings.clean_evaluations} evaluation(s) in a row"
+                )
+            for create, obj in list(zip(plan.create, objects))[: len(plan.create) - stuck]:
                 try:
                     self.api.create(RULES_PATH, obj)
                 except ApiError as exc:
@@ -183,18 +199,6 @@ class Fence:
                     f"fenced {create.device.driver}/{create.device.pool}/{create.device.name} "
                     f"(node {create.reading.node}, {create.reading.uuid}, {create.reading.held_bytes // 2**20} MiB "
                     f"held by {create.reading.holder}): rule {create.name}"
-                )
-            for rule in plan.delete:
-                try:
-                    self.api.delete(f"{RULES_PATH}/{rule.name}", uid=rule.uid)
-                except ApiError as exc:
-                    if exc.http_status not in (404, 409):  # gone already, or no longer the rule we listed
-                        errors.append(f"delete {rule.name}: {exc}")
-                    continue
-                deleted.append(rule.name)
-                self.log(
-                    f"lifted rule {rule.name} (node {rule.node}, {rule.uuid}): clean at "
-                    f"{self.settings.clean_evaluations} evaluation(s) in a row"
                 )
         for line in errors:
             self.log(f"error: {line}")
