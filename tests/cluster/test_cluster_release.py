@@ -79,7 +79,10 @@ def test_a_release_of_the_policy_alone_has_no_agent(helm_binary):
 def test_a_release_of_nothing_fails_with_one_line(helm_binary):
     got = helm(helm_binary, "template", "gpuzombie", str(CHART), values={"exporter": {"enabled": False}})
     assert got.returncode != 0
-    assert "nothing to install: exporter.enabled, webhook.enabled, policy.enabled and fence.enabled are all false" in got.stderr
+    assert (
+        "nothing to install: exporter.enabled, webhook.enabled, policy.enabled and fence.enabled are all false"
+        in got.stderr
+    )
 
 
 @pytest.mark.parametrize("run", list(RUNS))
