@@ -10,6 +10,7 @@ RBAC is all it has. The steps of the issue, in order, one test:
 2. once the GPU reads clean the rule goes and the device is allocated again;
 3. the rule appears within two scrape intervals of the verdict (measured at each new dirty GPU);
 4. the limit holds (50 % of the node's 4 devices: 2 of 3 dirty GPUs), and its alert is pending;
+   a dry run with the limit raised prints the third rule and creates nothing;
 5. Prometheus down changes nothing (nothing lifted, nothing new fenced), one log line, the metric 0;
 6. rules made by others (one even with the fence's label and taint key) survive every lift;
 7. the fence SIGKILLed and started again leaves exactly the rules the verdicts call for.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -425,9 +427,32 @@ def test_the_fence_steps_of_issue_38(fleet: Fleet, api: Api) -> None:
     assert fleet.fence_metric("gpuzombie_fence_limited_gpus") == 1
     held_back = f"not fenced: node {NODE_NAME} {fleet.uuids[order[2]]}: at the limit of 50 % of node {NODE_NAME}'s 4"
     assert fleet.log().count(held_back) == 1  # said once, not at every evaluation
+    # the dry run with the limit raised: what it would create, printed, nothing created
+    dry = [sys.executable, "-m", "gpuzombie", "fence", "--once", "--dry-run", "--kubeconfig", str(fleet.kubeconfig)]
+    dry += [
+        "--prometheus",
+        f"http://127.0.0.1:{fleet.prometheus_port}",
+        "--driver",
+        DRIVER,
+        "--max-node-percent",
+        "100",
+    ]
+    done = subprocess.run([*dry, "--json"], env=fleet.kube.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [r["spec"]["deviceSelector"]["device"] for r in report["rules"]] == [d[order[2]]]
+    assert report["dry_run"] and not report["created"] and report["api_calls"] == 2  # the rules, the node's slices
+    done = subprocess.run(dry, env=fleet.kube.env, capture_output=True, text=True, timeout=120)
+    assert (
+        done.returncode == 0
+        and f"would create {report['create'][0]}: {DRIVER}/{NODE_NAME}/{d[order[2]]}" in done.stdout
+    )
+    assert set(fleet.fenced()) == {d[order[0]], d[order[1]]}
     assert fleet.prometheus is not None
     pending = wait_for(
-        "GpuzombieFenceLimitReached pending", lambda: fleet.prometheus.alerts("GpuzombieFenceLimitReached"), timeout=60
+        "GpuzombieFenceLimitReached pending",
+        lambda: fleet.prometheus.alerts("GpuzombieFenceLimitReached") or None,
+        timeout=60,
     )
     assert pending[0]["state"] == "pending"
 
