@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 from functools import cache
@@ -24,6 +25,13 @@ DASHBOARD = CHART / "dashboards" / "gpuzombie.json"
 DOCS = REPO / "docs" / "cluster.md"
 CRDS = pathlib.Path(__file__).resolve().parent / "crds"
 OLDEST_K8S = "1.25.0"  # both charts' kubeVersion floor
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    """Debian's promtool (a skip where it is not installed)."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus; make test installs it)")
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
 
 
 def find_helm() -> str:

@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import pathlib
 import re
-import shutil
-import subprocess
 
 import pytest
 
 pytest.importorskip("yaml", reason="PyYAML is in the 'chart' extra")
 
 import yaml
-from cluster_support import ALERTS, DOCS
+from cluster_support import ALERTS, DOCS, promtool
 
 UNIT_TESTS = sorted((pathlib.Path(__file__).resolve().parent / "promtool").glob("*.test.yaml"))
 SEVERITIES = {"critical", "warning", "info"}
-
-
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool is not installed (Debian package prometheus; make test installs it)")
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
 
 
 def all_rules() -> list[dict]:

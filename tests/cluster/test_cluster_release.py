@@ -80,7 +80,7 @@ def test_a_release_of_nothing_fails_with_one_line(helm_binary):
     got = helm(helm_binary, "template", "gpuzombie", str(CHART), values={"exporter": {"enabled": False}})
     assert got.returncode != 0
     assert (
-        "nothing to install: exporter.enabled, webhook.enabled, policy.enabled and nri.enabled are all false"
+        "nothing to install: exporter.enabled, webhook.enabled, policy.enabled, nri.enabled and fence.enabled are all false"
         in got.stderr
     )
 

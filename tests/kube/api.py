@@ -102,6 +102,11 @@ _RESOURCES = {
     "Deployment": "deployments",
     "DaemonSet": "daemonsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "DeviceClass": "deviceclasses",
+    "DeviceTaintRule": "devicetaintrules",
+    "ResourceClaim": "resourceclaims",
 }
 
 

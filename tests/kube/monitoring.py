@@ -9,9 +9,8 @@ kills a test's children) and stopped by their pid and start time (``Detached.sto
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import json
-import os
 import re
 import signal
 import socket
@@ -27,11 +26,10 @@ from typing import Any
 import psutil
 import yaml
 
-from gpuzombie.cluster.build import cache_root, go_binary, go_version
+from gpuzombie.cluster.build import GoTool, ensure_tool
 from pidns import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-KSM_MODULE = REPO / "go" / "kube-state-metrics"
 KSM_PACKAGE = "k8s.io/kube-state-metrics/v2"
 KSM_BUILD_TIMEOUT_S = 1800
 """A cold build took 7 min here (2 shared cores, load 3); with Go's build cache warm, seconds."""
@@ -48,47 +46,15 @@ def free_port() -> int:
 # --- kube-state-metrics from its Go module ---------------------------------------------------------
 
 
-def _required(module: str) -> str:
-    """The release of ``module`` go/kube-state-metrics/go.mod requires."""
-    match = re.search(rf"^\s*{re.escape(module)}\s+(v\S+)", (KSM_MODULE / "go.mod").read_text(), re.M)
-    assert match, f"go/kube-state-metrics/go.mod requires no {module}"
-    return match.group(1)
-
-
 def kube_state_metrics_binary() -> Path:
     """kube-state-metrics ``main`` of the release go.mod pins (a ``tool`` of the module), built
-    stripped with the version stamps its Makefile sets; cached under a key of go.mod, go.sum and the Go
-    version, as the cluster's own binary is."""
-    go = go_binary()
-    ldflags = " ".join(
-        [
-            "-s",
-            "-w",
-            f"-X github.com/prometheus/common/version.Version={_required(KSM_PACKAGE)}",
-            f"-X {KSM_PACKAGE}/pkg/app.ClientGoVersion={_required('k8s.io/client-go')}",
-        ]
-    )
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update((KSM_MODULE / name).read_bytes() + b"\0")
-    digest.update(go_version(go).encode() + b"\0" + ldflags.encode())
-    binary = cache_root().parent / "kube-state-metrics" / digest.hexdigest()[:20] / "kube-state-metrics"
-    if binary.is_file():
-        return binary
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_suffix(".partial")
-    done = subprocess.run(
-        [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), KSM_PACKAGE],
-        cwd=KSM_MODULE,
-        env=dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false"),
-        capture_output=True,
-        text=True,
-        timeout=KSM_BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, f"go build {KSM_PACKAGE}: {done.stderr[-2000:]}"
-    partial.rename(binary)
-    return binary
+    stripped with the version stamps its Makefile sets; cached as the cluster's own binary is."""
+    plain = GoTool("kube-state-metrics", KSM_PACKAGE, "kube-state-metrics")
+    stamps = [
+        f"-X github.com/prometheus/common/version.Version={plain.required(KSM_PACKAGE)}",
+        f"-X {KSM_PACKAGE}/pkg/app.ClientGoVersion={plain.required('k8s.io/client-go')}",
+    ]
+    return ensure_tool(dataclasses.replace(plain, ldflags=" ".join(["-s", "-w", *stamps])), timeout=KSM_BUILD_TIMEOUT_S)
 
 
 # --- processes that outlive a test -----------------------------------------------------------------
@@ -102,13 +68,14 @@ class Detached:
     log: Path
 
     @classmethod
-    def start(cls, argv: Sequence[str], log: Path) -> Detached:
+    def start(cls, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> Detached:
         with log.open("ab") as out:
             launcher = subprocess.Popen(
                 ["sh", "-c", '"$@" </dev/null >&2 & echo $!', "sh", *argv],
                 stdout=subprocess.PIPE,
                 stderr=out,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
             pid_line, _ = launcher.communicate(timeout=30)
         return cls(psutil.Process(int(pid_line)), log)
@@ -635,16 +602,18 @@ def prometheus(
     work: Path,
     scrape_configs: Sequence[Mapping[str, Any]],
     *,
-    discovery: KubernetesDiscovery,
+    discovery: KubernetesDiscovery | None = None,
     rule_groups: Sequence[Mapping[str, Any]] = (),
     interval: str = "5s",
+    port: int | None = None,
 ) -> Iterator[Prometheus]:
-    """Debian's Prometheus on 127.0.0.1 with these jobs, their Kubernetes discovery through the
-    stand-in (and these rule groups, as one rule file)."""
+    """Debian's Prometheus on 127.0.0.1 (on ``port``, or a free one) with these jobs, their Kubernetes
+    discovery through the stand-in (and these rule groups, as one rule file). The same ``work`` and
+    ``port`` start it again on its stored history."""
     work.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [discovery.through_standin(job) for job in scrape_configs],
+        "scrape_configs": [discovery.through_standin(job) if discovery else job for job in scrape_configs],
     }
     if rule_groups:
         rules = work / "rules.yaml"
@@ -655,7 +624,7 @@ def prometheus(
         ["promtool", "check", "config", str(work / "prometheus.yml")], capture_output=True, text=True, timeout=120
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    web = f"127.0.0.1:{free_port()}"
+    web = f"127.0.0.1:{port or free_port()}"
     argv = [
         "prometheus",
         f"--config.file={work / 'prometheus.yml'}",

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "prestop",
     "exporter",
     "reap",
+    "fence",
     "check",
     "webhook",
     "preflight",

@@ -363,3 +363,69 @@ def ensure_nri_plugin(progress: Progress) -> Path:
         return binary
     _build_main(source.directory, _NRI_LDFLAGS, binary, f"building {NRI_PLUGIN}", progress, BUILD_TIMEOUT_S)
     return binary
+
+
+# --- tools of a module of their own (go/<name>: `tool` directives) --------------------------------
+
+TOOL_BUILD_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class GoTool:
+    """An unmodified upstream command named in a ``tool`` directive of ``go/<module>``'s go.mod,
+    built stripped as its own Makefile builds it (``ldflags``) and cached under a key of go.mod,
+    go.sum, the Go version and the flags."""
+
+    module: str
+    """The directory under go/ (kube-state-metrics, dra-example-driver)."""
+    package: str
+    """The command's import path."""
+    binary: str
+    ldflags: str = "-s -w"
+
+    @property
+    def directory(self) -> Path:
+        return _module_directory(f"GPUZOMBIE_{self.module.upper().replace('-', '_')}_SOURCE", self.module)
+
+    def required(self, module: str) -> str:
+        """The release of ``module`` the tool's go.mod requires."""
+        return _required_version(self.directory, module)
+
+    def cache_key(self, go_version: str) -> str:
+        digest = hashlib.sha256()
+        for name in ("go.mod", "go.sum"):
+            digest.update((self.directory / name).read_bytes() + b"\0")
+        digest.update(go_version.encode() + b"\0" + self.ldflags.encode())
+        return digest.hexdigest()[:20]
+
+
+def ensure_tool(tool: GoTool, *, timeout: float = TOOL_BUILD_TIMEOUT_S) -> Path:
+    """The tool's binary: cached, or built (minutes, cold) and cached for the next call."""
+    go = go_binary()
+    binary = cache_root().parent / tool.module / tool.cache_key(go_version(go)) / tool.binary
+    if binary.is_file():
+        return binary
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    try:
+        done = subprocess.run(
+            [go, "build", "-trimpath", "-ldflags", tool.ldflags, "-o", str(partial), tool.package],
+            cwd=tool.directory,
+            env=dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly -buildvcs=false"),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"go build {tool.package} ran past {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        raise BuildError(f"go build {tool.package} failed: {done.stderr.strip()[-400:]}")
+    partial.rename(binary)
+    return binary
+
+
+DRA_EXAMPLE_DRIVER = GoTool(
+    "dra-example-driver", "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin", "dra-example-kubeletplugin"
+)
+"""The DRA example driver's kubelet plugin (mock GPUs, no hardware): tests/kube/test_fence_kubernetes.py."""
