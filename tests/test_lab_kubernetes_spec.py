@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -195,10 +196,24 @@ def test_what_kubernetes_cannot_do_is_one_line_before_anything_starts(tmp_path: 
     for kw, words in (
         ({"grace": 2.5}, "whole seconds"),
         ({"uid": 1000}, "--uid"),
-        ({"device": "cuda"}, "device plugin"),
     ):
         with pytest.raises(GpuzombieError, match=words):
             check_request(request(**kw))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kubernetes runtime's first refusal is for non-root")
+def test_a_gpu_run_without_a_cluster_and_its_device_plugin_is_refused_in_one_line(tmp_path: Path, monkeypatch):
+    """On a GPU the kubelet must allocate the GPU (issue 37): with no cluster up, the run says what to
+    start instead of starting a node without a device plugin."""
+    pytest.importorskip("cryptography")
+    from gpuzombie.lab.runtime.kube import KubeError, kube_runtime
+
+    monkeypatch.setenv("GPUZOMBIE_CLUSTER_DIR", str(tmp_path / "cluster"))
+    with (
+        pytest.raises(KubeError, match=r"device plugin that advertises nvidia\.com/gpu"),
+        kube_runtime(progress=lambda line: None, gpu=True),
+    ):
+        pass
 
 
 def test_runtime_all_is_the_three_and_the_help_says_which_cluster():

@@ -58,6 +58,16 @@ def raw_request(port: int, request: bytes) -> bytes:
     return b"".join(chunks)
 
 
+def answer_unless_reset(port: int, request: bytes) -> bytes:
+    """``raw_request``, or b"" when the server reset the connection: a 503 sent before the body was
+    read closes with that body unread, which resets it (a fresh-clone CI run at load 10 met this
+    while the finished body's bytes were still being released)."""
+    try:
+        return raw_request(port, request)
+    except ConnectionResetError:
+        return b""
+
+
 @pytest.fixture
 def tls_server(pki):
     server = Server(
@@ -298,7 +308,7 @@ def test_bodies_held_at_once_are_bounded_and_one_past_the_bound_is_503_unread():
             holding.sendall(b"a" * (699 * 1024))
             assert holding.recv(65536).startswith(b"HTTP/1.0 200")
         answer = wait_until(
-            lambda: (a := raw_request(port, head + b"a" * 700 * 1024)).startswith(b"HTTP/1.0 200") and a
+            lambda: (a := answer_unless_reset(port, head + b"a" * 700 * 1024)).startswith(b"HTTP/1.0 200") and a
         )
         assert answer.endswith(b"got 716800 bytes")  # given back: the next one fits
     finally:
