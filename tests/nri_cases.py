@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from gpuzombie import pid1kinds
 from gpuzombie.admission import mutate, rules
 from gpuzombie.k8s import podspec
 from policy_cases import RELEASE_NAMESPACE, admission_cases, fleet_cases
@@ -61,8 +62,7 @@ POLICY = mutate.Policy(skip_namespaces=mutate.ALWAYS_SKIPPED_NAMESPACES | {RELEA
 def contract() -> dict[str, Any]:
     """What go/nri/contract.json must hold."""
     return {
-        "inits": sorted(rules.INITS),
-        "init_paths": sorted(rules.INIT_PATHS),
+        "inits": sorted(name for name, kind in pid1kinds.KINDS.items() if kind in pid1kinds.REAPING_KINDS),
         "tini": mutate.TINI,
         "tini_flags": list(mutate.TINI_FLAGS),
         "mount": mutate.MOUNT,

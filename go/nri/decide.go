@@ -21,7 +21,6 @@ var contractJSON []byte
 // Contract is what the plugin shares with the webhook (src/gpuzombie/admission/mutate.py, rules.py).
 type Contract struct {
 	Inits          []string `json:"inits"`
-	InitPaths      []string `json:"init_paths"`
 	Tini           string   `json:"tini"`
 	TiniFlags      []string `json:"tini_flags"`
 	Mount          string   `json:"mount"`
@@ -120,9 +119,10 @@ func Decide(c Contract, skip map[string]bool, pod *api.PodSandbox, ctr *api.Cont
 	return Verdict{Args: wrapped}
 }
 
-// IsInit is rules.is_init: an init by basename, or s6-overlay's and podman's by path.
+// IsInit: a program whose kind reaps in pid1kinds (contract.json's inits), by basename: /init,
+// /dev/init and /sbin/init are "init".
 func IsInit(c Contract, program string) bool {
-	return slices.Contains(c.InitPaths, program) || slices.Contains(c.Inits, path.Base(program))
+	return slices.Contains(c.Inits, path.Base(program))
 }
 
 // IsGpu tells a GPU container by what the node gave it, not by its request (NRI sees no
