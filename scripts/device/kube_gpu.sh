@@ -19,6 +19,7 @@
 #                  scripts/device/kube_gpu.sh up              cluster, CDI, device plugin; node Ready
 #                  scripts/device/kube_gpu.sh scenarios       S1-S5 x REPEAT on the real kubelet
 #                  scripts/device/kube_gpu.sh variant         S1 with 10 workers, once
+#                  scripts/device/kube_gpu.sh nri             S1 under the NRI plugin, no webhook
 #                  scripts/device/kube_gpu.sh fixes           pod-nofix vs the webhook's fix, trace,
 #                  exporter --once and top --once on that node
 #                  scripts/device/kube_gpu.sh down
@@ -60,6 +61,9 @@ prepare() {
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook) || return 2
   for b in nvidia-device-plugin nvidia-ctk nvidia-cdi-hook; do xz_to "$nvbin/$b" "$CARRY/2/$b.xz" || return 2; done
   for b in containerd containerd-shim-runc-v2 ctr; do xz_to "$containerd/$b" "$CARRY/2/$b.xz" || return 2; done
+  local nri
+  nri=$("$python" -m gpuzombie cluster build --nri 2>/dev/null | tail -n 1) || return 2
+  xz_to "$nri" "$CARRY/2/gpuzombie-nri.xz" || return 2
   (cd "$CARRY/1" && apt-get download "${DEBS[@]}" 2>/dev/null >/dev/null) || return 2
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
@@ -189,6 +193,25 @@ scenarios() {
   return "$rc"
 }
 
+nri() {  # S1 with the NRI plugin (go/nri, issue 39) and no webhook: containerd puts it under tini
+  environment || return 2
+  local sock tini=$GZK/opt-nri/gpuzombie/tini-static
+  sock=$(layout_path nri_socket)
+  mkdir -p "$(dirname "$tini")"
+  log "gpuzombie-nri on $sock; S1 x ${NRI_REPEAT:-2}" | tee "$OUT/nri.log"
+  setsid gpuzombie-nri --socket "$sock" --tini "$tini" --install-tini "$GZK/root/usr/bin/tini-static" \
+    >"$OUT/nri-plugin.log" 2>&1 </dev/null &
+  echo $! >"$GZK/nri.pid"
+  sleep 2
+  timeout -s TERM -k 30 240 python3 -m gpuzombie lab run --scenario s1-nofix --runtime kubernetes \
+    --repeat "${NRI_REPEAT:-2}" --grace "$GRACE" --device "$DEVICE" --size-mib "$SIZE_MIB" --out "$GZK/results-nri" \
+    2>&1 | tee -a "$OUT/nri.log" | grep -v '^ ' | tail -n 12
+  local rc=${PIPESTATUS[0]}
+  kill "$(cat "$GZK/nri.pid")" 2>/dev/null
+  [ -d "$GZK/results-nri" ] && tar -C "$GZK" -czf "$OUT/kubernetes-nri.tgz" results-nri
+  return "$rc"
+}
+
 variant() {  # the 10-worker variant of S1, once
   environment || return 2
   log "the 10-worker variant of S1, once" | tee "$OUT/variant.log"
@@ -273,7 +296,8 @@ case $ACTION in
   up) up ;;
   scenarios) scenarios ;;
   variant) variant ;;
+  nri) nri ;;
   fixes) fixes ;;
   down) down ;;
-  *) echo "usage: $0 prepare | unpack 1|2 | up | scenarios | variant | fixes | down" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | unpack 1|2 | up | scenarios | variant | nri | fixes | down" >&2; exit 2 ;;
 esac
