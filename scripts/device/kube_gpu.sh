@@ -11,11 +11,12 @@
 #                  builds or takes from the caches: the kube multi-call binary, containerd 2, the
 #                  device plugin and the toolkit (go/nvidia-*), the .debs (runc, catatonit, tini,
 #                  busybox-static for `ip`, the CNI plugins) and the wheels the GPU machine lacks;
-#                  xz-compressed into .kube-gpu/1 and .kube-gpu/2 (each under what one call carries
-#                  beside the ~25 MB working tree).
+#                  xz-compressed into .kube-gpu/1, 2 and 3 (29, 31 and 16 MiB: each under what one
+#                  call carries beside the 33 MiB working tree).
 #   GPU machine:   scripts/device/kube_gpu.sh unpack 1        (carry .kube-gpu/1)
-#                  scripts/device/kube_gpu.sh unpack 2        (carry .kube-gpu/2; calls back to back:
-#                  a machine stays warm 30 s, and what the first unpacked lives in /tmp)
+#                  scripts/device/kube_gpu.sh unpack 2        (carry .kube-gpu/2), unpack 3 (carry
+#                  .kube-gpu/3): calls back to back (a machine stays warm 30 s; /tmp keeps what
+#                  the earlier ones unpacked)
 #                  scripts/device/kube_gpu.sh up              cluster, CDI, device plugin; node Ready
 #                  scripts/device/kube_gpu.sh scenarios       S1-S5 x REPEAT on the real kubelet
 #                  scripts/device/kube_gpu.sh variant         S1 with 10 workers, once
@@ -46,7 +47,7 @@ xz_to() { xz -T2 -6 -c "$1" >"$2" || return 2; }
 
 prepare() {
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-  rm -rf "$CARRY" && mkdir -p "$CARRY/1" "$CARRY/2" /tmp/kube-gpu-prepare || return 2
+  rm -rf "$CARRY" && mkdir -p "$CARRY/1" "$CARRY/2" "$CARRY/3" /tmp/kube-gpu-prepare || return 2
   local kube containerd
   kube=$("$python" -m gpuzombie cluster build 2>/dev/null | tail -n 1) || return 2
   containerd=$("$python" -m gpuzombie cluster build --containerd2 2>/dev/null | tail -n 1) || return 2
@@ -64,13 +65,12 @@ prepare() {
   local nri
   nri=$("$python" -m gpuzombie cluster build --nri 2>/dev/null | tail -n 1) || return 2
   xz_to "$nri" "$CARRY/2/gpuzombie-nri.xz" || return 2
-  (cd "$CARRY/1" && apt-get download "${DEBS[@]}" 2>/dev/null >/dev/null) || return 2
+  (cd "$CARRY/3" && apt-get download "${DEBS[@]}" 2>/dev/null >/dev/null) || return 2
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$CARRY/1" "${WHEELS[@]}" || return 2
-  # one call carries at most 64 MiB with the ~25 MB working tree: the largest of part 1 go to part 2
-  mv "$CARRY"/1/containernetworking-plugins_* "$CARRY/2/" || return 2
-  du -sh "$CARRY"/1 "$CARRY"/2
+    --platform manylinux2014_x86_64 -d "$CARRY/3" "${WHEELS[@]}" || return 2
+  # one call carries at most 64 MiB with the working tree (33 MiB on 2026-12-04): three parts
+  du -sm "$CARRY"/1 "$CARRY"/2 "$CARRY"/3
 }
 
 unpack() {
@@ -101,7 +101,8 @@ environment() {
   export GPUZOMBIE_CLUSTER_RUNTIME=containerd2
   export GPUZOMBIE_KUBE_BINARY=$GZK/bin/kube
   export GPUZOMBIE_CONTAINERD_BINARIES=$GZK/containerd
-  [ -x "$GZK/bin/kube" ] && [ -x "$GZK/containerd/containerd" ] || { echo "unpack 1 and 2 first" >&2; return 2; }
+  [ -x "$GZK/bin/kube" ] && [ -x "$GZK/containerd/containerd" ] && [ -x "$GZK/root/usr/sbin/runc" ] ||
+    { echo "unpack 1, 2 and 3 first" >&2; return 2; }
   ln -sf "$GZK/root/bin/busybox" "$GZK/bin/ip"  # busybox's ip makes the bridge (the machine has no iproute2)
   ln -sf "$GZK/root/usr/sbin/runc" "$GZK/bin/runc"
   # containerd on PATH beside the unpacked CNI plugins: the cluster finds them at <prefix>/lib/cni
@@ -292,12 +293,12 @@ down() {
 
 case $ACTION in
   prepare) prepare ;;
-  unpack) unpack "${2:?unpack 1 or 2}" ;;
+  unpack) unpack "${2:?unpack 1, 2 or 3}" ;;
   up) up ;;
   scenarios) scenarios ;;
   variant) variant ;;
   nri) nri ;;
   fixes) fixes ;;
   down) down ;;
-  *) echo "usage: $0 prepare | unpack 1|2 | up | scenarios | variant | nri | fixes | down" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | unpack 1|2|3 | up | scenarios | variant | nri | fixes | down" >&2; exit 2 ;;
 esac
