@@ -62,8 +62,18 @@ if [ "$base" = "$LOCAL_BASE" ] && ! "${PODMAN[@]}" image exists "$LOCAL_BASE"; t
   cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
   tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$LOCAL_BASE" >/dev/null
 fi
+go_base=$(sed -n 's/^ARG GO_BASE=//p' docker/Dockerfile)
+if ! "${PODMAN[@]}" image exists "$go_base" && ! "${PODMAN[@]}" pull -q "$go_base" >/dev/null 2>&1; then
+  # The NRI plugin built here (the cluster's own build: go/nri, cached), copied in by the nri stage.
+  echo "build-image: $go_base cannot be pulled; building gpuzombie-nri with this machine's Go" >&2
+  python=$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
+  nri=$(PYTHONPATH="$PWD/src" "$python" -m gpuzombie cluster build --nri | tail -n 1) || exit 1
+  mkdir -p go/nri/prebuilt && cp "$nri" go/nri/prebuilt/gpuzombie-nri
+  trap 'rm -rf go/nri/prebuilt ${work:+"$work"}' EXIT
+  go_base=$base
+fi
 "${PODMAN[@]}" build --network host "${LIMITS[@]}" \
-  -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" \
+  -f docker/Dockerfile --target node --build-arg NODE_BASE="$base" --build-arg GO_BASE="$go_base" \
   --label org.opencontainers.image.version="$version" --label org.opencontainers.image.base.name="$base" \
   -t "$IMAGE" .
 smoke_test || { echo "build-image: $IMAGE was built (podman images $IMAGE); the smoke test above failed" >&2; exit 1; }

@@ -172,9 +172,12 @@ class RuntimeNames(RuntimeChannel):
     def _names(self, source: str | None, wanted: set[str], warnings: list[str]) -> CriNames:
         self._unknown &= wanted  # forget ids no longer seen; keep the others' names
         containers = {cid: self._containers.get(cid) or self._gone_containers.get(cid) for cid in wanted}
+        # Every sandbox the list calls named, wanted or not: a pause process is then the pod's sandbox
+        # (no container), never a container shown by its short id (top lists every pod process).
+        sandboxes = {cid: n for cid, n in self._containers.items() if n.container == SANDBOX_CONTAINER}
         return CriNames(
             source=source,
-            containers={cid: n for cid, n in containers.items() if n is not None},
+            containers={**sandboxes, **{cid: n for cid, n in containers.items() if n is not None}},
             pods={**self._gone_pods, **self._pods},
             warnings=tuple(warnings),
         )
