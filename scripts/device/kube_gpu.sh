@@ -79,12 +79,12 @@ unpack() {
   mkdir -p "$GZK/bin" "$GZK/containerd" "$GZK/site" "$GZK/root"
   for f in "$CARRY/$part"/*.xz; do
     [ -e "$f" ] || continue
-    local name
+    local name dir=$GZK/bin
     name=$(basename "$f" .xz)
-    case $name in
-      containerd | containerd-shim-runc-v2 | ctr) python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$f" "$GZK/containerd/$name" ;;
-      *) python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$f" "$GZK/bin/$name" ;;
-    esac || return 2
+    case $name in containerd | containerd-shim-runc-v2 | ctr) dir=$GZK/containerd ;; esac
+    # python's lzma: the GPU machine may have no xz
+    python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
+      "$f" "$dir/$name" || return 2
   done
   chmod +x "$GZK"/bin/* "$GZK"/containerd/* 2>/dev/null
   for deb in "$CARRY/$part"/*.deb; do [ -e "$deb" ] && { dpkg -x "$deb" "$GZK/root" || return 2; }; done

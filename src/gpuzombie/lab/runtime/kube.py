@@ -206,17 +206,10 @@ def _layout() -> Layout:
         raise KubeError(str(exc)) from None
 
 
-def _cluster_up() -> bool:
-    try:
-        from gpuzombie.cluster.node import status
-    except ImportError as exc:  # cryptography: the cluster extra
-        raise KubeError(needs_extra("--runtime kubernetes", "cluster", exc)) from exc
-    return status(_layout()).up
-
-
-def attach_or_start(progress: Callable[[str], None]) -> KubeCluster:
+def attach_or_start(progress: Callable[[str], None], *, gpu: bool = False) -> KubeCluster:
     """The cluster up at ``$GPUZOMBIE_CLUSTER_DIR`` (instance ``$GPUZOMBIE_CLUSTER_INSTANCE``), or a
-    new one started there when nothing is; one line when neither can be had."""
+    new one started there when nothing is (not on a GPU: a new node has no device plugin); one line
+    when neither can be had."""
     try:
         from gpuzombie.cluster.node import ClusterError, ClusterState, status, up
     except ImportError as exc:  # cryptography: the cluster extra
@@ -232,6 +225,11 @@ def attach_or_start(progress: Callable[[str], None]) -> KubeCluster:
         gone = ", ".join(name for name, running in found.processes.items() if not running)
         raise KubeError(
             f"the cluster at {layout.root} is not up ({gone} gone): gpuzombie cluster down removes it, then run again"
+        )
+    if gpu:
+        raise KubeError(
+            "--runtime kubernetes on a GPU: start the cluster and a device plugin that advertises "
+            f"{LAB_GPU} first (scripts/device/kube_gpu.sh), or use --device cpu, the stand-in"
         )
     progress(f"no cluster up at {layout.root}: starting one for this run (stopped at its end)")
     try:
@@ -278,12 +276,7 @@ def kube_runtime(*, progress: Callable[[str], None], gpu: bool = False) -> Itera
     kubelet, not the lab, then gives each pod its GPU."""
     if os.geteuid() != 0:
         raise KubeError("--runtime kubernetes needs root (it reads the pods' processes and the node's containerd)")
-    if gpu and not _cluster_up():
-        raise KubeError(
-            "--runtime kubernetes on a GPU: start the cluster and a device plugin that advertises "
-            f"{LAB_GPU} first (scripts/device/kube_gpu.sh), or use --device cpu, the stand-in"
-        )
-    cluster = attach_or_start(progress)
+    cluster = attach_or_start(progress, gpu=gpu)
     failed = True
     try:
         parts = None
