@@ -122,6 +122,27 @@ def test_containerd2_restricts_oom_score_adj_where_2x_reads_it() -> None:
     assert images["pinned_images"]["sandbox"] == configs.PAUSE_IMAGE
 
 
+def _runtimes(config: dict) -> dict:
+    return config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+
+
+def test_containerd2_gives_nvidias_runtime_a_handler_of_its_own_beside_runc() -> None:
+    assert set(_runtimes(_containerd2())) == {"runc"}
+    shim = str(LAYOUT.bin / "containerd-shim-runc-v2")
+    text = configs.containerd2_config(
+        LAYOUT,
+        cni_bin="/usr/lib/cni",
+        shim=shim,
+        runc="/usr/sbin/runc",
+        nvidia_runtime="/x/nvidia-container-runtime.cdi",
+    )
+    got = _runtimes(tomllib.loads(text))
+    assert set(got) == {"runc", "nvidia"}
+    assert got["nvidia"]["runtime_path"] == shim
+    assert got["nvidia"]["options"] == {"BinaryName": "/x/nvidia-container-runtime.cdi", "Root": str(LAYOUT.runc_root)}
+    assert "default_runtime_name" not in tomllib.loads(text)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+
+
 def test_containerd2_listens_only_on_the_clusters_sockets() -> None:
     config = _containerd2()
     # version 4 ignores a top-level [grpc]: containerd would listen on /run/containerd/containerd.sock

@@ -9,20 +9,24 @@
 #
 #   here, once:    scripts/device/kube_gpu.sh prepare
 #                  builds or takes from the caches: the kube multi-call binary, containerd 2, the
-#                  device plugin and the toolkit (go/nvidia-*), the .debs (runc, catatonit, tini,
-#                  busybox-static for `ip`, the CNI plugins) and the wheels the GPU machine lacks;
-#                  xz-compressed into .kube-gpu/1, 2 and 3 (29, 31 and 16 MiB: each under what one
-#                  call carries beside the 33 MiB working tree).
-#   GPU machine:   scripts/device/kube_gpu.sh unpack 1        (carry .kube-gpu/1)
-#                  scripts/device/kube_gpu.sh unpack 2        (carry .kube-gpu/2), unpack 3 (carry
-#                  .kube-gpu/3): calls back to back (a machine stays warm 30 s; /tmp keeps what
-#                  the earlier ones unpacked)
-#                  scripts/device/kube_gpu.sh up              cluster, CDI, device plugin; node Ready
+#                  device plugin and the toolkit (go/nvidia-*: nvidia-ctk, nvidia-cdi-hook and
+#                  nvidia-container-runtime.cdi), the NRI plugin, the .debs (runc, catatonit, tini,
+#                  busybox-static for `ip`, the CNI plugins), the wheels the GPU machine lacks, helm
+#                  and the chart's node image; xz-compressed into .kube-gpu/1, 2, 3 and 4 (each under
+#                  what one call carries beside the working tree: 64 MiB in all).
+#   GPU machine:   scripts/device/kube_gpu.sh unpack N        (carry .kube-gpu/N), N = 1, 2, 3, 4:
+#                  calls back to back (a machine stays warm 30 s; /tmp keeps what the earlier ones
+#                  unpacked)
+#                  scripts/device/kube_gpu.sh up              cluster, CDI, device plugin, RuntimeClass
+#                                                             nvidia (NVIDIA's runtime, CDI mode); Ready
 #                  scripts/device/kube_gpu.sh scenarios       S1-S5 x REPEAT on the real kubelet
 #                  scripts/device/kube_gpu.sh variant         S1 with 10 workers, once
 #                  scripts/device/kube_gpu.sh nri             S1 under the NRI plugin, no webhook
 #                  scripts/device/kube_gpu.sh fixes           pod-nofix vs the webhook's fix, trace,
 #                  exporter --once and top --once on that node
+#                  scripts/device/kube_gpu.sh chart           helm install (exporter DaemonSet, webhook),
+#                  pod-nofix through the registered webhook, the handover gate with a stale holder
+#                  (scripts/device/kube_chart_gpu.py)
 #                  scripts/device/kube_gpu.sh down
 #                  The cluster and the device plugin run in sessions of their own, so they outlive
 #                  one call and serve the next; `down` ends them.
@@ -47,7 +51,7 @@ xz_to() { xz -T2 -6 -c "$1" >"$2" || return 2; }
 
 prepare() {
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-  rm -rf "$CARRY" && mkdir -p "$CARRY/1" "$CARRY/2" "$CARRY/3" /tmp/kube-gpu-prepare || return 2
+  rm -rf "$CARRY" && mkdir -p "$CARRY/1" "$CARRY/2" "$CARRY/3" "$CARRY/4" /tmp/kube-gpu-prepare || return 2
   local kube containerd
   kube=$("$python" -m gpuzombie cluster build 2>/dev/null | tail -n 1) || return 2
   containerd=$("$python" -m gpuzombie cluster build --containerd2 2>/dev/null | tail -n 1) || return 2
@@ -59,8 +63,11 @@ prepare() {
     github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin) || return 2
   (cd go/nvidia-container-toolkit && go build -trimpath -ldflags "-s -w" -o "$nvbin/" \
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk \
-    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook) || return 2
-  for b in nvidia-device-plugin nvidia-ctk nvidia-cdi-hook; do xz_to "$nvbin/$b" "$CARRY/2/$b.xz" || return 2; done
+    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+    github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime.cdi) || return 2
+  for b in nvidia-device-plugin nvidia-ctk nvidia-cdi-hook nvidia-container-runtime.cdi; do
+    xz_to "$nvbin/$b" "$CARRY/2/$b.xz" || return 2
+  done
   for b in containerd containerd-shim-runc-v2 ctr; do xz_to "$containerd/$b" "$CARRY/2/$b.xz" || return 2; done
   local nri
   nri=$("$python" -m gpuzombie cluster build --nri 2>/dev/null | tail -n 1) || return 2
@@ -69,8 +76,14 @@ prepare() {
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$CARRY/3" "${WHEELS[@]}" || return 2
-  # one call carries at most 64 MiB with the working tree (33 MiB on 2026-12-04): three parts
-  du -sm "$CARRY"/1 "$CARRY"/2 "$CARRY"/3
+  local helm image
+  helm=$(scripts/get-helm.sh) || return 2
+  xz_to "$helm" "$CARRY/3/helm.xz" || return 2
+  image=$("$python" -c 'from gpuzombie.cluster.images import node_image_archive as a; n, p = a(lambda m: None); print(p)') ||
+    return 2
+  mkdir -p "$CARRY/4" && xz_to "$image" "$CARRY/4/node-image.tar.xz" || return 2
+  # one call carries at most 64 MiB with the working tree (33 MiB on 2026-12-04): four parts
+  du -sm "$CARRY"/1 "$CARRY"/2 "$CARRY"/3 "$CARRY"/4
 }
 
 unpack() {
@@ -81,7 +94,7 @@ unpack() {
     [ -e "$f" ] || continue
     local name dir=$GZK/bin
     name=$(basename "$f" .xz)
-    case $name in containerd | containerd-shim-runc-v2 | ctr) dir=$GZK/containerd ;; esac
+    case $name in containerd | containerd-shim-runc-v2 | ctr) dir=$GZK/containerd ;; *.tar) dir=$GZK ;; esac
     # python's lzma: the GPU machine may have no xz
     python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' \
       "$f" "$dir/$name" || return 2
@@ -101,6 +114,9 @@ environment() {
   export GPUZOMBIE_CLUSTER_RUNTIME=containerd2
   export GPUZOMBIE_KUBE_BINARY=$GZK/bin/kube
   export GPUZOMBIE_CONTAINERD_BINARIES=$GZK/containerd
+  # NVIDIA's runtime in CDI mode as the handler `nvidia` (RuntimeClass nvidia), as the GPU Operator
+  # sets a node up: how the chart's exporter (NVIDIA_VISIBLE_DEVICES=all) and a gated pod's gate get NVML
+  [ -x "$GZK/bin/nvidia-container-runtime.cdi" ] && export GPUZOMBIE_NVIDIA_RUNTIME=$GZK/bin/nvidia-container-runtime.cdi
   [ -x "$GZK/bin/kube" ] && [ -x "$GZK/containerd/containerd" ] && [ -x "$GZK/root/usr/sbin/runc" ] ||
     { echo "unpack 1, 2 and 3 first" >&2; return 2; }
   ln -sf "$GZK/root/bin/busybox" "$GZK/bin/ip"  # busybox's ip makes the bridge (the machine has no iproute2)
@@ -160,6 +176,10 @@ up() {
   # instead (no CDI; the driver's libraries come from the host's /usr the lab's pods mount).
   local strategy=(--device-list-strategy=cdi-cri)
   [ "${STRATEGY:-cdi}" = specs ] && strategy=(--device-list-strategy=envvar --pass-device-specs=true)
+  if [ -n "${GPUZOMBIE_NVIDIA_RUNTIME:-}" ]; then
+    printf '%s\n' 'apiVersion: node.k8s.io/v1' 'kind: RuntimeClass' 'metadata: {name: nvidia}' 'handler: nvidia' |
+      kubectl apply -f - 2>&1 | tee -a "$OUT/up.log"
+  fi
   log "NVIDIA device plugin (${strategy[*]})" | tee -a "$OUT/up.log"
   [ -f "$GZK/device-plugin.pid" ] && kill "$(cat "$GZK/device-plugin.pid")" 2>/dev/null  # an earlier call's
   # On the host, not in its DaemonSet's container: the driver's root is / on both sides.
@@ -283,6 +303,21 @@ EOF
   cat "$OUT/trace.txt" | head -n 20
 }
 
+chart() {  # helm install of the chart (exporter under RuntimeClass nvidia, the webhook), pod-nofix
+  # through the registered webhook, the handover with a stale holder (scripts/device/kube_chart_gpu.py)
+  environment || return 2
+  local image=$GZK/node-image.tar
+  [ -f "$image" ] || image=$("${PYTHON:-python3}" -c 'from gpuzombie.cluster.images import node_image_archive as a; print(a(print)[1])' | tail -n 1)
+  log "importing the node image ($image)" | tee "$OUT/chart.log"
+  "$GZK/containerd/ctr" --address "$(layout_path containerd_socket)" --namespace k8s.io images import "$image" 2>&1 |
+    tail -n 2 | tee -a "$OUT/chart.log"
+  timeout -s TERM -k 30 "$BUDGET_S" python3 scripts/device/kube_chart_gpu.py "$OUT/chart" 2>&1 | tee -a "$OUT/chart.log"
+  local rc=${PIPESTATUS[0]}
+  helm uninstall gpuzombie -n gpuzombie --kubeconfig "$(layout_path root)/admin.kubeconfig" --wait --timeout 90s \
+    >>"$OUT/chart.log" 2>&1
+  return "$rc"
+}
+
 down() {
   environment || return 2
   [ -f "$GZK/device-plugin.pid" ] && kill "$(cat "$GZK/device-plugin.pid")" 2>/dev/null
@@ -293,12 +328,13 @@ down() {
 
 case $ACTION in
   prepare) prepare ;;
-  unpack) unpack "${2:?unpack 1, 2 or 3}" ;;
+  unpack) unpack "${2:?unpack 1, 2, 3 or 4}" ;;
   up) up ;;
   scenarios) scenarios ;;
   variant) variant ;;
   nri) nri ;;
   fixes) fixes ;;
+  chart) chart ;;
   down) down ;;
-  *) echo "usage: $0 prepare | unpack 1|2|3 | up | scenarios | variant | nri | fixes | down" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | unpack 1|2|3|4 | up | scenarios | variant | nri | fixes | chart | down" >&2; exit 2 ;;
 esac

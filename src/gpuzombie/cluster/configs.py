@@ -120,13 +120,24 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
 """
 
 
-def containerd2_config(layout: Layout, *, cni_bin: str, shim: str, runc: str) -> str:
+def containerd2_config(layout: Layout, *, cni_bin: str, shim: str, runc: str, nvidia_runtime: str | None = None) -> str:
     """containerd 2's config, everything under the cluster's directory: root, state, socket, the
     shims' sockets (when short enough), runc's state, NRI's socket and plugin directories, the CDI
     specs. Version 4, 2.4's own: the CRI plugins laid out as in version 3 (2.0), the servers
-    (grpc, ttrpc) as plugins since 2.3; an older version is migrated at every start."""
+    (grpc, ttrpc) as plugins since 2.3; an older version is migrated at every start.
+    ``nvidia_runtime``: NVIDIA's container runtime as the handler ``nvidia`` (runc stays the
+    default), with runc's state, as the GPU Operator configures a node."""
     d = layout.containerd
     runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    nvidia = ""
+    if nvidia_runtime is not None:
+        nvidia = f"""  [{runtime}.containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+    runtime_path = "{shim}"
+    [{runtime}.containerd.runtimes.nvidia.options]
+      BinaryName = "{nvidia_runtime}"
+      Root = "{layout.runc_root}"
+"""
     return f"""version = 4
 root = "{d}/root"
 state = "{d}/state"
@@ -153,7 +164,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
     [{runtime}.containerd.runtimes.runc.options]
       BinaryName = "{runc}"
       Root = "{layout.runc_root}"
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
+{nvidia}[plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "{PAUSE_IMAGE}"
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "{LOOPBACK}"

@@ -16,6 +16,10 @@ RUNTIME_ENV = "GPUZOMBIE_CLUSTER_RUNTIME"
 """The node's container runtime: ``containerd`` (Debian's 1.6, the default) or ``containerd2``
 (2.4.2 built from go/containerd)."""
 RUNTIMES = ("containerd", "containerd2")
+NVIDIA_RUNTIME_ENV = "GPUZOMBIE_NVIDIA_RUNTIME"
+"""containerd2 only: the path of NVIDIA's ``nvidia-container-runtime`` (or its ``.cdi`` form), made
+the runtime handler ``nvidia`` beside runc, as the GPU Operator's toolkit does; a RuntimeClass
+``nvidia`` then names it (scripts/device/kube_gpu.sh). Unset: runc only."""
 SHIM_SOCKET_DIR_MAX = 42
 """containerd 2.x refuses a longer shim ``socket_dir`` (core/runtime/v2/socket_linux.go): a unix
 socket path, the dir plus a 64-hex name, must fit in 108 bytes."""

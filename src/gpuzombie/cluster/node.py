@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpuzombie.cluster import configs
 from gpuzombie.cluster.build import COMPONENTS, CONTAINERD_COMMANDS, Progress, ensure_binary, ensure_containerd
-from gpuzombie.cluster.layout import NODE_NAME, SERVICE_CIDR, Layout, Ports
+from gpuzombie.cluster.layout import NODE_NAME, NVIDIA_RUNTIME_ENV, SERVICE_CIDR, Layout, Ports
 from gpuzombie.cluster.pki import CertRequest, make_pki
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.lab.runtime.containerd import ImageSpec, busybox_image, cni_bin_dir, pause_image, write_image_archive
@@ -253,7 +253,8 @@ def _write_files(layout: Layout, ports: Ports, binary: Path, cni_bin: str, conta
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         runc = shutil.which("runc") or "runc"
         shim = str(layout.bin / "containerd-shim-runc-v2")
-        text = configs.containerd2_config(layout, cni_bin=cni_bin, shim=shim, runc=runc)
+        nvidia = os.environ.get(NVIDIA_RUNTIME_ENV) or None
+        text = configs.containerd2_config(layout, cni_bin=cni_bin, shim=shim, runc=runc, nvidia_runtime=nvidia)
     else:
         text = configs.containerd_config(layout, cni_bin=cni_bin)
     (layout.containerd / "config.toml").write_text(text)
