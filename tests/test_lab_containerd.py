@@ -89,7 +89,8 @@ def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
 
 def tini_pod(runtime, name: str, argv: list[str], *, prestop: tuple[str, ...] = (), gpus: int = 0):
     """A one-container pod as a scenario makes one: tini as PID 1, its shell running ``argv``."""
-    from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
+    from gpuzombie.k8s.podspec.model import PreStop
+    from gpuzombie.lab.manifest import Container, PodManifest, Resources
     from gpuzombie.lab.runtime.manifestpod import ManifestPod, PodRunConfig
     from gpuzombie.lab.runtime.pidns import init_argv
 

@@ -22,7 +22,9 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
 from gpuzombie.admission.security import restricted_security_context
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token, windows_only
+from gpuzombie.k8s.podspec.gpus import GpuContext
+from gpuzombie.k8s.podspec.model import Container, PodSpec, windows_only
+from gpuzombie.k8s.podspec.pointers import pointer_token
 from gpuzombie.pid1kinds import REAPING_KINDS
 
 DOMAIN = "gpuzombie.dev"

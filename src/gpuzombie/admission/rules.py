@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.admission import preflight
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
+from gpuzombie.k8s.podspec.gpus import GpuContext
+from gpuzombie.k8s.podspec.model import Container, PodSpec, read_pod_spec
 from gpuzombie.pid1kinds import REAPING_KINDS, SHELLS, Pid1Kind, kind_of
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
