@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from gpuzombie.admission import rules
+from gpuzombie.admission.pid1 import analyse_argv, container_pid1
 from gpuzombie.admission.report import CheckReport
 from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES, GpuContext, GpuForm, claim_classes
 from gpuzombie.k8s.podspec.loader import load_documents
@@ -313,7 +314,7 @@ def test_which_program_a_shell_leaves_as_itself_matches_the_real_shell(shell, sc
     if shutil.which(shell) is None:
         pytest.skip(f"no {shell}")
     real = subprocess.run([shell, "-c", script], capture_output=True, text=True, timeout=30).stdout.split()[0]
-    model = rules.analyse_argv([shell, "-c", script])
+    model = analyse_argv([shell, "-c", script])
     assert (model.program == "cat") == (real == "cat"), (real, model)
 
 
@@ -331,7 +332,7 @@ def test_which_program_a_shell_leaves_as_itself_matches_the_real_shell(shell, sc
     ],
 )
 def test_bash_dash_dash_options_and_quoted_ampersands(argv, program, background):
-    pid1 = rules.analyse_argv(argv)
+    pid1 = analyse_argv(argv)
     assert (pid1.program, pid1.background) == (program, background)
 
 
@@ -578,7 +579,7 @@ def test_argo_templates_and_kserve_model_formats_are_read_as_containers(tmp_path
     assert report.unread == []  # their GPUs were read: no GZ007
     templates = list(pod_templates(load_documents(ARGO_AND_KSERVE)))
     (script,) = rules.read(templates[1].spec).every_container
-    assert rules.pid1(script).program == "argoexec" and "python serve.py &" in script.words[-1]
+    assert container_pid1(script).program == "argoexec" and "python serve.py &" in script.words[-1]
     (finding,) = report.to_sarif()["runs"][0]["results"]
     assert finding["locations"][0]["physicalLocation"]["region"] == {"startLine": 29}  # model:
     # --patch leaves both alone: Argo's PID 1 is an init, KServe's pod is the operator's to write
