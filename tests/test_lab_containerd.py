@@ -310,11 +310,11 @@ FAIL_FAST_MARGIN = 20
 
 def _pod_start_and_removal_s(containerd) -> float:  # noqa: F811  (the fixture)
     """How long one pod with one short container takes to start and go, on this runtime, now."""
-    from gpuzombie.k8s.cri import ContainerSpec, PodSpec
+    from gpuzombie.k8s.cri import ContainerSpec, SandboxSpec
     from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
 
     started = time.monotonic()
-    with containerd.pod(PodSpec(name="baseline")) as pod:
+    with containerd.pod(SandboxSpec(name="baseline")) as pod:
         pod.start(ContainerSpec(name="c", image=BUSYBOX_IMAGE, command=("sh", "-c", "echo started")))
     return time.monotonic() - started
 
