@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from gpuzombie.k8s.cri import ContainerSpec, PodSpec, RuntimeClient
+from gpuzombie.k8s.cri import ContainerSpec, RuntimeClient, SandboxSpec
 from gpuzombie.k8s.names import RuntimeNames
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, private_containerd
 
@@ -42,7 +42,7 @@ def start_pods(ctd: Containerd, pods: int) -> list[str]:
     """``pods`` pods of two sleeping containers; their container ids."""
     ids = []
     for i in range(pods):
-        pod = ctd.start_pod(PodSpec(name=f"bench-{i}", namespace="bench"))
+        pod = ctd.start_pod(SandboxSpec(name=f"bench-{i}", namespace="bench"))
         for name in CONTAINERS:
             ids.append(pod.start(ContainerSpec(name=name, image=BUSYBOX_IMAGE, command=("sleep", "3600"))))
     return ids

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 from cri_standin import standin_kubelet  # noqa: E402
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec  # noqa: E402
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, SandboxSpec  # noqa: E402
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd, private_containerd  # noqa: E402
 from pidns import wait_until  # noqa: E402
 from test_stale import HOLDER, alive, comm_of, holds_nvidia0, nested_survivor, pod_pids, start_survivor  # noqa: E402
@@ -55,11 +55,11 @@ def gpuzombie(src: str, *args: str, kubelet: str | None = None) -> subprocess.Co
 
 
 @contextlib.contextmanager
-def gpu_pod(ctd: Containerd, kubelet: dict, tmp: Path) -> Iterator[tuple[PodSpec, int]]:
+def gpu_pod(ctd: Containerd, kubelet: dict, tmp: Path) -> Iterator[tuple[SandboxSpec, int]]:
     """ml/trainer-0, run by the kubelet, its container holding a stand-in /dev/nvidia0."""
     device = tmp / "nvidia0"
     device.write_text("")
-    with ctd.pod(PodSpec(name="trainer-0", namespace="ml")) as pod:
+    with ctd.pod(SandboxSpec(name="trainer-0", namespace="ml")) as pod:
         cid = pod.start(
             ContainerSpec(
                 name="cuda", image=BUSYBOX_IMAGE, command=HOLDER, mounts=(BindMount(str(device), "/dev/nvidia0"),)
@@ -91,7 +91,7 @@ def second_runtime(src: str, ctd: Containerd, kubelet: dict, tmp: Path, *, kubel
     with (
         gpu_pod(ctd, kubelet, tmp) as (spec, holder),
         private_containerd() as other,
-        other.pod(PodSpec(name="other-0", namespace="default")) as unrelated,
+        other.pod(SandboxSpec(name="other-0", namespace="default")) as unrelated,
     ):
         unrelated.start(ContainerSpec(name="app", image=BUSYBOX_IMAGE, command=("sleep", "300")))
         victims = pod_pids(spec.uid)
@@ -153,8 +153,8 @@ def pause_died(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
 
 
 def static_pod(src: str, ctd: Containerd, kubelet: dict, tmp: Path) -> dict:
-    spec = PodSpec(name="static-gpu-node1", namespace="kube-system", uid=uuid.uuid4().hex)
-    ctd.start_pod(PodSpec(name="keeper-0", namespace="ml"))  # a runtime with no pod at all was refused
+    spec = SandboxSpec(name="static-gpu-node1", namespace="kube-system", uid=uuid.uuid4().hex)
+    ctd.start_pod(SandboxSpec(name="keeper-0", namespace="ml"))  # a runtime with no pod at all was refused
     kubelet[("ml", "keeper-0")] = {}
     doomed = ctd.start_pod(spec)
     survivor = start_survivor(spec)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the CRI client needs the 'node' extra; conftest.py imports this module without it
-    from gpuzombie.k8s.cri import PodSpec, RunningPod
+    from gpuzombie.k8s.cri import RunningPod, SandboxSpec
     from gpuzombie.lab.runtime.containerd import Containerd
     from gpuzombie.lab.runtime.interpreter import PythonLayout
 
@@ -40,7 +40,7 @@ needs_containerd = pytest.mark.skipif(
     " and the 'node' extra (grpcio, container-runtime-interface-api)",
 )
 
-PodMaker = Callable[["PodSpec"], "RunningPod"]
+PodMaker = Callable[["SandboxSpec"], "RunningPod"]
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def containerd() -> Iterator[Containerd]:
 
 @pytest.fixture
 def kube_pods(containerd: Containerd) -> Iterator[PodMaker]:
-    """Make pods with ``kube_pods(PodSpec(...))``; all of them are gone after the test."""
+    """Make pods with ``kube_pods(SandboxSpec(...))``; all of them are gone after the test."""
     with contextlib.ExitStack() as stack:
         yield lambda spec: stack.enter_context(containerd.pod(spec))
     left = [s.metadata.name for s in containerd.client.list_pod_sandboxes()]

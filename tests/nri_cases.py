@@ -28,7 +28,8 @@ from typing import Any
 
 from gpuzombie import pid1kinds
 from gpuzombie.admission import mutate, rules
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec.gpus import GpuForm, GpuRequest
+from gpuzombie.k8s.podspec.model import Container
 from policy_cases import RELEASE_NAMESPACE, admission_cases, fleet_cases
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -72,11 +73,11 @@ def contract() -> dict[str, Any]:
     }
 
 
-def _node_gives(gpus: tuple[podspec.GpuRequest, ...]) -> dict[str, Any]:
+def _node_gives(gpus: tuple[GpuRequest, ...]) -> dict[str, Any]:
     """The NRI fields the node fills for a container's GPUs (the device plugins' and DRA's)."""
     view: dict[str, Any] = {"env": [], "devices": [], "cdi": []}
     for gpu in gpus:
-        if gpu.resource.form in (podspec.GpuForm.DRA, podspec.GpuForm.DRA_ASSUMED):
+        if gpu.resource.form in (GpuForm.DRA, GpuForm.DRA_ASSUMED):
             view["cdi"].append({"name": "k8s.gpu.nvidia.com/claim=5f0e1c7a-9b2d-4c1e-8a77-3d2f6b1e9c40-gpu-0"})
         elif gpu.resource.vendor == "amd":
             view["devices"].append({"path": "/dev/kfd", "type": "c"})
@@ -85,7 +86,7 @@ def _node_gives(gpus: tuple[podspec.GpuRequest, ...]) -> dict[str, Any]:
     return view
 
 
-def nri_container(pod: Mapping[str, Any], c: podspec.Container) -> dict[str, Any]:
+def nri_container(pod: Mapping[str, Any], c: Container) -> dict[str, Any]:
     """The container as containerd's NRI gives it to a plugin (api.Container's JSON fields)."""
     spec = pod["spec"]
     argv = [*c.command, *(c.args or ())] if c.command else [*ENTRYPOINT_ARGV, *(c.args or CMD_ARGV)]

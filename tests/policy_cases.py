@@ -12,7 +12,8 @@ import pathlib
 from typing import Any
 
 from admission_requests import api_server_pod, container
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec.loader import load_documents, objects
+from gpuzombie.k8s.podspec.templates import pod_templates
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLEET = REPO / "tests" / "fixtures" / "fleet"
@@ -135,11 +136,11 @@ def fleet_cases() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     pods: dict[str, dict[str, Any]] = {}
     claims: list[dict[str, Any]] = []
     for path in sorted(FLEET.rglob("*.yaml")):
-        documents = podspec.load_documents(path.read_text())
-        for obj in podspec.objects(documents):
+        documents = load_documents(path.read_text())
+        for obj in objects(documents):
             if isinstance(obj.data, dict) and obj.data.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
                 claims.append(obj.data)
-        for ref in podspec.pod_templates(documents):
+        for ref in pod_templates(documents):
             if ref.container is not None:
                 continue
             metadata = {**(ref.pod.get("metadata") or {}), "namespace": ref.namespace or "default"}

@@ -12,7 +12,9 @@ import pytest
 from admission_support import admission_review, api_server_pod, apply, container, patch_of, validate_pod
 from gpuzombie.admission import mutate, rules
 from gpuzombie.admission.mutate import INJECTED, MOUNT, TINI, Mode, Policy
+from gpuzombie.admission.pid1 import MAX_EXEC_DEPTH, MAX_SCRIPT_CHARS, analyse_argv, container_pid1
 from gpuzombie.admission.review import review
+from gpuzombie.pid1kinds import Pid1Kind
 
 POLICY = Policy(image="registry.example.com/gpuzombie/gpuzombie-node:0.1.0")
 S1 = ["sh", "-c", "python3 train.py & exec sleep infinity"]
@@ -72,7 +74,7 @@ def _container(command, args, **fields):
 def test_argv_cases(command, args, kind, fix, rule):
     pod = api_server_pod(_container(command, args))
     c = rules.read(pod["spec"]).containers[0]
-    assert rules.pid1(c).kind.value == kind
+    assert container_pid1(c).kind.value == kind
     found = [f.rule for f in rules.check_pod_spec(pod["spec"])]
     assert found == ([rule] if rule else [])
     if rule == "GZ001" and command is None:  # says what it sees, claims nothing
@@ -349,11 +351,11 @@ def test_one_long_shell_word_is_cannot_tell_and_costs_no_quadratic_time():
 
 
 def test_a_long_script_within_the_bound_is_still_read():
-    word = "x" * (rules.MAX_SCRIPT_CHARS - 100)
-    pid1 = rules.analyse_argv(["sh", "-c", f"python3 {word} & exec sleep infinity"])
-    assert (pid1.kind, pid1.background) == (rules.Pid1Kind.NON_FORKING, True)
-    over = rules.analyse_argv(["sh", "-c", f"python3 {word * 2} & exec tini -- x"])
-    assert over.kind is rules.Pid1Kind.UNKNOWN and "over the 65536 read" in (over.unread or "")
+    word = "x" * (MAX_SCRIPT_CHARS - 100)
+    pid1 = analyse_argv(["sh", "-c", f"python3 {word} & exec sleep infinity"])
+    assert (pid1.kind, pid1.background) == (Pid1Kind.NON_FORKING, True)
+    over = analyse_argv(["sh", "-c", f"python3 {word * 2} & exec tini -- x"])
+    assert over.kind is Pid1Kind.UNKNOWN and "over the 65536 read" in (over.unread or "")
     patched, _ = mutated(api_server_pod(container(command=["sh", "-c", word * 2])))
     assert patched["spec"]["containers"][0]["command"][0] == TINI  # tini is harmless whatever the script runs
 
@@ -369,9 +371,9 @@ def _exec_chain(depth):
 
 
 def test_exec_chains_are_followed_to_a_bound():
-    assert rules.analyse_argv(_exec_chain(rules.MAX_EXEC_DEPTH)).kind is rules.Pid1Kind.INIT
-    deep = rules.analyse_argv(_exec_chain(rules.MAX_EXEC_DEPTH + 1))
-    assert deep.kind is rules.Pid1Kind.UNKNOWN and "exec shells over 4 deep" in (deep.unread or "")
+    assert analyse_argv(_exec_chain(MAX_EXEC_DEPTH)).kind is Pid1Kind.INIT
+    deep = analyse_argv(_exec_chain(MAX_EXEC_DEPTH + 1))
+    assert deep.kind is Pid1Kind.UNKNOWN and "exec shells over 4 deep" in (deep.unread or "")
 
 
 def test_a_review_past_its_budget_is_admitted_unchanged_with_a_warning():

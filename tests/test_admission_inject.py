@@ -241,7 +241,7 @@ def test_served_a_pod_that_may_run_on_linux_is_fixed(served, spec):
 
 
 def test_check_reports_nothing_for_a_windows_only_pod():
-    """`check` and the webhook read one model (podspec.windows_only): no rule of a Linux PID 1
+    """`check` and the webhook read one model (podspec.model.windows_only): no rule of a Linux PID 1
     applies on a Windows node. Before: GZ001 for the nodeSelector pod, exit 1."""
     for spec in WINDOWS_ONLY.values():
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": {**spec}}

@@ -146,7 +146,7 @@ def test_the_seed_pods_and_the_table():
 
 def test_a_time_sliced_gpu_is_a_gpu():
     """``nvidia.com/gpu.shared`` (the device plugin's time-slicing with renameByDefault) is a GPU to
-    check as to the node agent: one recognition, k8s.podspec.gpu_resource (before: 0 with GPUs)."""
+    check as to the node agent: one recognition, k8s.podspec.gpus.gpu_resource (before: 0 with GPUs)."""
     text = (
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n"
         "    command: [sh, -c, 'python3 train.py & sleep infinity']\n"

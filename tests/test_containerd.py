@@ -19,7 +19,7 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 
 from containerd_fixture import needs_containerd
 from gpuzombie.k8s.cgroup import parse_cgroup_lines
-from gpuzombie.k8s.cri import ContainerSpec, PodSpec, sandbox_config
+from gpuzombie.k8s.cri import ContainerSpec, SandboxSpec, sandbox_config
 from gpuzombie.k8s.labels import CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID
 from gpuzombie.lab.runtime import containerd as ctd_lib
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, ImageSpec, private_containerd, write_image_archive
@@ -75,16 +75,16 @@ def test_config_keeps_everything_in_the_work_dir():
     ],
 )
 def test_cgroup_parent_is_the_kubelets(qos, parent):
-    assert PodSpec(name="p", uid="U", qos=qos).cgroup_parent == parent
+    assert SandboxSpec(name="p", uid="U", qos=qos).cgroup_parent == parent
 
 
 def test_unknown_qos_is_refused():
     with pytest.raises(ValueError, match="qos"):
-        PodSpec(name="p", qos="platinum")
+        SandboxSpec(name="p", qos="platinum")
 
 
 def test_sandbox_config_carries_the_kubelet_labels():
-    config = sandbox_config(PodSpec(name="p", namespace="ns", uid="U", labels={"app": "a"}), log_root="/logs")
+    config = sandbox_config(SandboxSpec(name="p", namespace="ns", uid="U", labels={"app": "a"}), log_root="/logs")
     assert dict(config.labels) == {"app": "a", POD_NAME: "p", POD_NAMESPACE: "ns", POD_UID: "U"}
     assert config.log_directory == "/logs/ns_p_U" and config.linux.cgroup_parent == "/kubepods/besteffort/podU"
 
@@ -109,7 +109,7 @@ def _gone_or_zombie(pid: int) -> bool:
 @needs_containerd
 class TestOnContainerd:
     def test_container_sits_where_the_kubelet_puts_it(self, containerd, kube_pods):
-        spec = PodSpec(name="trainer-0", namespace="ml", qos="burstable")
+        spec = SandboxSpec(name="trainer-0", namespace="ml", qos="burstable")
         pod = kube_pods(spec)
         cid = pod.start(SLEEP_WITH_ZOMBIE)
         pid = containerd.client.container_pid(cid)
@@ -121,14 +121,14 @@ class TestOnContainerd:
         assert listed.labels[POD_NAMESPACE] == "ml" and listed.labels[POD_UID] == spec.uid
 
     def test_exec_sees_the_containers_own_pid_namespace(self, containerd, kube_pods):
-        pod = kube_pods(PodSpec(name="p"))
+        pod = kube_pods(SandboxSpec(name="p"))
         cid = pod.start(SLEEP_WITH_ZOMBIE)
         wait_until(lambda: b"Z" in containerd.client.exec_sync(cid, ["ps", "-o", "pid,stat,args"]).stdout)
         lines = containerd.client.exec_sync(cid, ["ps", "-o", "pid,stat,args"]).stdout.decode().splitlines()
         assert lines[1].split()[0] == "1" and lines[1].endswith("sleep 300")
 
     def test_pause_is_a_reaping_catatonit(self, containerd, kube_pods):
-        pod = kube_pods(PodSpec(name="p"))
+        pod = kube_pods(SandboxSpec(name="p"))
         (sandbox,) = [s for s in containerd.client.list_pod_sandboxes() if s.id == pod.sandbox_id]
         assert sandbox.labels[POD_NAME] == "p"
 
@@ -143,7 +143,7 @@ class TestOnContainerd:
 @needs_containerd
 @pytest.mark.parametrize("fault", ["error", "runtime-killed"])
 def test_teardown_leaves_nothing(fault):
-    spec = PodSpec(name="doomed")
+    spec = SandboxSpec(name="doomed")
     with pytest.raises(RuntimeError, match="test failed"), private_containerd() as ctd:
         workdir, socket = ctd.workdir, ctd.socket
         pod = ctd.start_pod(spec)  # never stopped: the tear-down must find it
@@ -160,7 +160,7 @@ def test_teardown_leaves_nothing(fault):
 @needs_containerd
 def test_pods_of_the_raw_client_leave_no_cgroup():
     """A pod made and removed through ``ctd.client`` directly: its cgroup is still removed at the end."""
-    spec = PodSpec(name="raw", qos="burstable")
+    spec = SandboxSpec(name="raw", qos="burstable")
     with private_containerd() as ctd:
         sandbox = ctd.client.run_pod_sandbox(spec)
         assert any(os.path.isdir(root + spec.cgroup_parent) for root in cgroup_roots())
@@ -172,10 +172,10 @@ def test_pods_of_the_raw_client_leave_no_cgroup():
 FAILING_TEST = """
 import json, os
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
-from gpuzombie.k8s.cri import ContainerSpec, PodSpec
+from gpuzombie.k8s.cri import ContainerSpec, SandboxSpec
 
 def test_fails_with_a_running_pod(containerd, kube_pods):
-    pod = kube_pods(PodSpec(name="fails"))
+    pod = kube_pods(SandboxSpec(name="fails"))
     cid = pod.start(ContainerSpec(name="c", image=BUSYBOX_IMAGE, command=("sleep", "300")))
     seen = {"workdir": str(containerd.workdir), "socket": containerd.socket, "cgroup": pod.spec.cgroup_parent,
             "pid": containerd.client.container_pid(cid)}

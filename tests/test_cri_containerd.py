@@ -17,7 +17,7 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 
 from containerd_fixture import needs_containerd
 from gpuzombie.cli.main import main
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, RunningPod, SandboxSpec
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from pidns import wait_until
 
@@ -38,7 +38,7 @@ def node(containerd: Containerd, kube_pods, tmp_path):
     device.write_text("")
 
     def start(pod: str, namespace: str, container: str, command: tuple[str, ...], mounts=()) -> tuple[str, RunningPod]:
-        running = kube_pods(PodSpec(name=pod, namespace=namespace))
+        running = kube_pods(SandboxSpec(name=pod, namespace=namespace))
         spec = ContainerSpec(name=container, image=BUSYBOX_IMAGE, command=command, mounts=mounts)
         return running.start(spec), running
 

@@ -27,7 +27,7 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 from prometheus_client.parser import text_string_to_metric_families
 
 from containerd_fixture import needs_containerd
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, SandboxSpec
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from markers import needs_root
 from pidns import wait_until
@@ -152,7 +152,7 @@ def tenants(containerd: Containerd, kube_pods, tmp_path) -> dict[str, str]:
     device.chmod(0o644)
     containers = {}
     for pod, uid in PODS.items():
-        running = kube_pods(PodSpec(name=pod, namespace="gpu"))
+        running = kube_pods(SandboxSpec(name=pod, namespace="gpu"))
         mount = BindMount(str(device), "/dev/nvidia0", readonly=True)
         spec = ContainerSpec(name="cuda", image=BUSYBOX_IMAGE, command=WORKLOAD, mounts=(mount,), run_as_user=uid)
         containers[pod] = running.start(spec)

@@ -17,8 +17,11 @@ import psutil
 import pytest
 
 from gpuzombie.admission import rules
+from gpuzombie.admission.pid1 import analyse_argv, container_pid1
 from gpuzombie.admission.report import CheckReport
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES, GpuContext, GpuForm, claim_classes
+from gpuzombie.k8s.podspec.loader import load_documents
+from gpuzombie.k8s.podspec.templates import pod_templates
 from pidns import PidNamespace, wait_until
 
 FLEET = Path(__file__).parent / "fixtures" / "fleet"
@@ -146,7 +149,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], tuple[tuple[str | None, str
 }
 
 
-def _read(path: Path, text: str | None = None, classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES) -> CheckReport:
+def _read(path: Path, text: str | None = None, classes: frozenset[str] = GPU_DEVICE_CLASSES) -> CheckReport:
     report = CheckReport(gpu_device_classes=classes)
     report.add(str(path), path.read_text() if text is None else text)
     return report
@@ -217,17 +220,17 @@ def test_gpus_by_dra_claim_shared_resource_init_and_sidecar():
     pods = _read(Path("dra.yaml"), DRA_POD).pods
     forms = {c: [(g.resource.name, g.resource.form) for g in pod.gpus] for c, pod in _containers(pods[0]).items()}
     assert forms == {
-        "warm": [("nvidia.com/gpu.shared", podspec.GpuForm.SHARED)],
-        "side": [("gpu.nvidia.com", podspec.GpuForm.DRA)],
-        "train": [("gpu.nvidia.com", podspec.GpuForm.DRA)],
+        "warm": [("nvidia.com/gpu.shared", GpuForm.SHARED)],
+        "side": [("gpu.nvidia.com", GpuForm.DRA)],
+        "train": [("gpu.nvidia.com", GpuForm.DRA)],
         "imex": [],  # an IMEX channel is not a GPU
-        "other": [("claim elsewhere", podspec.GpuForm.DRA_ASSUMED)],  # its claim is not in the input
+        "other": [("claim elsewhere", GpuForm.DRA_ASSUMED)],  # its claim is not in the input
     }
     assert pods[0].gpu_containers == ("warm", "side", "train", "other")
 
 
 def _containers(result):
-    context = podspec.GpuContext(result.ref.annotations, podspec.claim_classes(podspec.load_documents(DRA_POD)))
+    context = GpuContext(result.ref.annotations, claim_classes(load_documents(DRA_POD)))
     return {c.name: c for c in rules.read(result.ref.spec, context=context).every_container}
 
 
@@ -237,7 +240,7 @@ def test_a_gpu_device_class_given_on_the_command_line(tmp_path):
     (tmp_path / "both.yaml").write_text(text)
     assumed = _read(tmp_path / "both.yaml")  # gpu.example.com is no GPU class by default: no GPU
     assert [p.gpu_containers for p in assumed.pods] == [()]
-    given = _read(tmp_path / "both.yaml", classes=podspec.GPU_DEVICE_CLASSES | {"gpu.example.com"})
+    given = _read(tmp_path / "both.yaml", classes=GPU_DEVICE_CLASSES | {"gpu.example.com"})
     assert [p.gpu_containers for p in given.pods] == [("worker",)]
     import json
     import sys
@@ -311,7 +314,7 @@ def test_which_program_a_shell_leaves_as_itself_matches_the_real_shell(shell, sc
     if shutil.which(shell) is None:
         pytest.skip(f"no {shell}")
     real = subprocess.run([shell, "-c", script], capture_output=True, text=True, timeout=30).stdout.split()[0]
-    model = rules.analyse_argv([shell, "-c", script])
+    model = analyse_argv([shell, "-c", script])
     assert (model.program == "cat") == (real == "cat"), (real, model)
 
 
@@ -329,7 +332,7 @@ def test_which_program_a_shell_leaves_as_itself_matches_the_real_shell(shell, sc
     ],
 )
 def test_bash_dash_dash_options_and_quoted_ampersands(argv, program, background):
-    pid1 = rules.analyse_argv(argv)
+    pid1 = analyse_argv(argv)
     assert (pid1.program, pid1.background) == (program, background)
 
 
@@ -409,7 +412,7 @@ def patch_manifests(text: str, policy: object) -> tuple[list[object], list[str]]
     from gpuzombie.admission.gitops import patch_text
 
     result = patch_text(text, policy)  # type: ignore[arg-type]
-    return [d.data for d in podspec.load_documents(result.text)], result.warnings
+    return [d.data for d in load_documents(result.text)], result.warnings
 
 
 # -- --patch of templates inside custom resources ------------------------------------------------
@@ -516,7 +519,9 @@ def test_patch_resolves_dra_claims_in_its_input():
 
 
 def test_a_document_past_the_search_bound_is_a_finding(tmp_path, monkeypatch):
-    monkeypatch.setattr(podspec, "MAX_SEARCH_NODES", 50)  # the bound's behaviour, on a small input
+    monkeypatch.setattr(
+        "gpuzombie.k8s.podspec.templates.MAX_SEARCH_NODES", 50
+    )  # the bound's behaviour, on a small input
     items = ",".join("{a: 1}" for _ in range(60))
     report = _read(tmp_path / "big.yaml", f"kind: Big\nmetadata: {{name: b}}\nspec: {{items: [{items}]}}\n")
     (unread,) = report.unread
@@ -572,9 +577,9 @@ def test_argo_templates_and_kserve_model_formats_are_read_as_containers(tmp_path
         ("spec.predictor.model", ("kserve-container",), (("kserve-container", "GZ001", "error"),)),
     ]
     assert report.unread == []  # their GPUs were read: no GZ007
-    templates = list(podspec.pod_templates(podspec.load_documents(ARGO_AND_KSERVE)))
+    templates = list(pod_templates(load_documents(ARGO_AND_KSERVE)))
     (script,) = rules.read(templates[1].spec).every_container
-    assert rules.pid1(script).program == "argoexec" and "python serve.py &" in script.words[-1]
+    assert container_pid1(script).program == "argoexec" and "python serve.py &" in script.words[-1]
     (finding,) = report.to_sarif()["runs"][0]["results"]
     assert finding["locations"][0]["physicalLocation"]["region"] == {"startLine": 29}  # model:
     # --patch leaves both alone: Argo's PID 1 is an init, KServe's pod is the operator's to write

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpuzombie.handover.verdict import MIB, GpuReading, judge
 
-CLEAN, DIRTY, UNREADABLE = "clean", "dirty", "unreadable"  # Verdict.state, as preflight's JSON writes it
+CLEAN, DIRTY, UNREADABLE = "clean", "dirty", "unreadable"  # HandoverVerdict.state, as preflight's JSON writes it
 
 IDLE_H200 = GpuReading(used_bytes=615 * MIB, reserved_bytes=615 * MIB, listed_processes=0)
 

@@ -89,7 +89,8 @@ def test_observe_ran_inside_the_container_and_trace_names_the_pod(lab):
 
 def tini_pod(runtime, name: str, argv: list[str], *, prestop: tuple[str, ...] = (), gpus: int = 0):
     """A one-container pod as a scenario makes one: tini as PID 1, its shell running ``argv``."""
-    from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
+    from gpuzombie.k8s.podspec.model import PreStop
+    from gpuzombie.lab.manifest import Container, PodManifest, Resources
     from gpuzombie.lab.runtime.manifestpod import ManifestPod, PodRunConfig
     from gpuzombie.lab.runtime.pidns import init_argv
 
@@ -309,11 +310,11 @@ FAIL_FAST_MARGIN = 20
 
 def _pod_start_and_removal_s(containerd) -> float:  # noqa: F811  (the fixture)
     """How long one pod with one short container takes to start and go, on this runtime, now."""
-    from gpuzombie.k8s.cri import ContainerSpec, PodSpec
+    from gpuzombie.k8s.cri import ContainerSpec, SandboxSpec
     from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE
 
     started = time.monotonic()
-    with containerd.pod(PodSpec(name="baseline")) as pod:
+    with containerd.pod(SandboxSpec(name="baseline")) as pod:
         pod.start(ContainerSpec(name="c", image=BUSYBOX_IMAGE, command=("sh", "-c", "echo started")))
     return time.monotonic() - started
 

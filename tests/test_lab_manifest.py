@@ -254,7 +254,7 @@ def test_a_number_where_the_api_takes_a_string_is_refused():
 
 def test_a_nesting_too_deep_is_one_line_not_an_internal_error(tmp_path, capsys):
     """Before: ``gpuzombie: internal error: RecursionError`` (yaml.safe_load_all recursed); now the
-    lab reads with check's loader (k8s.podspec.load_documents), which bounds the nesting."""
+    lab reads with check's loader (k8s.podspec.loader.load_documents), which bounds the nesting."""
     path = tmp_path / "deep.yaml"
     path.write_text("[" * 100_000)
     assert main(["lab", "pod", str(path), "--out", str(tmp_path / "out")]) == 2

@@ -52,7 +52,7 @@ def test_assignments_of_every_container(tmp_path):
     ],
 )
 def test_only_nvidia_gpu_resources_are_gpu_assignments(resource, gpu):
-    """gpu_assignments asks k8s.podspec.gpu_resource, as check and the lab do (before: every
+    """gpu_assignments asks k8s.podspec.gpus.gpu_resource, as check and the lab do (before: every
     ``nvidia.com/`` name, NICs included)."""
     resources = PodResources("k.sock", (DeviceAssignment("ns", "p", "c", resource, "0000:3b:00.1"),))
     assert bool(resources.gpu_assignments) is gpu

@@ -11,9 +11,13 @@ pytest.importorskip("yaml", reason="PyYAML is in the 'admission' and 'labpod' ex
 import yaml
 
 from gpuzombie.admission import rules
-from gpuzombie.k8s import podspec
 from gpuzombie.k8s.podresources import DeviceAssignment, PodResources
-from gpuzombie.k8s.podspec import ContainerKind, GpuForm, ManifestError, read_pod_spec
+from gpuzombie.k8s.podspec.fields import ManifestError
+from gpuzombie.k8s.podspec.gpus import GpuForm, gpu_resource
+from gpuzombie.k8s.podspec.loader import line_of, load_documents
+from gpuzombie.k8s.podspec.model import ContainerKind, PreStop, read_pod_spec
+from gpuzombie.k8s.podspec.pointers import resolve
+from gpuzombie.k8s.podspec.templates import pod_templates
 from gpuzombie.lab.manifest import load_pod, parse_pod
 
 
@@ -51,7 +55,7 @@ def test_one_gpu_recognition_for_admission_the_lab_and_the_node(resource, form, 
     """Before, admission knew gpu, mig-* and amd.com/gpu, the lab nvidia.com/gpu alone and the node
     agent every ``nvidia.com/`` name: a time-sliced GPU (``nvidia.com/gpu.shared``) was no GPU to
     ``check``, an NVIDIA NIC's PCI address a GPU id to the node. Now all three ask gpu_resource."""
-    gpu = podspec.gpu_resource(resource)
+    gpu = gpu_resource(resource)
     assert (gpu.form if gpu else None) is form
     pod = gpu_pod(resource)
     assert bool(rules.check_pod_spec(pod["spec"])) is (form is not None)  # admission
@@ -109,7 +113,7 @@ def test_containers_of_every_kind_with_their_place_in_the_pod():
 def test_the_lenient_reader_leaves_out_what_it_cannot_judge():
     train, web = read_pod_spec(SPEC).containers
     assert train.env == {"A": "1"}  # B comes from the API: not known here
-    assert train.prestop == podspec.PreStop(command=("sleep", "5"))
+    assert train.prestop == PreStop(command=("sleep", "5"))
     assert web.prestop is None and web.command is None and web.args == ("serve",)
 
 
@@ -176,17 +180,17 @@ spec: {template: {spec: {containers: [{name: c}]}}}
 
 
 def test_pod_templates_are_located_by_a_json_pointer_in_their_document():
-    documents = podspec.load_documents(MANIFESTS)
-    found = [(t.document, t.label, t.pointer) for t in podspec.pod_templates(documents)]
+    documents = load_documents(MANIFESTS)
+    found = [(t.document, t.label, t.pointer) for t in pod_templates(documents)]
     assert found == [
         (0, "Deployment/team/d", "/items/0/spec/template"),
         (0, "CronJob/other/cj", "/items/1/spec/jobTemplate/spec/template"),
         (1, "Pod/p-", ""),
         (3, "Trainer/t", "/spec/template"),
     ]
-    for t in podspec.pod_templates(documents):
-        assert podspec.resolve(documents[t.document].data, t.pointer) is t.pod
-    assert podspec.line_of(documents[0].node, "/items/1/spec/jobTemplate") == 13  # its key's line
+    for t in pod_templates(documents):
+        assert resolve(documents[t.document].data, t.pointer) is t.pod
+    assert line_of(documents[0].node, "/items/1/spec/jobTemplate") == 13  # its key's line
 
 
 def test_the_lab_reads_its_one_pod_with_the_same_loader():

@@ -228,9 +228,9 @@ def test_names_a_process_chose_cannot_forge_a_line(tmp_path):
     make_fake_proc(tmp_path, 40, ppid=1, comm=forged[:15], fds=fds, pgid=40)
     plan = plan_targets(Procfs(str(tmp_path)).snapshot(now=time.time()), GpuSnapshot(False, reason="-"), own_pid=20)
     results = tuple(TargetResult(t, Outcome.SURVIVED, (), None) for t in plan.targets)
-    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(PrestopReport) if hasattr(plan, f.name)}
     report = PrestopReport(
-        **{**fields, "pidns": plan.own_pidns},
+        plan=plan,
+        unread=plan.unread,
         schema="gpuzombie.prestop/1",
         started_at=0.0,
         duration_s=0.0,

@@ -30,7 +30,7 @@ from containerd_fixture import needs_containerd
 from cri_standin import standin_kubelet
 from gpufakes import gpu_device, gpu_process, gpu_snapshot
 from gpuzombie.cli.main import main
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, PodSpec, RunningPod
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, RunningPod, SandboxSpec
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, Containerd
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
@@ -54,7 +54,7 @@ SURVIVOR = (
 PRIVATE_DEV = "mount -t tmpfs -o mode=755 stale-dev /dev && touch /dev/nvidia0"
 
 
-def pod_cgroups(pod: PodSpec) -> list[str]:
+def pod_cgroups(pod: SandboxSpec) -> list[str]:
     """Where a survivor of ``pod`` joins: the pod's own cgroup in every hierarchy that has it (the
     runtime made them with its sandbox); on cgroup v2 only, a leaf below it, as no process may sit
     beside child cgroups with controllers (removed with the pod's cgroup at the end)."""
@@ -79,7 +79,7 @@ def holds_nvidia0(pid: int) -> bool:
 
 
 def start_survivor(
-    pod: PodSpec, *, ignore_term: bool = False, groups: list[str] | None = None
+    pod: SandboxSpec, *, ignore_term: bool = False, groups: list[str] | None = None
 ) -> subprocess.Popen[bytes]:
     """A host process in ``pod``'s cgroup (no container's) holding /dev/nvidia0, ready when returned."""
     groups = groups or pod_cgroups(pod)
@@ -107,12 +107,12 @@ def pods(containerd: Containerd, kube_pods, kubelet, tmp_path) -> Iterator[dict]
     """A running pod whose container holds /dev/nvidia0, and the survivor of a second pod (still running)."""
     device = tmp_path / "nvidia0"
     device.write_text("")
-    running = kube_pods(PodSpec(name="trainer-0", namespace="ml"))
+    running = kube_pods(SandboxSpec(name="trainer-0", namespace="ml"))
     mount = (BindMount(str(device), "/dev/nvidia0", readonly=True),)
     holder_cid = running.start(ContainerSpec(name="cuda", image=BUSYBOX_IMAGE, command=HOLDER, mounts=mount))
     holder_pid = containerd.client.container_pid(holder_cid)
     wait_until(lambda: holds_nvidia0(holder_pid))
-    doomed = containerd.start_pod(PodSpec(name="gone-0", namespace="ml"))
+    doomed = containerd.start_pod(SandboxSpec(name="gone-0", namespace="ml"))
     kubelet.update({("ml", "trainer-0"): {"cuda": ("GPU-0000",)}, ("ml", "gone-0"): {}})
     survivors: list[subprocess.Popen[bytes]] = []
     try:
@@ -210,7 +210,7 @@ def test_podresources_over_grpc_tells_a_foreign_holder(containerd, kube_pods, tm
     mount = (BindMount(str(device), "/dev/nvidia0", readonly=True),)
     pids = {}
     for name in ("trainer-0", "intruder-0"):
-        pod = kube_pods(PodSpec(name=name, namespace="ml"))
+        pod = kube_pods(SandboxSpec(name=name, namespace="ml"))
         cid = pod.start(ContainerSpec(name="cuda", image=BUSYBOX_IMAGE, command=HOLDER, mounts=mount))
         pids[name] = containerd.client.container_pid(cid)
         wait_until(lambda pid=pids[name]: holds_nvidia0(pid))
@@ -372,7 +372,7 @@ def test_a_second_runtime_makes_no_pod_stale_and_reap_kills_nothing(containerd, 
     uid, holder = pods["running"].spec.uid, pods["holder"]
     victims = pod_pids(uid)
     assert holder in victims and "catatonit" in {comm_of(p) for p in victims}, victims
-    with private_containerd() as other, other.pod(PodSpec(name="other-0", namespace="default")) as unrelated:
+    with private_containerd() as other, other.pod(SandboxSpec(name="other-0", namespace="default")) as unrelated:
         unrelated.start(ContainerSpec(name="app", image=BUSYBOX_IMAGE, command=("sleep", "300")))
         code = main(["reap", "--yes", "--no-nvml", "--cri-socket", other.socket, "--pod-uid", uid])
         err = capsys.readouterr().err.strip()
@@ -427,7 +427,7 @@ def test_a_pod_whose_pause_died_is_not_stale_while_its_container_runs(containerd
 def test_reap_ends_a_stale_static_pod_named_by_its_32_hex_uid(containerd, kubelet, capsys):
     """Issue 29 item 4: a static pod's UID is the kubelet's hash of its manifest (32 hex digits):
     reap listed such a stale pod, but 241ae16's --pod-uid refused its UID."""
-    spec = PodSpec(name="static-gpu-node1", namespace="kube-system", uid=uuid.uuid4().hex)
+    spec = SandboxSpec(name="static-gpu-node1", namespace="kube-system", uid=uuid.uuid4().hex)
     doomed = containerd.start_pod(spec)
     survivor = start_survivor(spec)
     try:
@@ -461,7 +461,7 @@ def make_cgroup(path: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def nested_survivor(driver: str, pod: PodSpec, holder: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def nested_survivor(driver: str, pod: SandboxSpec, holder: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A process holding /dev/nvidia0 in a kubepods tree (kind's or k3s's, ``driver`` layout) below
     the container of ``holder`` in running ``pod``; yields (the inner pod's UID, the process).
     cgroupfs: below the container's real cgroup; systemd: a systemd-driver path of the same pod

@@ -19,7 +19,7 @@ pytest.importorskip("cri_api", reason="container-runtime-interface-api is in the
 
 from containerd_fixture import needs_containerd
 from gpuzombie.k8s import names as names_module
-from gpuzombie.k8s.cri import PodSpec
+from gpuzombie.k8s.cri import SandboxSpec
 from gpuzombie.k8s.names import RuntimeNames
 from test_stale import kubelet, start_survivor  # noqa: F401  (kubelet: the stand-in's fixture)
 
@@ -40,7 +40,7 @@ def stale_lines(text: str, pod_uid: str) -> list[str]:
 
 
 def test_a_stale_holder_of_a_deleted_pod_keeps_the_pods_names(containerd, kube_pods, kubelet):  # noqa: F811
-    doomed = containerd.start_pod(PodSpec(name="gone-0", namespace="ml"))
+    doomed = containerd.start_pod(SandboxSpec(name="gone-0", namespace="ml"))
     kubelet[("ml", "gone-0")] = {}
     survivor = start_survivor(doomed.spec)
     exporter = subprocess.Popen(
@@ -58,7 +58,7 @@ def test_a_stale_holder_of_a_deleted_pod_keeps_the_pods_names(containerd, kube_p
         del kubelet["ml", "gone-0"]  # the kubelet's deletion, then the runtime's
         containerd.stop_pod(doomed)
         kubelet[("ml", "next-0")] = {}
-        kube_pods(PodSpec(name="next-0", namespace="ml"))  # a new sandbox: the runtime is asked again
+        kube_pods(SandboxSpec(name="next-0", namespace="ml"))  # a new sandbox: the runtime is asked again
         (line,) = stale_lines(scrape(port), doomed.spec.uid)
         assert 'namespace="ml"' in line and 'pod="gone-0"' in line, line
     finally:
@@ -74,13 +74,13 @@ def test_the_names_kept_are_bounded_the_oldest_forgotten_first(containerd, monke
     second's kept (each scan sees a new sandbox, so the runtime is asked each time)."""
     monkeypatch.setattr(names_module, "MAX_REMEMBERED", 1)
     names = RuntimeNames(containerd.socket)
-    first = containerd.start_pod(PodSpec(name="first-0", namespace="ml"))
+    first = containerd.start_pod(SandboxSpec(name="first-0", namespace="ml"))
     assert names([first.sandbox_id]).pod(first.spec.uid).pod == "first-0"
-    second = containerd.start_pod(PodSpec(name="second-0", namespace="ml"))
+    second = containerd.start_pod(SandboxSpec(name="second-0", namespace="ml"))
     containerd.stop_pod(first)
     got = names([second.sandbox_id])
     assert got.pod(first.spec.uid).pod == "first-0" and got.container(first.sandbox_id) is None  # not asked for
-    with containerd.pod(PodSpec(name="third-0", namespace="ml")) as third:
+    with containerd.pod(SandboxSpec(name="third-0", namespace="ml")) as third:
         containerd.stop_pod(second)
         got = names([third.sandbox_id, first.sandbox_id, second.sandbox_id])
         assert got.pod(first.spec.uid) is None and got.container(first.sandbox_id) is None

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from gpuzombie.gpu.nvml import default_backend, read_gpus
-from gpuzombie.k8s.cri import PodSpec
+from gpuzombie.k8s.cri import SandboxSpec
 from gpuzombie.lab.runtime.containerd import pause_image, private_containerd
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
@@ -74,8 +74,9 @@ def main() -> int:
     summary: dict = {"size_mib": SIZE_MIB, "reap_timeout_s": float(REAP_TIMEOUT)}
     workers = WORKERS
     with private_containerd(images=(pause_image(),)) as ctd:
-        ctd.start_pod(PodSpec(name="keeper-0", namespace="gpu-test"))  # the runtime runs a pod: it is asked for real
-        doomed = ctd.start_pod(PodSpec(name="trainer-0", namespace="gpu-test"))
+        # the runtime runs a pod: it is asked for real
+        ctd.start_pod(SandboxSpec(name="keeper-0", namespace="gpu-test"))
+        doomed = ctd.start_pod(SandboxSpec(name="trainer-0", namespace="gpu-test"))
         uid = doomed.spec.uid
         roots = [r for r in cgroup_roots() if os.path.isdir(r + doomed.spec.cgroup_parent)]
         groups = [Path(r + doomed.spec.cgroup_parent) for r in roots]

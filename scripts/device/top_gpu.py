@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuzombie.k8s.cri import PodSpec
+from gpuzombie.k8s.cri import SandboxSpec
 from gpuzombie.lab.runtime.containerd import pause_image, private_containerd
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from pidns import PidNamespace, wait_until
@@ -52,7 +52,7 @@ def workload(module: str, *options: str) -> str:
     return f"{sys.executable} -m gpuzombie.workloads.{module} --size-mib {SIZE_MIB} --device {DEVICE} --backend {BACKEND} {' '.join(options)}"
 
 
-def cgroups_of(spec: PodSpec, leaf: str) -> list[Path]:
+def cgroups_of(spec: SandboxSpec, leaf: str) -> list[Path]:
     """Where a process of ``spec`` joins: the pod's cgroup in each v1 hierarchy, a leaf below it on v2."""
     roots = [r for r in cgroup_roots() if os.path.isdir(r + spec.cgroup_parent)]
     groups = [Path(r + spec.cgroup_parent) for r in roots]
@@ -85,9 +85,9 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     leaves: list[Path] = []
     with private_containerd(images=(pause_image(),)) as ctd:
-        ctd.start_pod(PodSpec(name="keeper-0", namespace="gpu-test"))
-        trainer = ctd.start_pod(PodSpec(name="trainer-0", namespace="gpu-test"))
-        orphans = ctd.start_pod(PodSpec(name="orphans-0", namespace="gpu-test"))
+        ctd.start_pod(SandboxSpec(name="keeper-0", namespace="gpu-test"))
+        trainer = ctd.start_pod(SandboxSpec(name="trainer-0", namespace="gpu-test"))
+        orphans = ctd.start_pod(SandboxSpec(name="orphans-0", namespace="gpu-test"))
         try:
             groups = cgroups_of(trainer.spec, "leftover")
             leaves += [g for g in groups if g.name == "leftover"]

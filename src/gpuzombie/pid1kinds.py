@@ -28,7 +28,7 @@ SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox"
 """Shells, by basename (``busybox`` as ``busybox sh``)."""
 
 KINDS: dict[str, Pid1Kind] = {
-    # argoexec: Argo's ``emissary`` before every main container (k8s.podspec.ARGO_EXECUTOR).
+    # argoexec: Argo's ``emissary`` before every main container (k8s.podspec.templates.ARGO_EXECUTOR).
     **dict.fromkeys(("tini", "tini-static", "dumb-init", "catatonit", "docker-init", "argoexec"), Pid1Kind.INIT),
     # init: ``/init`` (s6-overlay), ``/dev/init`` (podman, docker --init), a distribution's ``/sbin/init``.
     **dict.fromkeys(

@@ -20,7 +20,7 @@ import pytest
 from admission_requests import admission_review
 from admission_support import patch_of
 from gpuzombie.admission import mutate, review
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec.gpus import _GPU_NAMES, _GPU_PREFIXES, gpu_resource
 from kube import chart
 from kube.api import Api, metric
 from kube.chart import REPO
@@ -41,7 +41,7 @@ IMAGE = "localhost/gpu-zombie/gpuzombie-node:0.1.0"
 """The chart's default image: the webhook's --image and the policy's init container alike."""
 SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 PLACEHOLDER_IMAGE = "registry.example.com/completed-by-the-test:1"
-GPU_NAMES = [*podspec._GPU_NAMES, *(f"{prefix}1g.10gb" for prefix in podspec._GPU_PREFIXES)]
+GPU_NAMES = [*_GPU_NAMES, *(f"{prefix}1g.10gb" for prefix in _GPU_PREFIXES)]
 NOT_GPUS = ["cpu", "nvidia.com/gpux", "nvidia.com/mig", "amd.com/gpu.shared", "gpu.intel.com/i915", "habana.ai/gaudi"]
 
 
@@ -267,7 +267,7 @@ def test_both_know_the_gpu_resources_podspec_knows(through: Through):
     """podspec's table is the one list of GPU resources: a name added there and not to the chart's
     CEL (the webhook's matchConditions, the policy's) fails here."""
     for resource in GPU_NAMES + NOT_GPUS:
-        is_gpu = podspec.gpu_resource(resource) is not None
+        is_gpu = gpu_resource(resource) is not None
         assert through.webhook_resources[resource] is is_gpu, resource
         assert through.policy_resources[resource] is is_gpu, resource
 

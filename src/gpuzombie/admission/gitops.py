@@ -28,12 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuzombie.admission import mutate
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec.fields import ManifestError
+from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES, GpuContext, claim_classes
+from gpuzombie.k8s.podspec.loader import load_documents
+from gpuzombie.k8s.podspec.pointers import tokens
+from gpuzombie.k8s.podspec.templates import MAX_SEARCH_NODES, pod_templates
 
 DOCUMENT_MARKER = re.compile(r"^---(?=[ \t\r\n]|$)")
 """A line that starts a document: ``---`` at column 0 followed by a blank or the end (YAML 1.2 §9.1.4:
 it cannot start a content line, so splitting there never cuts a scalar)."""
-MAX_COMPARED_NODES = 10 * podspec.MAX_SEARCH_NODES
+MAX_COMPARED_NODES = 10 * MAX_SEARCH_NODES
 """The pairs of maps and lists the check of the written text compares, at most (each pair once;
 past it the fix is refused, not compared for hours)."""
 NEEDS_IMAGE = ("tini:", "prestop:", "preflight")
@@ -61,9 +65,7 @@ def documents_text(text: str) -> list[str]:
     return ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds) if b > a] or [text]
 
 
-def patch_text(
-    text: str, policy: mutate.Policy, gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
-) -> Patched:
+def patch_text(text: str, policy: mutate.Policy, gpu_device_classes: frozenset[str] = GPU_DEVICE_CLASSES) -> Patched:
     """``text`` with every pod template fixed as the webhook would fix the pod; a DRA claim is a GPU
     where its device class is one of ``gpu_device_classes``. Raises ManifestError for input that is
     not a manifest, PatchError where the fix cannot be written."""
@@ -73,12 +75,12 @@ def patch_text(
         return result
     # DRA claim templates are looked up across the whole input: a pod and its claims are often in
     # documents of their own.
-    claims = podspec.claim_classes(podspec.load_documents(text))
-    gpus = podspec.GpuContext(claim_classes=claims, gpu_device_classes=gpu_device_classes)
+    claims = claim_classes(load_documents(text))
+    gpus = GpuContext(claim_classes=claims, gpu_device_classes=gpu_device_classes)
     try:
         pieces = documents_text(text)
         results = [_patch_piece(piece, policy, gpus) for piece in pieces]
-    except podspec.ManifestError:
+    except ManifestError:
         if len(documents_text(text)) == 1:
             raise
         results = [_patch_piece(text, policy, gpus)]  # pieces that only parse together (directives)
@@ -90,11 +92,11 @@ def patch_text(
     return out
 
 
-def _patch_piece(text: str, policy: mutate.Policy, gpus: podspec.GpuContext) -> Patched:
-    documents = podspec.load_documents(text)
+def _patch_piece(text: str, policy: mutate.Policy, gpus: GpuContext) -> Patched:
+    documents = load_documents(text)
     result = Patched(text)
     ops: dict[int, list[dict[str, Any]]] = {}
-    for ref in list(podspec.pod_templates(documents)):
+    for ref in list(pod_templates(documents)):
         if ref.container is not None:  # its pod is an operator's to write (docs/admission.md)
             continue
         try:
@@ -276,7 +278,7 @@ def _plain(node: Any, copies: dict[int, Any] | None = None) -> Any:
 def _apply(tree: Any, op: dict[str, Any], applied: set[tuple[int, str]], shared: set[int]) -> None:
     """One of mutate's operations (``add``/``replace`` on a key, a list index or ``-``) on a round-trip
     tree; a list or map on its way whose id is in ``shared`` is first copied out of its alias."""
-    *parents, last = podspec.tokens(op["path"])
+    *parents, last = tokens(op["path"])
     target = tree
     for token in parents:
         key: Any = int(token) if isinstance(target, list) else token

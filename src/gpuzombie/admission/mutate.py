@@ -21,8 +21,11 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import preflight, rules
+from gpuzombie.admission.pid1 import container_pid1
 from gpuzombie.admission.security import restricted_security_context
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, pointer_token, windows_only
+from gpuzombie.k8s.podspec.gpus import GpuContext
+from gpuzombie.k8s.podspec.model import Container, PodSpec, windows_only
+from gpuzombie.k8s.podspec.pointers import pointer_token
 from gpuzombie.pid1kinds import REAPING_KINDS
 
 DOMAIN = "gpuzombie.dev"
@@ -253,7 +256,7 @@ def _plan(pod: PodSpec, opt_ins: Mapping[str, str], policy: Policy, budget: rule
         if _mounts_ours(c.raw):
             plan.warnings.append(f"container {c.name}: {MOUNT} is mounted already; left alone")
             continue
-        if sharing or rules.pid1(c).kind in REAPING_KINDS:
+        if sharing or container_pid1(c).kind in REAPING_KINDS:
             pass
         elif c.argv_known:
             plan.wrap.append(c)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.admission.security import restricted_security_context
-from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES, Container, ContainerKind, GpuForm, GpuResource, PodSpec
+from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES, GpuForm, GpuResource
+from gpuzombie.k8s.podspec.model import Container, ContainerKind, PodSpec
 
 CONTAINER = "gpuzombie-preflight"
 OPT_IN = "gpuzombie.dev/preflight"

@@ -10,7 +10,11 @@ from typing import Any
 
 from gpuzombie import __version__
 from gpuzombie.admission import rules
-from gpuzombie.k8s import podspec
+from gpuzombie.k8s.podspec import templates
+from gpuzombie.k8s.podspec.fields import ManifestError
+from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES, GpuContext, claim_classes
+from gpuzombie.k8s.podspec.loader import Document, Object, line_of, load_documents, objects
+from gpuzombie.k8s.podspec.pointers import pointer_token, resolve, tokens
 
 SCHEMA = "gpuzombie.check/1"
 """The form every schema id of gpuzombie has, ``gpuzombie.<command>/<N>``; until issue 35 it was
@@ -28,7 +32,7 @@ def parse_suppressions(value: object, where: str) -> dict[str, str]:
     """``RULE[,RULE]: reason`` entries separated by ``;`` or new lines -> {rule: reason}. A reason is
     required (a reviewer reads it); an unknown rule or a missing reason is a ManifestError naming ``where``."""
     if not isinstance(value, str):
-        raise podspec.ManifestError(f"{where}: expected a string like 'GZ002: why', got {value!r}")
+        raise ManifestError(f"{where}: expected a string like 'GZ002: why', got {value!r}")
     out: dict[str, str] = {}
     for entry in (e.strip() for e in value.replace("\n", ";").split(";")):
         if not entry:
@@ -38,7 +42,7 @@ def parse_suppressions(value: object, where: str) -> dict[str, str]:
         unknown = [i for i in named if i not in rules.RULES]
         if not colon or not reason.strip() or unknown:
             problem = f"unknown rule {unknown[0]!r}" if unknown and colon else "each entry is 'GZ00x: reason'"
-            raise podspec.ManifestError(f"{where}: {problem} in {entry[:80]!r}")
+            raise ManifestError(f"{where}: {problem} in {entry[:80]!r}")
         out.update(dict.fromkeys(named, reason.strip()))
     return out
 
@@ -49,12 +53,12 @@ def _suppressions(document: Any, pointer: str, start: str = "") -> dict[str, str
     per rule). ``start`` is the item of a ``kind: List`` that holds the template: the List's own
     metadata is no object's (kubectl drops it), so it suppresses nothing."""
     out: dict[str, str] = {}
-    node = podspec.resolve(document, start)
+    node = resolve(document, start)
     path = start
-    for token in ["", *podspec.tokens(pointer[len(start) :])]:
+    for token in ["", *tokens(pointer[len(start) :])]:
         if token:
             node = node[int(token)] if isinstance(node, list) else node[token]
-            path += f"/{podspec.pointer_token(token)}"
+            path += f"/{pointer_token(token)}"
         meta = node.get("metadata") if isinstance(node, Mapping) else None
         notes = meta.get("annotations") if isinstance(meta, Mapping) else None
         if isinstance(notes, Mapping) and SUPPRESS in notes:
@@ -66,7 +70,7 @@ def _suppressions(document: Any, pointer: str, start: str = "") -> dict[str, str
 @dataclass(frozen=True)
 class PodResult:
     path: str
-    ref: podspec.PodTemplate
+    ref: templates.PodTemplate
     line: int | None
     gpu_containers: tuple[str, ...]
     findings: tuple[rules.Finding, ...]
@@ -111,7 +115,7 @@ class CheckReport:
     """The least severity that fails the check (``--fail-on``; by default only certain waste)."""
     unread: list[PodResult] = field(default_factory=list)
     """GPU requests outside every template read (GZ007), each on the object it stands in."""
-    gpu_device_classes: frozenset[str] = podspec.GPU_DEVICE_CLASSES
+    gpu_device_classes: frozenset[str] = GPU_DEVICE_CLASSES
 
     def add(self, path: str, text: str) -> None:
         """Check every pod of one input; one it cannot understand is recorded in ``errors`` as a whole
@@ -120,7 +124,7 @@ class CheckReport:
         self.files.append(path)
         try:
             self.pods += self._check(path, text)
-        except podspec.ManifestError as exc:
+        except ManifestError as exc:
             self.errors.append((path, f"{shown}: {exc}"))
 
     def add_error(self, path: str, message: str) -> None:
@@ -129,46 +133,46 @@ class CheckReport:
         self.errors.append((path, message))
 
     def _check(self, path: str, text: str) -> list[PodResult]:
-        documents = podspec.load_documents(text)
+        documents = load_documents(text)
         data = {d.index: d.data for d in documents}
         nodes = {d.index: d.node for d in documents}
-        claims = podspec.claim_classes(documents)
-        templates = list(podspec.pod_templates(documents))
+        claims = claim_classes(documents)
+        found = list(templates.pod_templates(documents))
         out = []
-        for ref in templates:
+        for ref in found:
             try:
-                context = podspec.GpuContext(ref.annotations, claims, self.gpu_device_classes)
+                context = GpuContext(ref.annotations, claims, self.gpu_device_classes)
                 pod = rules.read(ref.spec, context=context)
                 findings = [f for f in rules.check(pod) if f.rule not in self.disabled]
                 reasons = _suppressions(data[ref.document], ref.pointer, ref.object_pointer)
-            except podspec.ManifestError as exc:
-                raise podspec.ManifestError(f"{ref.label}: {exc}") from exc
+            except ManifestError as exc:
+                raise ManifestError(f"{ref.label}: {exc}") from exc
             node = nodes.get(ref.document)
             pointers = {c.name: ref.locate(c.pointer) for c in pod.every_container}
-            lines = tuple(podspec.line_of(node, pointers.get(f.container or "") or ref.pointer) for f in findings)
-            line = podspec.line_of(node, ref.locate("/spec") or ref.pointer)
+            lines = tuple(line_of(node, pointers.get(f.container or "") or ref.pointer) for f in findings)
+            line = line_of(node, ref.locate("/spec") or ref.pointer)
             gpu = tuple(c.name for c in pod.gpu_containers)
             why = tuple(reasons.get(f.rule) for f in findings)
             out.append(PodResult(path, ref, line, gpu, tuple(findings), lines, why))
         if "GZ007" not in self.disabled:
-            for document, pointer, what in podspec.unread_gpu_requests(documents, templates):
+            for document, pointer, what in templates.unread_gpu_requests(documents, found):
                 self._unread(path, documents, data, document, pointer, what)
         return out
 
     def _unread(
-        self, path: str, documents: list[podspec.Document], data: dict[int, Any], document: int, pointer: str, what: str
+        self, path: str, documents: list[Document], data: dict[int, Any], document: int, pointer: str, what: str
     ) -> None:
         """A GZ007 finding for a GPU request outside every template read, on the object it is in."""
         doc = next(d for d in documents if d.index == document)
-        holders = [o for o in podspec.objects([doc]) if pointer.startswith(o.pointer + "/")]
-        obj = holders[-1] if holders else podspec.Object(document, "", doc.data, None)
+        holders = [o for o in objects([doc]) if pointer.startswith(o.pointer + "/")]
+        obj = holders[-1] if holders else Object(document, "", doc.data, None)
         meta = obj.data.get("metadata") if isinstance(obj.data, dict) else None
         meta = meta if isinstance(meta, dict) else {}
         kind = str(obj.data.get("kind", "(no kind)")) if isinstance(obj.data, dict) else "(no kind)"
         name = str(meta.get("name", "(unnamed)"))
-        ref = podspec.PodTemplate(document, kind, name, obj.namespace, pointer, {}, True, obj.pointer)
+        ref = templates.PodTemplate(document, kind, name, obj.namespace, pointer, {}, True, obj.pointer)
         message = f"{what}: no pod-template reader understood this place; its containers were not checked"
-        line = podspec.line_of(doc.node, pointer)
+        line = line_of(doc.node, pointer)
         finding = rules.Finding("GZ007", rules.Severity.WARNING, None, message)
         why = _suppressions(data[document], obj.pointer, obj.pointer).get("GZ007")
         self.unread.append(PodResult(path, ref, line, (), (finding,), (line,), (why,)))

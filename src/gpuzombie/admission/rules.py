@@ -1,9 +1,8 @@
 """The rules of ``gpuzombie check`` and the webhook: pure functions over a pod spec (a dict as the API
 sends it) -> findings, each with the lab's measured cost as its evidence.
 
-What PID 1 will be is read from the spec only (Kubernetes' argv rule): ``command`` set -> it replaces
-the image's ENTRYPOINT and ``args`` (or nothing) follow; ``command`` empty -> the image's ENTRYPOINT
-runs, which admission cannot see without a registry lookup, so PID 1 is "cannot tell", never guessed.
+What PID 1 will be is ``pid1``'s reading of the argv (a shell's ``-c`` script split by ``shell``);
+the rules judge it, the preStop hook and the grace.
 """
 
 from __future__ import annotations
@@ -18,19 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.admission import preflight
-from gpuzombie.k8s.podspec import Container, GpuContext, PodSpec, read_pod_spec
-from gpuzombie.pid1kinds import REAPING_KINDS, SHELLS, Pid1Kind, kind_of
+from gpuzombie.admission.pid1 import Pid1, analyse_argv
+from gpuzombie.admission.shell import lex_script, shell_script
+from gpuzombie.k8s.podspec.gpus import GpuContext
+from gpuzombie.k8s.podspec.model import Container, PodSpec, read_pod_spec
+from gpuzombie.pid1kinds import REAPING_KINDS, SHELLS, Pid1Kind
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
 """torch.distributed.run: ``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT when unset."""
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 TORCHRUN_WORDS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
-MAX_SCRIPT_CHARS = 64 * 1024
-"""A ``sh -c`` script longer than this is not read: PID 1 is "cannot tell", said so. Inline scripts
-are a few hundred characters; a long one belongs in a ConfigMap, and reading one is work an
-AdmissionReview's sender chooses."""
-MAX_EXEC_DEPTH = 4
-"""``sh -c 'exec sh -c "exec ..."'`` is followed this deep, no deeper ("cannot tell" past it)."""
 SOURCE = "results/runtimes/comparison.md"
 
 
@@ -168,7 +164,7 @@ class OverBudget(Exception):
 
 class Budget:
     """A wall-clock deadline for the work on one pod, checked between containers (each container's
-    analysis is linear in its bytes and bounded by MAX_SCRIPT_CHARS, so the step is short). Wall
+    analysis is linear in its bytes and bounded by pid1.MAX_SCRIPT_CHARS, so the step is short). Wall
     clock bounds the CPU too: one review runs on one thread."""
 
     def __init__(self, seconds: float | None = None) -> None:
@@ -208,31 +204,6 @@ class Finding:
         }
 
 
-@dataclass(frozen=True)
-class Pid1:
-    """What a known argv makes PID 1, and whether it starts work in the background."""
-
-    kind: Pid1Kind
-    program: str | None = None
-    background: bool = False
-    script: str | None = None
-    unread: str | None = None
-    """Why the argv was not read to the end (a script over MAX_SCRIPT_CHARS, exec nested too deep):
-    then the kind is UNKNOWN."""
-    traps_term: bool = False
-    """The shell traps SIGTERM with an action and ends in ``wait``: it exits on SIGTERM."""
-    via: str | None = None
-    """How a shell became ``program``: ``exec``, or the shell (``bash``) that execs its last command."""
-    plain_last: bool = False
-    """A shell's ``-c`` script ends in a plain command (no job, trap or redirection): what busybox's
-    sh and bash exec in place of themselves, and dash does not."""
-
-
-def pid1(c: Container) -> Pid1:
-    """What the container's argv makes PID 1 (UNKNOWN without ``command``: the image's ENTRYPOINT runs)."""
-    return analyse_argv(c.words) if c.argv_known else Pid1(Pid1Kind.UNKNOWN)
-
-
 def read(
     spec: Mapping[str, Any],
     budget: Budget = UNBOUNDED,
@@ -246,233 +217,6 @@ def read(
     if annotations is not None:
         context = dataclasses.replace(context, annotations=annotations)
     return read_pod_spec(spec, between=budget.check, context=context)
-
-
-_OPTION_ARGUMENT = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
-
-
-def _script(words: Sequence[str]) -> str | None:
-    """The script of ``sh [-opts] -c [--] SCRIPT ...`` (``-ec``, ``-o pipefail -c``, ``bash -c --
-    SCRIPT`` as KubeRay writes it); None for ``sh file``."""
-    rest = list(words[1:])
-    if rest and posixpath.basename(words[0]) == "busybox" and rest[0] in SHELLS:
-        rest = rest[1:]
-    command_string, i = False, 0
-    while i < len(rest):
-        word = rest[i]
-        if word == "--" or word == "-":
-            i += 1
-            break
-        if word in _OPTION_ARGUMENT:
-            i += 2
-            continue
-        if word.startswith("--"):
-            i += 1
-            continue
-        if not word.startswith(("-", "+")) or len(word) < 2:
-            break
-        command_string = command_string or (word[0] == "-" and "c" in word[1:])
-        i += 1
-    return rest[i] if command_string and i < len(rest) else None
-
-
-@dataclass(frozen=True)
-class Script:
-    """A ``sh -c`` script as a shell reads it: its simple commands in order (words unquoted),
-    whether any runs in the background (an unquoted ``&``), and whether it is one simple command."""
-
-    commands: tuple[tuple[str, ...], ...]
-    background: bool
-    last_plain: bool
-    """The last command is a simple one with no redirection, not in a pipeline, not a job: what
-    bash (5.1 on; 5.2.15 and busybox 1.35 measured) execs in place of itself when no trap is set."""
-
-
-_BREAKS = " \t\n;&|()'\"\\`#<>"
-
-
-class _Lexer:
-    """One pass of ``lex_script``: the commands and words read so far, and the one being read."""
-
-    def __init__(self, script: str) -> None:
-        self.script, self.n = script, len(script)
-        self.commands: list[tuple[str, ...]] = []
-        self.words: list[str] = []
-        self.word: list[str] | None = None
-        self.background = False
-        self.plains: list[bool] = []  # per command: no redirection, not in a pipeline, not in a subshell
-        self.plain = True  # the command being read
-
-    def end_word(self) -> None:
-        if self.word is not None:
-            self.words.append("".join(self.word))
-        self.word = None
-
-    def end_command(self, next_plain: bool = True) -> None:
-        self.end_word()
-        if self.words:
-            self.commands.append(tuple(self.words))
-            self.plains.append(self.plain and next_plain)  # a pipe's left side is in the pipeline too
-        self.plain = next_plain
-        self.words.clear()
-
-    def add(self, piece: str) -> None:
-        if self.word is None:
-            self.word = []
-        self.word.append(piece)
-
-    def quoted(self, i: int, quote: str) -> int:
-        """A quoted piece from ``i`` (its opening quote) added to the word; the index after it."""
-        script, n = self.script, self.n
-        if quote == "'":
-            close = script.find("'", i + 1)
-            close = n if close < 0 else close
-            self.add(script[i + 1 : close])
-            return close + 1
-        j, piece = i + 1, []
-        while j < n and script[j] != quote:
-            if script[j] == "\\" and j + 1 < n and script[j + 1] in '\\"$`':
-                j += 1
-            piece.append(script[j])
-            j += 1
-        self.add("".join(piece))
-        return j + 1
-
-    def ampersand(self, i: int) -> int:
-        """``&&``, a redirection's ``&`` (``&>``, ``2>&1``) or a job's; the index after it."""
-        script = self.script
-        if script.startswith("&&", i):
-            i += 1
-        elif script.startswith("&>", i) or (i and script[i - 1] in "<>"):  # &> file, 2>&1
-            self.plain = False
-            self.add("&")
-            return i + 1
-        else:
-            self.background = True
-        self.end_command()
-        return i + 1
-
-    def bare(self, i: int) -> int:
-        """An unquoted piece of a word from ``i``; the index after it."""
-        j = i
-        while j < self.n and self.script[j] not in _BREAKS:
-            j += 1
-        j = max(j, i + 1)
-        if self.script[i] in "<>":
-            self.plain = False
-        self.add(self.script[i:j])
-        return j
-
-    def read(self) -> Script:
-        script, n, i = self.script, self.n, 0
-        while i < n:
-            ch = script[i]
-            if ch in " \t":
-                self.end_word()
-            elif ch == "#" and self.word is None:
-                newline = script.find("\n", i)
-                i = n if newline < 0 else newline
-                continue
-            elif ch in "\n;()":
-                self.end_command(ch not in "()")
-            elif ch == "&":
-                i = self.ampersand(i)
-                continue
-            elif ch == "|":
-                pipe = not script.startswith("||", i)
-                i += not pipe
-                self.end_command(not pipe)
-            elif ch in "'\"`":
-                i = self.quoted(i, ch)
-                continue
-            elif ch == "\\":
-                if i + 1 < n and script[i + 1] != "\n":
-                    self.add(script[i + 1])
-                i += 2
-                continue
-            else:
-                i = self.bare(i)
-                continue
-            i += 1
-        self.end_command()
-        return Script(tuple(self.commands), self.background, bool(self.plains) and self.plains[-1])
-
-
-def lex_script(script: str) -> Script:
-    """``script`` split as a POSIX shell splits it into commands and words: quotes (``'&'`` is a
-    word, not a job), backslashes, comments, ``&&``/``||``/``|``/``;``/newline, a job's ``&``, a
-    redirection's ``>&``/``&>``. One pass, linear in the script's length (each quote is closed by
-    one ``str.find`` or one scan). Here-documents and ``case`` are read as words: what matters is
-    the job control and the last command."""
-    return _Lexer(script).read()
-
-
-def _command_words(command: Sequence[str]) -> list[str]:
-    """A simple command without its leading ``NAME=value`` assignments."""
-    words = list(command)
-    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
-        words.pop(0)
-    return words
-
-
-def _exec_target(command: Sequence[str]) -> list[str] | None:
-    """What ``exec [-a NAME] [-cl] PROGRAM ...`` runs, or None (not an exec, or exec alone)."""
-    words = _command_words(command)
-    if words[:1] != ["exec"]:
-        return None
-    rest = words[1:]
-    while rest and rest[0].startswith("-"):
-        rest = rest[2:] if rest[0] == "-a" else rest[1:]
-        if rest[:1] == ["--"]:
-            rest = rest[1:]
-            break
-    return rest or None
-
-
-def _traps_term(commands: Sequence[Sequence[str]]) -> bool:
-    """A ``trap ACTION ... TERM`` with a non-empty action, and the script ends in ``wait``: the
-    shell's handler runs on SIGTERM (``trap '' TERM`` ignores it: not this)."""
-    trapped = any(
-        c[:1] == ("trap",)
-        and len(c) > 2
-        and c[1].strip() not in ("", "-")
-        and any(s.upper() in ("TERM", "SIGTERM", "15") for s in c[2:])
-        for c in commands
-    )
-    return trapped and bool(commands) and commands[-1][:1] == ("wait",)
-
-
-def analyse_argv(words: Sequence[str], depth: int = 0) -> Pid1:
-    """What ``words`` run as PID 1 make of it: an init, sleep, a shell that stays PID 1, a program;
-    UNKNOWN (with ``unread`` saying why) for a script too long or an exec chain too deep to read."""
-    if not words:
-        return Pid1(Pid1Kind.UNKNOWN)
-    base = posixpath.basename(words[0])
-    kind = kind_of(base)
-    if kind is not Pid1Kind.SHELL:
-        return Pid1(kind, base)
-    script = _script(words)
-    if script is None:
-        return Pid1(Pid1Kind.SHELL, base)
-    if len(script) > MAX_SCRIPT_CHARS:
-        unread = f"its {base} -c script is {len(script)} characters, over the {MAX_SCRIPT_CHARS} read"
-        return Pid1(Pid1Kind.UNKNOWN, base, unread=unread)
-    if depth >= MAX_EXEC_DEPTH:
-        return Pid1(Pid1Kind.UNKNOWN, base, unread=f"its shells exec shells over {MAX_EXEC_DEPTH} deep")
-    read = lex_script(script)
-    last = list(read.commands[-1]) if read.commands else []
-    target = _exec_target(last)
-    via = "exec"
-    traps = any(c[:1] == ("trap",) for c in read.commands)
-    if target is None and base == "bash" and read.last_plain and not read.background and not traps and last:
-        target, via = _command_words(last) or None, base
-    if target is not None:  # the shell becomes the last program
-        inner = analyse_argv(target, depth + 1)
-        return Pid1(inner.kind, inner.program, read.background, script, inner.unread, inner.traps_term, via)
-    plain_last = read.last_plain and not read.background and not traps and bool(last)
-    return Pid1(
-        Pid1Kind.SHELL, base, read.background, script, traps_term=_traps_term(read.commands), plain_last=plain_last
-    )
 
 
 def short(text: str, limit: int = 72) -> str:
@@ -535,7 +279,7 @@ def hook_wait(c: Container) -> HookWait | None:
     slept = _sleep_seconds(words)
     if slept is not None:
         return HookWait(slept, True, shown)
-    script = _script(words) if posixpath.basename(words[0]) in SHELLS else None
+    script = shell_script(words) if posixpath.basename(words[0]) in SHELLS else None
     if script is not None:
         sleeps = [_sleep_seconds(c) for c in lex_script(script).commands]
         if sleeps and all(s is not None for s in sleeps):

@@ -114,7 +114,7 @@ def build_report(
     require_admission_extra("yaml")
     from gpuzombie.admission.report import CheckReport
     from gpuzombie.admission.rules import Severity
-    from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES
+    from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES
 
     report = CheckReport(
         disabled=disabled,

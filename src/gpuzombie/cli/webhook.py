@@ -103,7 +103,8 @@ def _patch(
     require_admission_extra("yaml", "ruamel.yaml")
     from gpuzombie.admission.gitops import PatchError, patch_text
     from gpuzombie.admission.inplace import Manifest, Skipped, read_tree, write_back
-    from gpuzombie.k8s.podspec import GPU_DEVICE_CLASSES, ManifestError
+    from gpuzombie.k8s.podspec.fields import ManifestError
+    from gpuzombie.k8s.podspec.gpus import GPU_DEVICE_CLASSES
 
     classes = GPU_DEVICE_CLASSES | set(gpu_device_classes)
     if in_place and "-" in sources:

@@ -22,7 +22,9 @@ KUBE_SOURCE_ENV = "GPUZOMBIE_KUBE_SOURCE"
 KUBE_BINARY_ENV = "GPUZOMBIE_KUBE_BINARY"
 """A prebuilt multi-call binary to use as is (the GPU machine, which has no Go toolchain)."""
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy")
-_KEYED_FILES = ("go.mod", "go.sum", "main.go")
+_MODULE_FILES = ("go.mod", "go.sum")
+"""What pins a Go module's dependencies: in every cache key."""
+_KEYED_FILES = (*_MODULE_FILES, "main.go")
 BUILD_TIMEOUT_S = 3600.0
 
 Progress = Callable[[str], None]
@@ -245,7 +247,7 @@ class ContainerdSource:
         return f"-s -w -X {CONTAINERD_MODULE}/version.Version={self.version}"
 
     def cache_key(self, go_version: str) -> str:
-        files = [self.directory / "go.mod", self.directory / "go.sum"]
+        files = [self.directory / n for n in _MODULE_FILES]
         return _cache_key(files, f"{go_version}\0{self.ldflags()}\0{_CONTAINERD_TAGS}\0{_SHIM_TAGS}")
 
 
@@ -342,9 +344,7 @@ class NriSource:
 
     def keyed_files(self) -> list[Path]:
         sources = [p for p in self.directory.glob("*.go") if not p.name.endswith("_test.go")]
-        return sorted(
-            [self.directory / "go.mod", self.directory / "go.sum", self.directory / "contract.json", *sources]
-        )
+        return sorted([*(self.directory / n for n in _MODULE_FILES), self.directory / "contract.json", *sources])
 
     def cache_key(self, go_version: str) -> str:
         return _cache_key(self.keyed_files(), f"{go_version}\0{_NRI_LDFLAGS}")
@@ -392,11 +392,7 @@ class GoTool:
         return _required_version(self.directory, module)
 
     def cache_key(self, go_version: str) -> str:
-        digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum"):
-            digest.update((self.directory / name).read_bytes() + b"\0")
-        digest.update(go_version.encode() + b"\0" + self.ldflags.encode())
-        return digest.hexdigest()[:20]
+        return _cache_key([self.directory / n for n in _MODULE_FILES], f"{go_version}\0{self.ldflags}")
 
 
 def ensure_tool(tool: GoTool, *, timeout: float = TOOL_BUILD_TIMEOUT_S) -> Path:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuzombie.escape import label_value
-from gpuzombie.gpu.attribution import Verdict
+from gpuzombie.gpu.attribution import ProcessVerdict
 from gpuzombie.gpu.nvml import MigInstance
 from gpuzombie.handover.node import node_verdicts
 from gpuzombie.k8s.owner import PodLabels
@@ -302,7 +302,7 @@ def handover_metrics(scan: NodeScan) -> dict[str, Values]:
     held = out["gpuzombie_gpu_held_memory_bytes"]
     for row in scan.trace.rows:
         holder = "dstate" if row.state == "D" else row.dirty.value if row.dirty else None
-        if row.verdict in (Verdict.GONE.value, Verdict.ZOMBIE.value) and holder is None:
+        if row.verdict in (ProcessVerdict.GONE.value, ProcessVerdict.ZOMBIE.value) and holder is None:
             holder = "ghost"  # NVML's memory of a pid that exited: the seed's orphaned context
         if row.nsmi and row.gpu_memory and row.gpu_uuid and holder in ("dstate", "stale", "foreign", "ghost"):
             held[(str(row.gpu_index), row.gpu_uuid, scan.node_name, *_mig(row.mig), holder)] += row.gpu_memory

@@ -27,7 +27,9 @@ from gpuzombie.units import MIB
 DEFAULT_GHOST_THRESHOLD = 64 * MIB
 
 
-class Verdict(str, Enum):
+class ProcessVerdict(str, Enum):
+    """What the process NVML names as a GPU memory holder is, as this reader sees it."""
+
     LIVE = "live"
     ZOMBIE = "zombie"
     GONE = "gone"
@@ -60,7 +62,7 @@ class GpuProcessRef:
     nvml_pid: int
     used_memory: int | None
     kind: str
-    verdict: Verdict
+    verdict: ProcessVerdict
     local_pid: int | None
     """The pid inside the process's own PID namespace (what ``ps`` in its container shows)."""
     host_pid: int | None
@@ -118,7 +120,7 @@ def _ref(
     nvml_pid: int,
     used: int | None,
     kind: str,
-    verdict: Verdict,
+    verdict: ProcessVerdict,
     proc: ProcessInfo | None,
     evidence: str,
     host_pid: int | None = None,
@@ -144,8 +146,8 @@ def _ref(
     )
 
 
-def _state_verdict(proc: ProcessInfo) -> Verdict:
-    return Verdict.ZOMBIE if proc.is_zombie else Verdict.LIVE
+def _state_verdict(proc: ProcessInfo) -> ProcessVerdict:
+    return ProcessVerdict.ZOMBIE if proc.is_zombie else ProcessVerdict.LIVE
 
 
 def _name_matches(nvml_name: str | None, proc: ProcessInfo) -> bool:
@@ -162,7 +164,7 @@ def _direct(device: GpuDevice, gp: GpuProcess, proc: ProcessInfo | None, view: R
         if not view.in_root_pidns:
             return None
         why = "no such pid in the root namespace's /proc"
-        return _ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.GONE, None, why, host_pid=gp.pid)
+        return _ref(device, gp.pid, gp.used_memory, gp.kind, ProcessVerdict.GONE, None, why, host_pid=gp.pid)
     if view.in_root_pidns:
         why = "NVML pid is a host pid"
     elif proc.nvidia_fds or proc.is_zombie:
@@ -243,13 +245,15 @@ def attribute_processes(table: ProcessTable, gpus: GpuSnapshot, view: ReaderView
             out.append(_ref(device, gp.pid, gp.used_memory, gp.kind, _state_verdict(proc), proc, why, host_pid=gp.pid))
         else:
             why = _unresolved(rest_pids, rest_cands)
-            out.append(_ref(device, gp.pid, gp.used_memory, gp.kind, Verdict.UNRESOLVED, None, why, host_pid=None))
+            out.append(
+                _ref(device, gp.pid, gp.used_memory, gp.kind, ProcessVerdict.UNRESOLVED, None, why, host_pid=None)
+            )
     return tuple(out)
 
 
 def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderView) -> tuple[FdHolder, ...]:
     """Every process holding /dev/nvidia* fds, marked with whether NVML lists it anywhere."""
-    listed = {r.reader_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
+    listed = {r.reader_pid for r in refs if r.verdict in (ProcessVerdict.LIVE, ProcessVerdict.ZOMBIE)}
     return tuple(
         FdHolder(
             pid=p.pid,
@@ -286,7 +290,7 @@ def ghost_memory(
     unexplained = max(0, device.memory_used - base - device.process_memory)
     local: list[str] = []  # causes this reader can see for itself
     mine = [r for r in refs if r.gpu_index == device.index and r.mig == device.mig]
-    if any(r.verdict is Verdict.GONE for r in mine):
+    if any(r.verdict is ProcessVerdict.GONE for r in mine):
         local.append("memory attributed to pids that no longer exist (orphaned context)")
     # /dev/nvidiactl and /dev/nvidia-uvm are opened by any NVML client (nvidia-smi, exporters);
     # only this GPU's node held by an unlisted process hints at a context NVML hides.

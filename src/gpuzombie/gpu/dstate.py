@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuzombie.gpu.attribution import Attribution, Verdict
+from gpuzombie.gpu.attribution import Attribution, ProcessVerdict
 from gpuzombie.jsonout import IN_MIB
 from gpuzombie.proc.procfs import ProcessTable
 
@@ -48,7 +48,7 @@ def d_state_holders(table: ProcessTable, attribution: Attribution) -> tuple[DSta
     """The GPU holders of ``table`` that are in state D now, by pid."""
     listed: dict[int, list[tuple[int, int]]] = {}
     for ref in attribution.processes:
-        if ref.verdict is Verdict.LIVE and ref.reader_pid is not None:
+        if ref.verdict is ProcessVerdict.LIVE and ref.reader_pid is not None:
             listed.setdefault(ref.reader_pid, []).append((ref.gpu_index, ref.used_memory or 0))
     holders = {h.pid for h in attribution.fd_holders}
     found = []

@@ -5,7 +5,7 @@ imports no node code."""
 from __future__ import annotations
 
 from gpuzombie.gpu.nvml import GpuDevice
-from gpuzombie.handover.verdict import GpuReading, Verdict, judge
+from gpuzombie.handover.verdict import GpuReading, HandoverVerdict, judge
 from gpuzombie.trace.model import GpuMemory
 from gpuzombie.trace.scan import NodeScan
 
@@ -15,7 +15,7 @@ def reading_of(device: GpuDevice) -> GpuReading:
     return GpuReading(device.memory_used, device.memory_reserved, len(device.processes), device.processes_read)
 
 
-def node_verdicts(scan: NodeScan) -> tuple[tuple[GpuMemory, Verdict], ...]:
+def node_verdicts(scan: NodeScan) -> tuple[tuple[GpuMemory, HandoverVerdict], ...]:
     """Each GPU (or MIG instance) of the scan's trace with its verdict; where the driver reports no
     reservation, the ``--baseline-mib`` the trace used is subtracted instead."""
     return tuple(

@@ -40,7 +40,7 @@ from gpuzombie.handover.verdict import (
     MIB,
     UNREADABLE,
     GpuReading,
-    Verdict,
+    HandoverVerdict,
     byte_count,
     judge,
     shown,
@@ -93,7 +93,7 @@ class GpuCheck:
     used_bytes: int
     reserved_bytes: int | None
     processes: int
-    verdict: Verdict
+    verdict: HandoverVerdict
     state: str
     """``verdict.state``: ``clean``, ``dirty`` (a process listed, or memory held past the tolerance) or
     ``unreadable`` (not read, or read as something no GPU shows)."""

@@ -9,8 +9,8 @@ The driver's reservation: NVML's v2 memory info reports it apart (an idle H200 o
 caller's measured baseline is subtracted instead.
 
 ``judge`` is total: whatever it is given (a NaN, a negative or infinite count, a reservation above
-what is used, a string where a flag belongs, no reading at all) it returns a Verdict and never
-raises, and a reading it cannot trust is ``unreadable``, never clean (issue 36, item 1).
+what is used, a string where a flag belongs, no reading at all) it returns a HandoverVerdict and
+never raises, and a reading it cannot trust is ``unreadable``, never clean (issue 36, item 1).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HandoverVerdict:
     state: str
     """``clean``; ``dirty`` (a process listed, or memory held past the tolerance: read, and not clean);
     ``unreadable`` (not read, or read as something no GPU shows: never clean)."""
@@ -75,8 +75,8 @@ def shown(value: object) -> str:
     return _SHOWN.repr(value)
 
 
-def _unreadable(why: str) -> Verdict:
-    return Verdict(UNREADABLE, 0, why)
+def _unreadable(why: str) -> HandoverVerdict:
+    return HandoverVerdict(UNREADABLE, 0, why)
 
 
 def _impossible(reading: GpuReading) -> str | None:
@@ -100,7 +100,7 @@ def judge(
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
     baseline_bytes: int = 0,
     error: str | None = None,
-) -> Verdict:
+) -> HandoverVerdict:
     """Clean, dirty or unreadable (never clean); ``error`` is why there is no ``reading``.
 
     A listed process is dirty whatever else the reading says (so ``--fail-open`` never passes it);
@@ -124,15 +124,15 @@ def judge(
     listed = reading.listed_processes
     listed_ok = type(listed) is int and listed >= 0
     if listed_ok and listed > 0:
-        return Verdict(DIRTY, held, f"{listed} process(es) listed, {mib}")
+        return HandoverVerdict(DIRTY, held, f"{listed} process(es) listed, {mib}")
     if impossible is not None:
         return _unreadable(impossible)
     if held > tolerance:
-        return Verdict(DIRTY, held, f"{mib} with no process listed (another namespace's or gone)")
+        return HandoverVerdict(DIRTY, held, f"{mib} with no process listed (another namespace's or gone)")
     if not listed_ok:
         return _unreadable(f"impossible reading: listed processes {shown(listed)} is not a count")
     if reading.processes_read is not True:
         if reading.processes_read is False:
             return _unreadable("NVML would not list the processes")
         return _unreadable(f"impossible reading: processes read {shown(reading.processes_read)} is not a boolean")
-    return Verdict(CLEAN, held, f"{mib}, within {tolerance / MIB:.0f} MiB")
+    return HandoverVerdict(CLEAN, held, f"{mib}, within {tolerance / MIB:.0f} MiB")

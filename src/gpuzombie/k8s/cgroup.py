@@ -25,7 +25,7 @@ is that container's own business (and below its own cgroup a container can name 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -146,6 +146,14 @@ def cgroup_version(lines: Iterable[str]) -> str | None:
     return "v2" if unified else "v1" if legacy else None
 
 
+def cgroup_paths(lines: Iterable[str]) -> Iterator[str]:
+    """The path of each ``hierarchy-id:controllers:path`` line, as written (a line of another form has none)."""
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) == 3:
+            yield fields[2]
+
+
 def parse_cgroup_lines(lines: Iterable[str]) -> ContainerRef | None:
     """The lines of /proc/<pid>/cgroup to the container and pod they name; None for none.
 
@@ -155,11 +163,8 @@ def parse_cgroup_lines(lines: Iterable[str]) -> ContainerRef | None:
     lines = [line for line in lines if line.strip()]
     best: ContainerRef | None = None
     best_score = -1
-    for line in lines:
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        ref = parse_cgroup_path(fields[2].strip())
+    for path in cgroup_paths(lines):
+        ref = parse_cgroup_path(path.strip())
         if ref is None:
             continue
         score = (ref.container_id is not None) * 2 + (ref.pod_uid is not None)

@@ -55,7 +55,7 @@ class CriError(Exception):
 
 
 @dataclass(frozen=True)
-class PodSpec:
+class SandboxSpec:
     """A pod as the kubelet hands it to the runtime: names, UID and QoS class (for its cgroup)."""
 
     name: str
@@ -138,7 +138,7 @@ def _namespaces(host_network: bool, share_pid: bool = False) -> pb.NamespaceOpti
     )
 
 
-def sandbox_config(pod: PodSpec, *, log_root: str = KUBELET_LOG_ROOT) -> pb.PodSandboxConfig:
+def sandbox_config(pod: SandboxSpec, *, log_root: str = KUBELET_LOG_ROOT) -> pb.PodSandboxConfig:
     """The PodSandboxConfig the kubelet (cgroupfs driver) sends for ``pod``."""
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=0),
@@ -155,7 +155,7 @@ def sandbox_config(pod: PodSpec, *, log_root: str = KUBELET_LOG_ROOT) -> pb.PodS
     )
 
 
-def container_config(pod: PodSpec, container: ContainerSpec) -> pb.ContainerConfig:
+def container_config(pod: SandboxSpec, container: ContainerSpec) -> pb.ContainerConfig:
     """The ContainerConfig the kubelet sends: its four labels, its log path ``<name>/0.log``."""
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=container.name, attempt=0),
@@ -215,7 +215,7 @@ class RuntimeClient:
         *,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         log_root: str = KUBELET_LOG_ROOT,
-        before_sandbox: Callable[[PodSpec], None] | None = None,
+        before_sandbox: Callable[[SandboxSpec], None] | None = None,
     ):
         self.socket_path = socket_path
         self.timeout = timeout
@@ -276,14 +276,14 @@ class RuntimeClient:
             raise CriError(f"ContainerStatus: no pid for {container_id[:13]} in the runtime's verbose info")
         return pid
 
-    def run_pod_sandbox(self, pod: PodSpec, *, timeout: float | None = None) -> str:
+    def run_pod_sandbox(self, pod: SandboxSpec, *, timeout: float | None = None) -> str:
         config = sandbox_config(pod, log_root=self.log_root)
         if self.before_sandbox is not None:
             self.before_sandbox(pod)
         return str(self._call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), timeout).pod_sandbox_id)
 
     def create_container(
-        self, sandbox_id: str, pod: PodSpec, container: ContainerSpec, *, timeout: float | None = None
+        self, sandbox_id: str, pod: SandboxSpec, container: ContainerSpec, *, timeout: float | None = None
     ) -> str:
         request = pb.CreateContainerRequest(
             pod_sandbox_id=sandbox_id,
@@ -320,7 +320,7 @@ class RunningPod:
     """A pod sandbox made through ``client``: start containers in it with ``start``."""
 
     client: RuntimeClient
-    spec: PodSpec
+    spec: SandboxSpec
     sandbox_id: str
 
     def start(self, container: ContainerSpec) -> str:

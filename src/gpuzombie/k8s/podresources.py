@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuzombie.errors import needs_extra
 from gpuzombie.k8s.cdi import DEFAULT_CDI_DIRS, CdiDevices, read_cdi_devices
-from gpuzombie.k8s.podspec import gpu_resource
+from gpuzombie.k8s.podspec.gpus import gpu_resource
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -74,7 +74,7 @@ class PodResources:
     @property
     def gpu_assignments(self) -> tuple[DeviceAssignment, ...]:
         """The assignments of NVIDIA GPU resources (``nvidia.com/gpu``, ``nvidia.com/mig-…``,
-        ``nvidia.com/gpu.shared``: ``podspec.gpu_resource``): only their ids name GPUs NVML reads
+        ``nvidia.com/gpu.shared``: ``podspec.gpus.gpu_resource``): only their ids name GPUs NVML reads
         (another plugin's device ``0`` is no GPU index, an NVIDIA NIC's is a PCI address), and the
         DRA devices whose CDI spec names a GPU node."""
         return tuple(a for a in self.assignments if a.claim is not None or _nvidia_gpu(a.resource))

@@ -33,7 +33,7 @@ from typing import Any
 from gpuzombie.admission.mutate import Policy, mutate, patched
 from gpuzombie.admission.preflight import CONTAINER as GATE
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
-from gpuzombie.k8s.cri import PodSpec
+from gpuzombie.k8s.cri import SandboxSpec
 from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import parse_pod
@@ -152,7 +152,7 @@ class StaleHolder:
 @contextlib.contextmanager
 def stale_holder(ctd: PodMaker, *, size_mib: int, device: str, log: Path) -> Iterator[StaleHolder]:
     """Pod A's worker, left holding ``size_mib`` after its pod is removed; killed at the end."""
-    doomed = ctd.start_pod(PodSpec(name="handover-a", namespace="gpu-test"))
+    doomed = ctd.start_pod(SandboxSpec(name="handover-a", namespace="gpu-test"))
     roots = [r for r in cgroup_roots() if os.path.isdir(r + doomed.spec.cgroup_parent)]
     groups = [Path(r + doomed.spec.cgroup_parent) for r in roots]
     leaves: list[Path] = []

@@ -1,6 +1,6 @@
 """The Pod manifest subset ``gpuzombie lab pod`` runs, parsed into plain data; pure, no side effects.
 
-The pod spec is read by ``k8s.podspec`` in its strict mode (the same reader as the admission rules');
+The pod spec is read by ``k8s.podspec.model`` in its strict mode (the same reader as the admission rules');
 this module says which fields the lab applies and turns the spec into what the lab runs.
 
 Every field of the manifest is one of three kinds, and nothing is skipped silently:
@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuzombie.k8s import podspec
-from gpuzombie.k8s.podspec import (
+from gpuzombie.k8s.podspec import loader, model
+from gpuzombie.k8s.podspec.fields import (
     ManifestError,
-    PreStop,
     boolean,
     dns_label,
     dns_subdomain,
@@ -41,9 +40,10 @@ from gpuzombie.k8s.podspec import (
     sequence,
     strings,
 )
+from gpuzombie.k8s.podspec.gpus import gpu_resource
 
 LAB_GPU = "nvidia.com/gpu"
-"""The GPU resource the lab maps to its GPU devices (``podspec.gpu_resource`` knows the others:
+"""The GPU resource the lab maps to its GPU devices (``k8s.podspec.gpus.gpu_resource`` knows the others:
 MIG, shared and AMD GPUs, which a lab node cannot give)."""
 SECCOMP_TYPES = ("RuntimeDefault", "Unconfined")
 """The seccompProfile types the lab applies (a Localhost profile would be a file on the node)."""
@@ -137,7 +137,7 @@ class Security:
 
 @dataclass(frozen=True)
 class Container:
-    """A container as the lab runs it: ``podspec.Container`` (the manifest's words) with its mounts
+    """A container as the lab runs it: ``k8s.podspec.model.Container`` (the manifest's words) with its mounts
     resolved, its security context inherited from the pod's and its quantities in numbers."""
 
     name: str
@@ -147,7 +147,7 @@ class Container:
     command_given: bool
     env: tuple[tuple[str, str], ...] = ()
     mounts: tuple[Mount, ...] = ()
-    prestop: PreStop | None = None
+    prestop: model.PreStop | None = None
     resources: Resources = field(default_factory=Resources)
     security: Security = field(default_factory=Security)
 
@@ -257,7 +257,7 @@ def _resources(data: object, where: str, seen: list[str]) -> Resources:
         part = mapping(res.get(kind), f"{where}.{kind}")
         for name, qty in part.items():
             if name not in ("cpu", "memory", LAB_GPU):
-                other_gpu = " (a GPU the lab cannot give: it maps nvidia.com/gpu)" if podspec.gpu_resource(name) else ""
+                other_gpu = " (a GPU the lab cannot give: it maps nvidia.com/gpu)" if gpu_resource(name) else ""
                 raise ManifestError(f"{where}.{kind}.{name}: not supported by gpuzombie lab pod{other_gpu}")
             values.setdefault(kind, {})[name] = parse_quantity(qty, f"{where}.{kind}.{name}")
     req, lim = values.get("requests", {}), values.get("limits", {})
@@ -276,7 +276,7 @@ def _resources(data: object, where: str, seen: list[str]) -> Resources:
 
 
 LIFECYCLE_APPLIED: Mapping[str, Any] = {"preStop": {"exec": {"command": {}}, "sleep": {"seconds": {}}}}
-"""The lifecycle fields the lab applies, nested as they nest (``podspec`` reads their values)."""
+"""The lifecycle fields the lab applies, nested as they nest (``k8s.podspec.model`` reads their values)."""
 
 
 def _check_tree(data: object, where: str, applied: Mapping[str, Any], seen: list[str]) -> None:
@@ -344,7 +344,7 @@ def _check_container(data: object, where: str, seen: list[str], init: bool) -> N
     _check_tree(c.get("lifecycle"), f"{where}.lifecycle", LIFECYCLE_APPLIED, seen)
 
 
-def _container(c: podspec.Container, volumes: set[str], pod_security: Security, seen: list[str]) -> Container:
+def _container(c: model.Container, volumes: set[str], pod_security: Security, seen: list[str]) -> Container:
     """The container as the lab runs it, out of its strictly read spec (fields checked already)."""
     where = c.where
     argv = c.words
@@ -421,7 +421,7 @@ def parse_pod(doc: object) -> PodManifest:
     for listed, init in (("initContainers", True), ("containers", False)):
         for i, raw in enumerate(sequence(spec.get(listed), f"spec.{listed}")):
             _check_container(raw, f"spec.{listed}[{i}]", seen, init)
-    pod = podspec.read_pod_spec(spec, strict=True)
+    pod = model.read_pod_spec(spec, strict=True)
     inits = tuple(_container(c, names, pod_security, seen) for c in pod.init_containers)
     containers = tuple(_container(c, names, pod_security, seen) for c in pod.containers)
     if not containers:
@@ -447,8 +447,8 @@ def parse_pod(doc: object) -> PodManifest:
 
 def pick_pod(documents: Sequence[object]) -> object:
     """The one Pod among parsed YAML documents (empty ones dropped, ``kind: List`` opened)."""
-    read = [podspec.Document(i, doc, None) for i, doc in enumerate(documents) if doc is not None]
-    found = [o.data for o in podspec.objects(read)]
+    read = [loader.Document(i, doc, None) for i, doc in enumerate(documents) if doc is not None]
+    found = [o.data for o in loader.objects(read)]
     if len(found) != 1:
         raise ManifestError(f"the input: gpuzombie lab pod runs one Pod, the input has {len(found)} objects")
     return found[0]
@@ -456,4 +456,4 @@ def pick_pod(documents: Sequence[object]) -> object:
 
 def load_pod(text: str) -> object:
     """The one Pod of a YAML (or JSON) text, as parsed data; ManifestError for anything else."""
-    return pick_pod([d.data for d in podspec.load_documents(text)])
+    return pick_pod([d.data for d in loader.load_documents(text)])

@@ -26,9 +26,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
+from gpuzombie.k8s.podspec.model import PreStop
 from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.events import Event, EventLog
-from gpuzombie.lab.manifest import Container, PodManifest, PreStop, Resources
+from gpuzombie.lab.manifest import Container, PodManifest, Resources
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats, kill_drop, release_tolerance, scenario_metrics
 from gpuzombie.lab.observation import Observation, host_view, observe, smi_snapshot
 from gpuzombie.lab.runtime.pidns import PAUSE, Pod, init_argv

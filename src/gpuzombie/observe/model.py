@@ -17,8 +17,8 @@ from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
     Attribution,
     GpuProcessRef,
+    ProcessVerdict,
     ReaderView,
-    Verdict,
     attribute,
     current_view,
 )
@@ -96,7 +96,7 @@ class ObserveReport:
     @property
     def orphaned_contexts(self) -> tuple[GpuProcessRef, ...]:
         """GPU memory attributed to a pid that is not alive (gone, or a zombie)."""
-        return tuple(r for r in self.attribution.processes if r.verdict in (Verdict.GONE, Verdict.ZOMBIE))
+        return tuple(r for r in self.attribution.processes if r.verdict in (ProcessVerdict.GONE, ProcessVerdict.ZOMBIE))
 
     @property
     def d_state_holders(self) -> tuple[DStateHolder, ...]:

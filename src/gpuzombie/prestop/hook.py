@@ -111,8 +111,8 @@ def run_hook(options: HookOptions, *, out: TextIO | None = None, err: TextIO | N
         print(report_json(report, pid1_log_status(sink, sink_off)), file=out, flush=True)
     else:
         print(render_text(report), file=out, flush=True)
-    if scope_missed(report):
-        print(f"gpuzombie: error: scope matched no process ({report.scope}): is the path mistyped?", file=err)
+    if scope_missed(report.plan):
+        print(f"gpuzombie: error: scope matched no process ({report.plan.scope}): is the path mistyped?", file=err)
     return report.exit_status
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
@@ -15,7 +17,7 @@ from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
 from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, PRESTOP_TIMEOUT
 from gpuzombie.prestop.scope import Scope
-from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets, require_scope
+from gpuzombie.prestop.targets import PrestopPlan, Target, Unread, plan_targets, require_scope
 from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, TerminationRun, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
@@ -30,24 +32,37 @@ REASONS_LIMIT = 400
 
 @dataclass(frozen=True)
 class PrestopReport(TerminationRun):
-    own_pid: int
-    pidns: int | None
-    in_root_pidns: bool
-    pid1_command: str | None
-    orphans_included: bool
-    scope: str | None
-    scope_matched: int | None
-    gpu_available: bool
-    gpu_reason: str | None
+    plan: PrestopPlan
+    """What the run acted on (its targets are ``results`` here)."""
     results: tuple[TargetResult, ...]
-    excluded: tuple[Excluded, ...]
     unread: tuple[Unread, ...]
-    """Processes that could have been targets but could not be read: never signalled."""
+    """Processes that could have been targets but could not be read (the plan's, then each
+    rescan's): never signalled."""
     incomplete: int
     """How many there were (len(unread)): nonzero means exit 1, not "all gone"."""
     survivors: int
     """Targets left alive: survived SIGKILL, signal refused, or no pidfd to signal through."""
     exit_status: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """prestop/1's layout, which consumers read flat: the plan's fields among the run's
+        (``own_pidns`` as ``pidns``), its targets left out for the results."""
+        run = {f.name: getattr(self, f.name) for f in dataclasses.fields(TerminationRun)}
+        plan = {
+            ("pidns" if f.name == "own_pidns" else f.name): getattr(self.plan, f.name)
+            for f in dataclasses.fields(PrestopPlan)
+            if f.name not in ("targets", "excluded", "unread")
+        }
+        return {
+            **run,
+            **plan,
+            "results": self.results,
+            "excluded": self.plan.excluded,
+            "unread": self.unread,
+            "incomplete": self.incomplete,
+            "survivors": self.survivors,
+            "exit_status": self.exit_status,
+        }
 
 
 def plan_prestop(
@@ -205,17 +220,8 @@ def run_prestop(
         dry_run=dry_run,
         timeout_s=timeout,
         kill_wait_s=kill_wait,
-        own_pid=plan.own_pid,
-        pidns=plan.own_pidns,
-        in_root_pidns=plan.in_root_pidns,
-        pid1_command=plan.pid1_command,
-        orphans_included=plan.orphans_included,
-        scope=plan.scope,
-        scope_matched=plan.scope_matched,
-        gpu_available=plan.gpu_available,
-        gpu_reason=plan.gpu_reason,
+        plan=plan,
         results=results,
-        excluded=plan.excluded,
         unread=tuple(unread.values()),
         incomplete=len(unread),
         survivors=survivors,
@@ -225,7 +231,7 @@ def run_prestop(
     return report
 
 
-def scope_missed(plan: PrestopPlan | PrestopReport) -> bool:
+def scope_missed(plan: PrestopPlan) -> bool:
     """A scope was given and matched no process at all (not even this one): most likely mistyped."""
     return plan.scope is not None and plan.scope_matched == 0
 
@@ -244,8 +250,8 @@ def summary_line(report: PrestopReport) -> str:
     for r in report.results:
         counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no targets"
-    if scope_missed(report):
-        return f"ERROR: scope matched no process ({report.scope}): nothing signalled in {report.duration_s:.2f} s"
+    if scope_missed(report.plan):
+        return f"ERROR: scope matched no process ({report.plan.scope}): nothing signalled in {report.duration_s:.2f} s"
     if report.dry_run:
         verdict = "DRY RUN"
     elif report.survivors:
@@ -267,7 +273,7 @@ def render_text(report: PrestopReport) -> str:
             f"{','.join(r.signals) or '-':<26} {gone:>10}  {escape('; '.join(r.target.reasons), REASONS_LIMIT)}"
         )
     for pid, comm, outcome, reason in [
-        *((ex.pid, ex.comm, "untouched", ex.reason) for ex in report.excluded),
+        *((ex.pid, ex.comm, "untouched", ex.reason) for ex in report.plan.excluded),
         *((u.pid, u.comm, "unread (untouched)", u.reason) for u in report.unread),
     ]:
         lines.append(f"{pid:>7}  {escape(comm, 16):<16} {outcome:<28} {'-':<26} {'-':>10}  {escape(reason)}")

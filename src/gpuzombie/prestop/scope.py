@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.k8s.cgroup import parse_cgroup_lines
+from gpuzombie.k8s.cgroup import cgroup_paths, parse_cgroup_lines
 from gpuzombie.proc.procfs import ProcessInfo
 
 _CONTAINER_ID = re.compile(r"(?:[a-z0-9.-]+://)?([0-9a-f]{12,64})")
@@ -67,10 +67,9 @@ class Scope:
 
     def contains_cgroup(self, lines: tuple[str, ...]) -> bool:
         """Do these ``/proc/<pid>/cgroup`` lines put a process in the scope?"""
-        if self.cgroup is not None:
-            paths = (line.split(":", 2)[-1] for line in lines)
-            if not any(p == self.cgroup or p.startswith(self.cgroup + "/") for p in paths):
-                return False
+        cgroup = self.cgroup
+        if cgroup is not None and not any(p == cgroup or p.startswith(cgroup + "/") for p in cgroup_paths(lines)):
+            return False
         if self.container is not None:
             ref = parse_cgroup_lines(lines)
             if ref is None or ref.container_id is None or not ref.container_id.startswith(self.container):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.attribution import GpuProcessRef, ReaderView, Verdict, attribute_processes
+from gpuzombie.gpu.attribution import GpuProcessRef, ProcessVerdict, ReaderView, attribute_processes
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.observe.orphans import CANNOT_TELL, Orphan, find_orphans
 from gpuzombie.observe.pid1 import find_pid1
@@ -111,7 +111,7 @@ def _nvml_matches(
     and kept only when unambiguous and in this namespace (the fd scan still finds our holders)."""
     memory: dict[int, int] = {}
     for ref in refs:
-        if ref.verdict is not Verdict.LIVE:
+        if ref.verdict is not ProcessVerdict.LIVE:
             continue
         if in_root:
             pid = ref.reader_pid

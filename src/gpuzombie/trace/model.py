@@ -22,8 +22,8 @@ from gpuzombie.gpu.attribution import (
     FdHolder,
     GhostMemory,
     GpuProcessRef,
+    ProcessVerdict,
     ReaderView,
-    Verdict,
     attribute,
 )
 from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
@@ -379,7 +379,7 @@ def mark_dirty(
             device_ids=kubelet_ids(row.gpu_uuid, row.gpu_index, row.mig, minors.get(row.gpu_uuid))
             if row.gpu_uuid is not None and row.gpu_index is not None
             else frozenset(),
-            live=row.nsmi and row.verdict == Verdict.LIVE.value,
+            live=row.nsmi and row.verdict == ProcessVerdict.LIVE.value,
             holds_gpu=proc is not None and row.state != "Z" and (row.nsmi or bool(row.devices)),
         )
 
@@ -430,7 +430,7 @@ def _summary(
 ) -> TraceSummary:
     incomplete = table.incomplete
     zombies = sum(r.state == "Z" for r in rows)
-    gone = sum(r.verdict == Verdict.GONE.value for r in rows)
+    gone = sum(r.verdict == ProcessVerdict.GONE.value for r in rows)
     ghost_gpus = sum(m.flagged for m in memory)
     not_verified = len(table.unverified(shown_pids)) + len(table.unread)
     stale = sum(r.dirty == Dirty.STALE for r in rows)

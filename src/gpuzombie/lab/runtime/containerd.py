@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuzombie.k8s.cri import CriError, PodSpec, RunningPod, RuntimeClient
+from gpuzombie.k8s.cri import CriError, RunningPod, RuntimeClient, SandboxSpec
 from gpuzombie.lab.errors import LabError
 from gpuzombie.lab.runtime.rundirs import (
     LAB_STATE_ROOT,
@@ -230,7 +230,7 @@ class Containerd:
         write_image_archive(spec, archive)
         self.ctr("images", "import", "--no-unpack=false", str(archive))
 
-    def _claim_cgroups(self, pod: PodSpec) -> None:
+    def _claim_cgroups(self, pod: SandboxSpec) -> None:
         """The pod's cgroup, and those of its parents (``/kubepods``, its QoS level) that no one had
         made yet: a kubelet keeps those, a private runtime removes what it added."""
         parent = pod.cgroup_parent
@@ -242,7 +242,7 @@ class Containerd:
                 record_cgroup(self.workdir, path)
                 claimed.append(path)
 
-    def start_pod(self, spec: PodSpec) -> RunningPod:
+    def start_pod(self, spec: SandboxSpec) -> RunningPod:
         """A pod sandbox as the kubelet makes it, left running until ``stop_pod`` or the end."""
         return RunningPod(self.client, spec, self.client.run_pod_sandbox(spec))
 
@@ -252,7 +252,7 @@ class Containerd:
         self.client.remove_pod_sandbox(pod.sandbox_id)
 
     @contextlib.contextmanager
-    def pod(self, spec: PodSpec) -> Iterator[RunningPod]:
+    def pod(self, spec: SandboxSpec) -> Iterator[RunningPod]:
         """``start_pod`` for the ``with`` block: stopped and removed with its containers at the end."""
         pod = self.start_pod(spec)
         try:

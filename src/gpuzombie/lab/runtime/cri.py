@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpuzombie.k8s.cri import BindMount, CriError, PodSpec, RunningPod, RuntimeClient
+from gpuzombie.k8s.cri import BindMount, CriError, RunningPod, RuntimeClient, SandboxSpec
 from gpuzombie.lab.runtime.containerd import (
     BUSYBOX_IMAGE,
     Containerd,
@@ -128,7 +128,7 @@ class SocketPods:
         self.uids: set[str] = set()
         """Every pod asked for, also one whose RunPodSandbox an interruption cut short."""
 
-    def start_pod(self, spec: PodSpec) -> RunningPod:
+    def start_pod(self, spec: SandboxSpec) -> RunningPod:
         self.uids.add(spec.uid)
         return RunningPod(self.client, spec, self.client.run_pod_sandbox(spec))
 
@@ -148,11 +148,11 @@ class SocketPods:
                 self.client.stop_pod_sandbox(sandbox.id)
                 self.client.remove_pod_sandbox(sandbox.id)
         for uid in self.uids:
-            remove_cgroup(PodSpec(name="left", uid=uid).cgroup_parent)
+            remove_cgroup(SandboxSpec(name="left", uid=uid).cgroup_parent)
 
 
 class PodMaker(Protocol):
-    def start_pod(self, spec: PodSpec) -> RunningPod: ...
+    def start_pod(self, spec: SandboxSpec) -> RunningPod: ...
     def stop_pod(self, pod: RunningPod) -> None: ...
 
 

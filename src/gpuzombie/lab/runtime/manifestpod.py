@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, PodSpec, RunningPod
+from gpuzombie.k8s.cri import BindMount, ContainerSpec, CriError, RunningPod, SandboxSpec
 from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import Container, Mount, PodManifest, Volume
@@ -201,7 +201,7 @@ class ManifestPod:
         except BaseException:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
-        self.spec = PodSpec(
+        self.spec = SandboxSpec(
             name=f"{manifest.name}-{os.getpid()}-{int(time.time() * 1000) % 100000}",
             namespace=manifest.namespace,
             share_process_namespace=manifest.share_process_namespace,

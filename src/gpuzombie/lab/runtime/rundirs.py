@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpuzombie.k8s.cgroup import cgroup_paths
 from gpuzombie.proc.pidfd import Liveness, ProcessHandle, ProcessIdentity, read_start_and_state
 from gpuzombie.proc.procfs import Procfs
 
@@ -129,7 +130,7 @@ def run_processes(run: Path, cgroups: Iterable[str], procfs: Procfs | None = Non
     pods = _pod_cgroups(cgroups)
 
     def in_a_pod(cgroup_lines: tuple[str, ...]) -> bool:  # "N:controller:/kubepods/.../pod<uid>[/<id>]"
-        paths = [line.split(":", 2)[-1] for line in cgroup_lines]
+        paths = list(cgroup_paths(cgroup_lines))
         return any(path == pod or path.startswith(f"{pod}/") for path in paths for pod in pods)
 
     roots = [
