@@ -10,9 +10,10 @@ import functools
 import json
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import click
@@ -36,18 +37,43 @@ if TYPE_CHECKING:  # imported lazily below: --help loads neither the NVML layer 
 CommandFn = TypeVar("CommandFn", bound=Callable[..., Any])
 
 
+def shown_option(
+    name: str, kind: click.ParamType, default: Any, *, help: str, **extra: Any
+) -> Callable[[CommandFn], CommandFn]:
+    """An option of type ``kind`` whose default --help shows (``[default: …]``)."""
+    return click.option(name, type=kind, default=default, show_default=True, help=help, **extra)
+
+
 def seconds_option(name: str, default: float, *, least: float, help: str) -> Callable[[CommandFn], CommandFn]:
-    """A duration in seconds (metavar S) of at least ``least``, its default shown: every timeout and
-    interval of the commands is declared the same way."""
-    return click.option(
-        name, type=click.FloatRange(min=least), default=default, show_default=True, metavar="S", help=help
-    )
+    """A duration in seconds (metavar S) of at least ``least``: every timeout and interval of the
+    commands is declared the same way."""
+    return shown_option(name, click.FloatRange(min=least), default, metavar="S", help=help)
 
 
 def count_option(name: str, default: int, *, least: int, help: str) -> Callable[[CommandFn], CommandFn]:
-    """A whole number (metavar N) of at least ``least``, its default shown: the commands' bounds and counts."""
+    """A whole number (metavar N) of at least ``least``: the commands' bounds and counts."""
+    return shown_option(name, click.IntRange(min=least), default, metavar="N", help=help)
+
+
+def choice_option(name: str, choices: Sequence[str], default: str, *, help: str) -> Callable[[CommandFn], CommandFn]:
+    """One of ``choices``, ``default`` unless given."""
+    return shown_option(name, click.Choice(choices), default, help=help)
+
+
+LAB_OUT = Path("lab-out")
+"""Where `lab run` and `lab pod` write; not results/: that folder holds the committed GPU run, which a
+CPU run must not replace."""
+
+
+def lab_out_option(help: str) -> Callable[[CommandFn], CommandFn]:
+    """--out of the lab's commands: one results folder layout (results.json, comparison.md, plots)."""
+    return shown_option("--out", click.Path(file_okay=False, path_type=Path), LAB_OUT, help=help)
+
+
+def image_archives_option(help: str) -> Callable[[CommandFn], CommandFn]:
+    """--image-archives of the lab's commands: the pause and busybox images `lab images` wrote."""
     return click.option(
-        name, type=click.IntRange(min=least), default=default, show_default=True, metavar="N", help=help
+        "--image-archives", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help=help
     )
 
 

@@ -13,6 +13,7 @@ import click
 from gpuzombie.cli.common import (
     NodeOptions,
     NodeParts,
+    choice_option,
     echo_json,
     node_options,
     node_scan_options,
@@ -54,11 +55,10 @@ def _print_frame(view: NodeView, *, width: int | None, tree: bool, sort: str, na
     "--json", "as_json", is_flag=True, help="With --once: the frame as JSON (schema gpuzombie.top/1, docs/top.md)."
 )
 @click.option("--tree", is_flag=True, help="With --once: every pod's processes under it.")
-@click.option(
+@choice_option(
     "--sort",
-    type=click.Choice(("memory", "zombies", "age", "name")),
-    default="memory",
-    show_default=True,
+    ("memory", "zombies", "age", "name"),
+    "memory",
     help="Sort pods by GPU memory, zombies + orphans, age or name (keys m, z, a, n).",
 )
 @click.option("--namespace", default="", metavar="NS", help="Only pods of this namespace (key N cycles).")

@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
-from gpuzombie.cli.common import count_option, gpu_device_class_option, seconds_option, server_options, stopped
+from gpuzombie.cli.common import (
+    choice_option,
+    count_option,
+    gpu_device_class_option,
+    seconds_option,
+    server_options,
+    stopped,
+)
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -222,11 +229,10 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     envvar="GPUZOMBIE_WEBHOOK_LISTEN",
     help="Address to serve HTTPS on (in a pod: its pod IP). Env: GPUZOMBIE_WEBHOOK_LISTEN.",
 )
-@click.option(
+@choice_option(
     "--mode",
-    type=click.Choice(["mutate", "warn"]),
-    default="mutate",
-    show_default=True,
+    ["mutate", "warn"],
+    "mutate",
     help="warn: change nothing, only send the warnings of what would be done.",
 )
 @click.option(
