@@ -252,9 +252,7 @@ def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderV
     listed = {r.reader_pid for r in refs if r.verdict in (Verdict.LIVE, Verdict.ZOMBIE)}
     return tuple(
         FdHolder(
-            pid=p.pid,
-            local_pid=p.innermost_pid,
-            comm=p.comm,
+            **p.named(),
             state=p.state,
             devices=p.nvidia_fds,
             listed_by_nvml=p.pid in listed,
