@@ -125,28 +125,22 @@ class _Tracked:
         )
 
 
+@dataclass(eq=False, kw_only=True)
 class Terminator:
     """Stops one scope's targets through pidfds: ``run`` is the TERM phase, then the KILL rounds.
 
     One use per instance: it keeps every target any scan found, by (pid, start time), and reports
     each once, in the order found. Pins (the first scan's and every re-scan's) are closed here."""
 
-    def __init__(
-        self,
-        *,
-        procfs_root: str,
-        rescan: Rescan | None = None,
-        dry_run: bool = False,
-        on_event: Callable[[PrestopEvent], None] = lambda e: None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.procfs_root = procfs_root
-        self.rescan = rescan
-        self.dry_run = dry_run
-        self.on_event = on_event
-        self.clock = clock
-        self._start = clock()
-        self._tracked: dict[tuple[int, int], _Tracked] = {}
+    procfs_root: str
+    rescan: Rescan | None = None
+    dry_run: bool = False
+    on_event: Callable[[PrestopEvent], None] = lambda e: None
+    clock: Callable[[], float] = time.monotonic
+    _tracked: dict[tuple[int, int], _Tracked] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._start = self.clock()
 
     def run(
         self, targets: Sequence[Target], pins: PinnedPids, *, timeout: float, kill_wait: float
