@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypedDict
 
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, MigInstance
 from gpuzombie.jsonout import IN_MIB
@@ -113,6 +114,19 @@ class Attribution:
     ghosts: tuple[GhostMemory, ...]
 
 
+class _OnGpu(TypedDict):
+    """Which GPU (or MIG instance of it) a record is about."""
+
+    gpu_index: int
+    gpu_uuid: str
+    mig: MigInstance | None
+
+
+def _on_gpu(device: GpuDevice) -> _OnGpu:
+    """The fields every record of one device starts from (a process entry, its ghost memory)."""
+    return _OnGpu(gpu_index=device.index, gpu_uuid=device.uuid, mig=device.mig)
+
+
 def _ref(
     device: GpuDevice,
     nvml_pid: int,
@@ -129,8 +143,7 @@ def _ref(
         # pid it can see is its own namespace's, so the host pid stays unknown unless NVML gave it.
         host_pid = proc.nspid[0]
     return GpuProcessRef(
-        gpu_index=device.index,
-        gpu_uuid=device.uuid,
+        **_on_gpu(device),
         nvml_pid=nvml_pid,
         used_memory=used,
         kind=kind,
@@ -140,7 +153,6 @@ def _ref(
         comm=proc.comm if proc else None,
         evidence=evidence,
         reader_pid=proc.pid if proc else None,
-        mig=device.mig,
     )
 
 
@@ -322,8 +334,7 @@ def ghost_memory(
     else:
         verdict = "cannot_tell"
     return GhostMemory(
-        gpu_index=device.index,
-        gpu_uuid=device.uuid,
+        **_on_gpu(device),
         used=device.memory_used,
         baseline=base,
         baseline_source=source,
@@ -332,7 +343,6 @@ def ghost_memory(
         flagged=verdict == "ghost",
         likely_causes=tuple(causes),
         verdict=verdict,
-        mig=device.mig,
     )
 
 
