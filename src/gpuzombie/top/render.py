@@ -5,7 +5,7 @@ that text), made from the model's already escaped strings."""
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TypedDict, Unpack
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -205,7 +205,17 @@ def frame(
     return Group(*parts)
 
 
-def render_text(view: NodeView, *, width: int = 160, **how: Any) -> str:
+class FrameOptions(TypedDict, total=False):
+    """``frame``'s options, which ``render_text`` passes on."""
+
+    sort: str
+    namespace: str
+    text: str
+    read_only: bool
+    expanded: frozenset[str] | None
+
+
+def render_text(view: NodeView, *, width: int = 160, **how: Unpack[FrameOptions]) -> str:
     """The frame (``how``: ``frame``'s options) as plain text ``width`` columns wide: ``--once``'s
     output, no colour, no escapes."""
     out = io.StringIO()
