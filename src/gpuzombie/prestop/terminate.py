@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, TypeVar
 
 from gpuzombie.prestop.targets import Target
 from gpuzombie.proc.pidfd import Liveness, PinnedPids, ProcessHandle, wait_any_exit
@@ -55,6 +56,9 @@ def count_left_alive(outcomes: Iterable[Outcome]) -> int:
     return sum(outcome.left_alive for outcome in outcomes)
 
 
+_Run = TypeVar("_Run", bound="TerminationRun")
+
+
 @dataclass(frozen=True)
 class TerminationRun:
     """What a report of the SIGTERM/SIGKILL sequence begins with (prestop's and reap's JSON)."""
@@ -65,6 +69,30 @@ class TerminationRun:
     dry_run: bool
     timeout_s: float
     kill_wait_s: float
+
+    @classmethod
+    def of_run(
+        cls: type[_Run],
+        schema: str,
+        started: float,
+        elapsed: float,
+        *,
+        dry_run: bool,
+        timeout: float,
+        kill_wait: float,
+        **own: Any,
+    ) -> _Run:
+        """A report whose beginning is the run's: its start (wall clock), ``elapsed`` seconds (to the
+        millisecond) and its settings; ``own``, the report's other fields."""
+        return cls(
+            schema=schema,
+            started_at=started,
+            duration_s=round(elapsed, 3),
+            dry_run=dry_run,
+            timeout_s=timeout,
+            kill_wait_s=kill_wait,
+            **own,
+        )
 
 
 @dataclass(frozen=True)
