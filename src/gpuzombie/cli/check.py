@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from gpuzombie.admission.inplace import not_regular
-from gpuzombie.cli.common import gpu_device_class_option
+from gpuzombie.cli.common import choice_option, gpu_device_class_option, json_option
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -190,7 +190,7 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
 
 @click.command()
 @click.argument("paths", nargs=-1, metavar="[FILE|DIR|-]...")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema gpuzombie.check/1, docs/admission.md).")
+@json_option("gpuzombie.check/1", "docs/admission.md")
 @click.option("--sarif", is_flag=True, help="Print SARIF 2.1.0 (code-scanning UIs).")
 @click.option(
     "--disable",
@@ -200,11 +200,10 @@ def _rule_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     help="Do not run this rule (repeatable, or comma-separated). Per object: the annotation "
     "gpuzombie.dev/suppress: 'GZ00x: reason'.",
 )
-@click.option(
+@choice_option(
     "--fail-on",
-    type=click.Choice(["error", "warning", "note"]),
-    default="error",
-    show_default=True,
+    ["error", "warning", "note"],
+    "error",
     help="The least level that makes the check exit 1: error, certain waste (every deletion holds the GPU "
     "its whole grace); warning, possible waste (it depends on the program); note, cannot tell or advice.",
 )

@@ -10,10 +10,11 @@ import functools
 import json
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import click
 
@@ -26,6 +27,7 @@ from gpuzombie.proc.own import PROCFS
 from gpuzombie.units import MIB
 
 if TYPE_CHECKING:  # imported lazily below: --help loads neither the NVML layer nor the runtime's clients
+    from gpuzombie.gpu.attribution import ReaderView
     from gpuzombie.gpu.nvml import NvmlBackend
     from gpuzombie.k8s.liveness import PodLister
     from gpuzombie.k8s.names import RuntimeNames
@@ -33,6 +35,47 @@ if TYPE_CHECKING:  # imported lazily below: --help loads neither the NVML layer 
     from gpuzombie.proc.procfs import Procfs
 
 CommandFn = TypeVar("CommandFn", bound=Callable[..., Any])
+
+
+def shown_option(
+    name: str, kind: click.ParamType, default: Any, *, help: str, **extra: Any
+) -> Callable[[CommandFn], CommandFn]:
+    """An option of type ``kind`` whose default --help shows (``[default: …]``)."""
+    return click.option(name, type=kind, default=default, show_default=True, help=help, **extra)
+
+
+def seconds_option(name: str, default: float, *, least: float, help: str) -> Callable[[CommandFn], CommandFn]:
+    """A duration in seconds (metavar S) of at least ``least``: every timeout and interval of the
+    commands is declared the same way."""
+    return shown_option(name, click.FloatRange(min=least), default, metavar="S", help=help)
+
+
+def count_option(name: str, default: int, *, least: int, help: str) -> Callable[[CommandFn], CommandFn]:
+    """A whole number (metavar N) of at least ``least``: the commands' bounds and counts."""
+    return shown_option(name, click.IntRange(min=least), default, metavar="N", help=help)
+
+
+def choice_option(name: str, choices: Sequence[str], default: str, *, help: str) -> Callable[[CommandFn], CommandFn]:
+    """One of ``choices``, ``default`` unless given."""
+    return shown_option(name, click.Choice(choices), default, help=help)
+
+
+LAB_OUT = Path("lab-out")
+"""Where `lab run` and `lab pod` write; not results/: that folder holds the committed GPU run, which a
+CPU run must not replace."""
+
+
+def lab_out_option(help: str) -> Callable[[CommandFn], CommandFn]:
+    """--out of the lab's commands: one results folder layout (results.json, comparison.md, plots)."""
+    return shown_option("--out", click.Path(file_okay=False, path_type=Path), LAB_OUT, help=help)
+
+
+def image_archives_option(help: str) -> Callable[[CommandFn], CommandFn]:
+    """--image-archives of the lab's commands: the pause and busybox images `lab images` wrote."""
+    return click.option(
+        "--image-archives", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help=help
+    )
+
 
 procfs_option = click.option(
     "--procfs",
@@ -50,12 +93,10 @@ cri_socket_option = click.option(
     help="CRI runtime socket to ask for pod and container names (gRPC). Default: the first of "
     f"containerd's, CRI-O's and cri-dockerd's usual sockets that exists. Env: {CRI_SOCKET_ENV}.",
 )
-cri_timeout_option = click.option(
+cri_timeout_option = seconds_option(
     "--cri-timeout",
-    type=click.FloatRange(min=0.1),
-    default=CRI_TIMEOUT,
-    show_default=True,
-    metavar="S",
+    CRI_TIMEOUT,
+    least=0.1,
     help="Give up on the CRI runtime after S seconds per scan (ids only, a warning).",
 )
 pod_resources_socket_option = click.option(
@@ -127,6 +168,13 @@ def node_source_options(fn: CommandFn) -> CommandFn:
     )
 
 
+def node_scan_options(node_name_help: str | None = None) -> Callable[[CommandFn], CommandFn]:
+    """The options that close every node scan's command (trace, top, the exporter): whose the processes
+    are (``node_source_options``), the node's name where the command shows it, and the ghost options."""
+    names = (node_name_option(node_name_help),) if node_name_help is not None else ()
+    return lambda fn: _apply(fn, (node_source_options, *names, ghost_options))
+
+
 def node_name_option(help_text: str) -> Callable[[CommandFn], CommandFn]:
     """--node-name (the host name unless NODE_NAME, which a DaemonSet sets from spec.nodeName)."""
     import socket
@@ -165,20 +213,16 @@ def server_options(*, cert_help: str, read_timeout: float, max_connections: int)
                     "--tls-key", type=pem, default=None, metavar="PEM", callback=tls_pair, help="Its private key."
                 ),
                 tls_reload_option,
-                click.option(
+                seconds_option(
                     "--read-timeout",
-                    type=click.FloatRange(min=0.1),
-                    default=read_timeout,
-                    show_default=True,
-                    metavar="S",
+                    read_timeout,
+                    least=0.1,
                     help="A connection must send its whole request within S seconds (slow senders are cut).",
                 ),
-                click.option(
+                count_option(
                     "--max-connections",
-                    type=click.IntRange(min=1),
-                    default=max_connections,
-                    show_default=True,
-                    metavar="N",
+                    max_connections,
+                    least=1,
                     help="Serve at most N connections at once; at the bound a new one evicts the oldest "
                     "still sending its request.",
                 ),
@@ -346,6 +390,18 @@ def node_options(fn: Callable[..., int]) -> Callable[..., int]:
     return command
 
 
+class ScanInputs(TypedDict):
+    """The keyword arguments the node scans share, so a command passes them as one ``**``."""
+
+    procfs: Procfs
+    nvml: NvmlBackend
+    view: ReaderView
+    names: RuntimeNames
+    pods: PodLister
+    baseline: int | None
+    threshold: int
+
+
 class NodeParts:
     """The node's parts, wired once from ``options`` (checked first: a procfs, root on the live one):
     each made at its first use, the channels closed on exit."""
@@ -358,6 +414,21 @@ class NodeParts:
         from gpuzombie.proc.procfs import Procfs
 
         return Procfs(self.options.procfs)
+
+    def scan_inputs(self) -> ScanInputs:
+        """What every node scan is given (trace_node, top's NodeSource, the exporter's scan_node), read now."""
+        from gpuzombie.gpu.attribution import current_view
+
+        o = self.options
+        return ScanInputs(
+            procfs=self.procfs(),
+            nvml=self.nvml,
+            view=current_view(),
+            names=self.names,
+            pods=self.pods,
+            baseline=o.baseline,
+            threshold=o.threshold,
+        )
 
     @cached_property
     def nvml(self) -> NvmlBackend:

@@ -14,11 +14,11 @@ from gpuzombie.cli.common import (
     CommandFn,
     NodeOptions,
     NodeParts,
-    ghost_options,
-    node_name_option,
+    count_option,
     node_options,
-    node_source_options,
+    node_scan_options,
     procfs_option,
+    seconds_option,
     server_options,
     stopped,
     tls_pair,
@@ -191,12 +191,10 @@ def serving_options(fn: CommandFn) -> CommandFn:
         callback=tls_pair,
         help="Require client certificates signed by this CA (mutual TLS).",
     )
-    unhealthy_after = click.option(
+    unhealthy_after = count_option(
         "--unhealthy-after",
-        type=click.IntRange(min=1),
-        default=5,
-        show_default=True,
-        metavar="N",
+        5,
+        least=1,
         help="/healthz answers 503 after N failed scans in a row (/readyz: 503 while the last failed).",
     )
     return listen(server(client_ca(unhealthy_after(fn))))
@@ -206,18 +204,9 @@ def serving_options(fn: CommandFn) -> CommandFn:
 @node_options
 @serving_options
 @procfs_option
-@click.option(
-    "--min-interval",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    metavar="S",
-    help="Reuse the last node scan for scrapes within S seconds of it.",
-)
+@seconds_option("--min-interval", 10.0, least=0, help="Reuse the last node scan for scrapes within S seconds of it.")
 @click.option("--once", is_flag=True, help="Print one exposition to stdout and exit (tests, cron).")
-@node_source_options
-@node_name_option("The Hostname label of the GPU series (dcgm-exporter's label for the node).")
-@ghost_options
+@node_scan_options("The Hostname label of the GPU series (dcgm-exporter's label for the node).")
 @click.option(
     "--reap-stale-after",
     "reap_after",
@@ -256,7 +245,6 @@ def command(
     from prometheus_client import CollectorRegistry, generate_latest
 
     from gpuzombie.exporter import NodeCollector, scan_node
-    from gpuzombie.gpu.attribution import current_view
     from gpuzombie.gpu.dstate import DStateTracker
     from gpuzombie.trace.scan import NodeScan
 
@@ -266,18 +254,7 @@ def command(
     dstate = DStateTracker()  # one for the process: how long each D-state GPU holder has been in D
 
     def scan() -> NodeScan:
-        return scan_node(
-            procfs=parts.procfs(),
-            nvml=parts.nvml,
-            view=current_view(),
-            names=parts.names,
-            resources=parts.resources,
-            baseline=node.baseline,
-            threshold=node.threshold,
-            node_name=node_name,
-            dstate=dstate,
-            pods=parts.pods,
-        )
+        return scan_node(**parts.scan_inputs(), resources=parts.resources, node_name=node_name, dstate=dstate)
 
     on_result = _warn_on_change(errors=not once)
     reaper = _reaper(reap_after, parts) if reap_after is not None else None

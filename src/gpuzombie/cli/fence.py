@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuzombie.cli.common import echo_json, json_option, stopped
+from gpuzombie.cli.common import count_option, echo_json, json_option, seconds_option, stopped
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 
@@ -46,28 +46,17 @@ def _import() -> Any:
     metavar="NAME",
     help="DRA driver whose devices are GPUs (matched by their uuid attribute); repeatable.",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=1),
-    default=15.0,
-    show_default=True,
-    metavar="S",
-    help="Seconds between evaluations.",
-)
-@click.option(
+@seconds_option("--interval", 15.0, least=1, help="Seconds between evaluations.")
+@count_option(
     "--clean-evaluations",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    metavar="N",
+    3,
+    least=1,
     help="Lift a rule once its GPU read clean at N evaluations in a row (read from Prometheus's history).",
 )
-@click.option(
+@count_option(
     "--max-devices",
-    type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
-    metavar="N",
+    10,
+    least=0,
     help="Fence at most N devices in all; past it a dirty GPU is counted in gpuzombie_fence_limited_gpus instead.",
 )
 @click.option(

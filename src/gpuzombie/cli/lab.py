@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -11,7 +12,14 @@ from rich.console import Console
 from rich.status import Status
 from rich.table import Table
 
-from gpuzombie.cli.common import exact_command
+from gpuzombie.cli.common import (
+    CommandFn,
+    choice_option,
+    exact_command,
+    image_archives_option,
+    lab_out_option,
+    shown_option,
+)
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.report import build, format_seconds
@@ -22,8 +30,6 @@ from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabC
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
-DEFAULT_OUT = Path("lab-out")
-"""Not results/: that folder holds the committed GPU run, which a CPU run must not replace."""
 
 
 @click.group(short_help="Run the original experiment's scenarios as pods here and measure them.")
@@ -70,6 +76,12 @@ def summary_table(runs: list[LabRun]) -> Table:
     return table
 
 
+def _nccl_option(name: str, what: str, default: str | None, **kind: Any) -> Callable[[CommandFn], CommandFn]:
+    """A knob of the NCCL comparison: None unless given, the runner then picks ``default`` (said in --help)."""
+    said = f"  [default: {default}]" if default is not None else ""
+    return click.option(name, default=None, help=f"{what} (--scenario nccl).{said}", **kind)
+
+
 @command.command("run")
 @click.option(
     "--scenario",
@@ -80,11 +92,10 @@ def summary_table(runs: list[LabRun]) -> Table:
     help="A scenario (S1-S4 the original experiment's, S5 shareProcessNamespace, s4-fullfix-fasthook S4 with the fast "
     "hook), all five, or the NCCL comparison; repeat the option to run several side by side.",
 )
-@click.option(
+@choice_option(
     "--runtime",
-    type=click.Choice([*RUNTIMES, "both", "all"]),
-    default="namespaces",
-    show_default=True,
+    [*RUNTIMES, "both", "all"],
+    "namespaces",
     help="namespaces: PID namespaces made here; containerd: real CRI pods (a private containerd unless "
     "--cri-socket); kubernetes: Pods through the API server of `gpuzombie cluster` (the cluster up at "
     "$GPUZOMBIE_CLUSTER_DIR, left up; else one started for the run and stopped at its end); both: "
@@ -96,47 +107,36 @@ def summary_table(runs: list[LabRun]) -> Table:
     default=None,
     help="A running containerd's CRI socket to make the pods on.  [default: a private containerd per run]",
 )
-@click.option(
+@shown_option(
     "--repeat",
-    type=click.IntRange(1, 50),
-    default=1,
-    show_default=True,
+    click.IntRange(1, 50),
+    1,
     help="Run each scenario N times; comparison.md shows the median and min–max of each timing.",
 )
-@click.option(
-    "--image-archives",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
-    "instead of building them from this host's catatonit and busybox.",
+@image_archives_option(
+    "Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
+    "instead of building them from this host's catatonit and busybox."
 )
-@click.option(
+@shown_option(
     "--workers",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
+    click.IntRange(1, 64),
+    1,
     help="Workers alive at deletion (the parent spawns one more: the kill -9 victim).",
 )
-@click.option(
+@shown_option(
     "--grace",
-    type=click.FloatRange(0.5, 600),
-    default=30.0,
-    show_default=True,
+    click.FloatRange(0.5, 600),
+    30.0,
     help="terminationGracePeriodSeconds, counted from the deletion (Kubernetes: 30).",
 )
-@click.option(
+@choice_option(
     "--device",
-    type=click.Choice(DEVICES),
-    default="auto",
-    show_default=True,
+    DEVICES,
+    "auto",
     help="cuda, or cpu: the labelled stand-in that holds host memory; auto: a GPU when NVML sees one.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS),
-    default="auto",
-    show_default=True,
-    help="How a GPU worker holds memory: torch, or the CUDA driver API (ctypes).",
+@choice_option(
+    "--backend", BACKENDS, "auto", help="How a GPU worker holds memory: torch, or the CUDA driver API (ctypes)."
 )
 @click.option(
     "--uid",
@@ -144,11 +144,10 @@ def summary_table(runs: list[LabRun]) -> Table:
     default=None,
     help="Run the workers as this uid (the original experiment's: 1000).  [default: the lab's own]",
 )
-@click.option(
+@shown_option(
     "--size-mib",
-    type=click.IntRange(1),
-    default=2048,
-    show_default=True,
+    click.IntRange(1),
+    2048,
     help="Memory each worker holds. On the CPU stand-in the default is lowered to fit MemAvailable; "
     "a size given that does not fit is refused (exit 2). --scenario nccl: each rank's (default 2048 "
     "on GPUs, 64 on the stand-in).",
@@ -169,44 +168,33 @@ def summary_table(runs: list[LabRun]) -> Table:
     help="The container's main process under the init in S2-S4: sleep (experiments via "
     "kubectl exec, the original experiment's way) or a worker that is the workload itself.",
 )
-@click.option(
-    "--ranks",
-    type=click.IntRange(2),
-    default=None,
-    help="NCCL ranks (--scenario nccl).  [default: one per GPU; 2 on the stand-in]",
-)
-@click.option(
+@_nccl_option("--ranks", "NCCL ranks", "one per GPU; 2 on the stand-in", type=click.IntRange(2))
+@_nccl_option(
     "--cases",
-    default=None,
+    "NCCL cases to run side by side, from abcde (a defaults, b the original experiment's fix, c best knobs, "
+    "d torchrun, e gpuzombie.graceful)",
+    "abcde",
     metavar="LETTERS",
-    help="NCCL cases to run side by side, from abcde (a defaults, b the original experiment's fix, c best knobs, "
-    "d torchrun, e gpuzombie.graceful) (--scenario nccl).  [default: abcde]",
 )
-@click.option(
+@_nccl_option(
     "--observe-seconds",
+    "The NCCL window after the first kill",
+    "420 on GPUs, 20 on the stand-in",
     type=click.FloatRange(min=1),
-    default=None,
-    help="The NCCL window after the first kill (--scenario nccl).  [default: 420 on GPUs, 20 on the stand-in]",
 )
-@click.option(
+@_nccl_option(
     "--budget-seconds",
+    "End the NCCL window early so the whole run fits this many seconds",
+    None,
     type=click.FloatRange(min=1),
-    default=None,
-    help="End the NCCL window early so the whole run fits this many seconds (--scenario nccl).",
 )
-@click.option(
+@_nccl_option(
     "--collective-timeout",
+    "init_process_group(timeout=...) of NCCL cases b and c, in seconds",
+    "10",
     type=click.FloatRange(min=0.1),
-    default=None,
-    help="init_process_group(timeout=...) of NCCL cases b and c, in seconds (--scenario nccl).  [default: 10]",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_OUT,
-    show_default=True,
-    help="Where results.json, comparison.md, the plots and one folder per scenario go.",
-)
+@lab_out_option("Where results.json, comparison.md, the plots and one folder per scenario go.")
 def run_command(
     scenario: tuple[str, ...],
     runtime: str,

@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
+from gpuzombie.cli.common import choice_option, image_archives_option, lab_out_option, shown_option
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from gpuzombie.lab.scenarios import LabRun
 
 SCHEMA = "gpuzombie.labpod/2"
-DEFAULT_OUT = Path("lab-out")
 
 
 def load_manifest(stream: IO[str]) -> Any:
@@ -76,11 +76,10 @@ def _say(console: Console, status: Status) -> Callable[[str], None]:
     "pod", short_help="Run a Pod manifest on the lab's containerd (or the cluster) and measure its deletion."
 )
 @click.argument("manifest", type=click.File("r"))
-@click.option(
+@choice_option(
     "--runtime",
-    type=click.Choice(["containerd", "kubernetes"]),
-    default="containerd",
-    show_default=True,
+    ["containerd", "kubernetes"],
+    "containerd",
     help="containerd: a private containerd, the kubelet's CRI calls made by the lab; kubernetes: the "
     "manifest kubectl apply'd to `gpuzombie cluster` (the cluster up at $GPUZOMBIE_CLUSTER_DIR, left "
     "up; else one started for the run and stopped at its end) and deleted through its API server.",
@@ -91,32 +90,24 @@ def _say(console: Console, status: Status) -> Callable[[str], None]:
     default=None,
     help="terminationGracePeriodSeconds instead of the manifest's (whole seconds, as the CRI takes it).",
 )
-@click.option(
+@choice_option(
     "--device",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
+    ["auto", "cuda", "cpu"],
+    "auto",
     help="cuda: GPU containers get the GPU's devices; cpu: none (the labelled stand-in: host memory); "
     "auto: cuda when NVML sees a GPU.",
 )
-@click.option(
-    "--image-archives",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Import the pause and busybox images from these archives (`gpuzombie lab images`).",
-)
-@click.option(
+@image_archives_option("Import the pause and busybox images from these archives (`gpuzombie lab images`).")
+@shown_option(
     "--repeat",
-    type=click.IntRange(1, 20),
-    default=1,
-    show_default=True,
+    click.IntRange(1, 20),
+    1,
     help="Run the pod N times (one containerd); the report shows each run.",
 )
-@click.option(
+@shown_option(
     "--ready-timeout",
-    type=click.FloatRange(1, 3600),
-    default=180.0,
-    show_default=True,
+    click.FloatRange(1, 3600),
+    180.0,
     help="Measure the pod after this long even if it never settles (its processes, memory held and "
     "none of them running unchanged for a second).",
 )
@@ -134,13 +125,7 @@ def _say(console: Console, status: Status) -> Callable[[str], None]:
     is_flag=True,
     help="Print each run as one line of JSON (schema gpuzombie.labpod/2, docs/lab.md).",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_OUT,
-    show_default=True,
-    help="Where results.json, comparison.md, the plots and the pod's folder go (lab run's layout).",
-)
+@lab_out_option("Where results.json, comparison.md, the plots and the pod's folder go (lab run's layout).")
 def pod_command(
     manifest: IO[str],
     runtime: str,

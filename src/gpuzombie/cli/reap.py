@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -15,6 +18,7 @@ from gpuzombie.cli.common import (
     node_options,
     pod_resources_socket_option,
     procfs_option,
+    seconds_option,
     trust_runtime_option,
 )
 from gpuzombie.errors import GpuzombieError
@@ -22,6 +26,30 @@ from gpuzombie.exitcodes import ExitStatus
 
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
 """An API pod's UID, or a static pod's (the kubelet's hash of its manifest: 32 hex digits)."""
+
+
+def _refusal_as_json(fn: Callable[..., int]) -> Callable[..., int]:
+    """With --json a refusal is JSON on stdout too: a script reading it learns why, not an empty document."""
+
+    @functools.wraps(fn)
+    def command(**params: Any) -> int:
+        try:
+            return fn(**params)
+        except GpuzombieError as exc:
+            if params["as_json"]:
+                from gpuzombie.reap.run import SCHEMA
+
+                echo_json(
+                    {
+                        "schema": SCHEMA,
+                        "refused": str(exc),
+                        "exit_status": int(exc.status),
+                        "dry_run": not params["yes"],
+                    }
+                )
+            raise
+
+    return command
 
 
 def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> frozenset[str] | None:
@@ -44,37 +72,27 @@ def _uids(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) ->
     metavar="UID",
     help="Only this stale pod (repeatable). A pod the runtime runs is never touched, named or not.",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    metavar="S",
-    help="Seconds between SIGTERM and SIGKILL.",
-)
-@click.option(
+@seconds_option("--timeout", 10.0, least=0, help="Seconds between SIGTERM and SIGKILL.")
+@seconds_option(
     "--kill-wait",
-    type=click.FloatRange(min=0),
-    default=2.0,
-    show_default=True,
-    metavar="S",
+    2.0,
+    least=0,
     help="Seconds to wait after SIGKILL; a process still alive then (state D: stuck in the driver) is "
     "reported as not killable, never waited for longer.",
 )
 @click.option("--no-nvml", is_flag=True, help="Do not ask NVML (the /dev/nvidia* fd scan still finds the holders).")
 @cri_socket_option
-@click.option(
+@seconds_option(
     "--cri-timeout",
-    type=click.FloatRange(min=0.1),
-    default=5.0,
-    show_default=True,
-    metavar="S",
+    5.0,
+    least=0.1,
     help="Give up on the CRI runtime after S seconds (then reap refuses: exit 2).",
 )
 @pod_resources_socket_option
 @trust_runtime_option
 @json_option("gpuzombie.reap/1", "docs/reap.md")
 @procfs_option
+@_refusal_as_json
 def command(
     node: NodeOptions,
     yes: bool,
@@ -101,25 +119,6 @@ def command(
     (state D: not killable), or a process could not be read; 2: usage or environment error
     (no CRI runtime, not root, not the host PID namespace).
     """
-    try:
-        return _reap(node, yes, pod_uids, timeout, kill_wait, no_nvml, as_json)
-    except GpuzombieError as exc:
-        if as_json:  # a script reading stdout learns why, not an empty document
-            from gpuzombie.reap.run import SCHEMA
-
-            echo_json({"schema": SCHEMA, "refused": str(exc), "exit_status": int(exc.status), "dry_run": not yes})
-        raise
-
-
-def _reap(
-    node: NodeOptions,
-    yes: bool,
-    pod_uids: frozenset[str] | None,
-    timeout: float,
-    kill_wait: float,
-    no_nvml: bool,
-    as_json: bool,
-) -> int:
     from gpuzombie.reap import render_text, run_reap
 
     def log(event):

@@ -13,12 +13,12 @@ import click
 from gpuzombie.cli.common import (
     NodeOptions,
     NodeParts,
+    choice_option,
     echo_json,
-    ghost_options,
-    node_name_option,
     node_options,
-    node_source_options,
+    node_scan_options,
     procfs_option,
+    seconds_option,
     unreadable_procfs,
 )
 from gpuzombie.errors import GpuzombieError, needs_extra
@@ -49,24 +49,16 @@ def _print_frame(view: NodeView, *, width: int | None, tree: bool, sort: str, na
 @click.command()
 @node_options
 @procfs_option
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.2),
-    default=2.0,
-    show_default=True,
-    metavar="S",
-    help="Refresh every S seconds (one node scan each).",
-)
+@seconds_option("--interval", 2.0, least=0.2, help="Refresh every S seconds (one node scan each).")
 @click.option("--once", is_flag=True, help="Print one frame as text and exit (scripts; needs no Textual).")
 @click.option(
     "--json", "as_json", is_flag=True, help="With --once: the frame as JSON (schema gpuzombie.top/1, docs/top.md)."
 )
 @click.option("--tree", is_flag=True, help="With --once: every pod's processes under it.")
-@click.option(
+@choice_option(
     "--sort",
-    type=click.Choice(("memory", "zombies", "age", "name")),
-    default="memory",
-    show_default=True,
+    ("memory", "zombies", "age", "name"),
+    "memory",
     help="Sort pods by GPU memory, zombies + orphans, age or name (keys m, z, a, n).",
 )
 @click.option("--namespace", default="", metavar="NS", help="Only pods of this namespace (key N cycles).")
@@ -90,9 +82,7 @@ def _print_frame(view: NodeView, *, width: int | None, tree: bool, sort: str, na
     help="Let keys k / K signal the selected process and r reap the selected stale pod, each after a "
     "confirmation, through pidfds (as prestop and reap). Off: top is read-only.",
 )
-@node_source_options
-@node_name_option("The node's name in the header.")
-@ghost_options
+@node_scan_options("The node's name in the header.")
 def command(
     node: NodeOptions,
     interval: float,
@@ -120,22 +110,11 @@ def command(
     if allow_actions and once:
         raise click.UsageError("--allow-actions needs the full-screen view, not --once")
     app = _app_module() if not once else None  # before any scan: a missing Textual is said at once
-    from gpuzombie.gpu.attribution import current_view
     from gpuzombie.top.model import arrange
     from gpuzombie.top.source import NodeSource
 
     with NodeParts(node, who="top") as parts:
-        source = NodeSource(
-            procfs=parts.procfs(),
-            nvml=parts.nvml,
-            view=current_view(),
-            names=parts.names,
-            resources=parts.resources,
-            pods=parts.pods,
-            node_name=node_name,
-            baseline=node.baseline,
-            threshold=node.threshold,
-        )
+        source = NodeSource(**parts.scan_inputs(), resources=parts.resources, node_name=node_name)
         if once:
             try:
                 view = source()

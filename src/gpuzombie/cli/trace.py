@@ -11,15 +11,13 @@ from gpuzombie.cli.common import (
     NodeParts,
     echo_json,
     echo_warnings,
-    ghost_options,
     json_option,
     node_options,
-    node_source_options,
+    node_scan_options,
     procfs_option,
     unreadable_procfs,
 )
 from gpuzombie.exitcodes import ExitStatus
-from gpuzombie.gpu.attribution import current_view
 from gpuzombie.trace.model import trace_node
 from gpuzombie.trace.render import render_text
 
@@ -28,8 +26,7 @@ from gpuzombie.trace.render import render_text
 @node_options
 @procfs_option
 @json_option("gpuzombie.trace/1", "docs/trace.md")
-@node_source_options
-@ghost_options
+@node_scan_options()
 def command(node: NodeOptions, as_json: bool) -> int:
     """On a node (root): every GPU process, /dev/nvidia* holder and zombie mapped to its container
     and pod, and each GPU's memory split into driver baseline, processes and ghost.
@@ -43,17 +40,7 @@ def command(node: NodeOptions, as_json: bool) -> int:
     """
     try:
         with NodeParts(node, who="trace") as parts:
-            report = trace_node(
-                procfs=parts.procfs(),
-                nvml=parts.nvml,
-                view=current_view(),
-                names=parts.names,
-                resources=parts.resources(),
-                now=time.time(),
-                baseline=node.baseline,
-                threshold=node.threshold,
-                pods=parts.pods,
-            )
+            report = trace_node(**parts.scan_inputs(), resources=parts.resources(), now=time.time())
     except (OSError, ValueError) as exc:
         raise unreadable_procfs(node.procfs, exc) from exc
     if as_json:

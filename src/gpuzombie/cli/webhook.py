@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from gpuzombie.admission.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REVIEWS, DEFAULT_REVIEW_SECONDS
-from gpuzombie.cli.common import gpu_device_class_option, server_options, stopped
+from gpuzombie.cli.common import (
+    choice_option,
+    count_option,
+    gpu_device_class_option,
+    seconds_option,
+    server_options,
+    stopped,
+)
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -223,11 +230,10 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     envvar="GPUZOMBIE_WEBHOOK_LISTEN",
     help="Address to serve HTTPS on (in a pod: its pod IP). Env: GPUZOMBIE_WEBHOOK_LISTEN.",
 )
-@click.option(
+@choice_option(
     "--mode",
-    type=click.Choice(["mutate", "warn"]),
-    default="mutate",
-    show_default=True,
+    ["mutate", "warn"],
+    "mutate",
     help="warn: change nothing, only send the warnings of what would be done.",
 )
 @click.option(
@@ -267,36 +273,25 @@ def _serve(app: Any, serving: dict[str, Any], max_body_bytes: int) -> int:
     read_timeout=5.0,
     max_connections=64,
 )
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(min=1024),
-    default=DEFAULT_MAX_BODY_BYTES,
-    show_default=True,
-    metavar="N",
-    help="Refuse AdmissionReviews larger than N bytes (413).",
+@count_option(
+    "--max-body-bytes", DEFAULT_MAX_BODY_BYTES, least=1024, help="Refuse AdmissionReviews larger than N bytes (413)."
 )
-@click.option(
+@count_option(
     "--max-body-bytes-held",
-    type=click.IntRange(min=1024),
-    default=4 * DEFAULT_MAX_BODY_BYTES,
-    show_default=True,
-    metavar="N",
+    4 * DEFAULT_MAX_BODY_BYTES,
+    least=1024,
     help="The bodies of all connections together: one past it is refused (503), unread (a memory bound).",
 )
-@click.option(
+@seconds_option(
     "--review-seconds",
-    type=click.FloatRange(min=0.01),
-    default=DEFAULT_REVIEW_SECONDS,
-    show_default=True,
-    metavar="S",
+    DEFAULT_REVIEW_SECONDS,
+    least=0.01,
     help="One review's time (a wait for a slot included): past it the pod is admitted unchanged, with a warning.",
 )
-@click.option(
+@count_option(
     "--max-reviews",
-    type=click.IntRange(min=1),
-    default=DEFAULT_MAX_REVIEWS,
-    show_default=True,
-    metavar="N",
+    DEFAULT_MAX_REVIEWS,
+    least=1,
     help="Reviews analysed at once; more wait for a slot within --review-seconds (429 past it).",
 )
 def command(

@@ -25,6 +25,11 @@ class Component:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
 
+    @classmethod
+    def of(cls, layout: Layout, name: str, *flags: str, env: tuple[tuple[str, str], ...] = ()) -> Component:
+        """The cluster's binary ``name`` (under ``layout.bin``) run with ``flags``."""
+        return cls(name, (str(layout.bin / name), *flags), env)
+
 
 def kubeconfig(layout: Layout, ports: Ports, user: str) -> str:
     """A kubeconfig for ``user`` (client certificate ``<user>.pem``) against the API server."""
@@ -210,54 +215,49 @@ def cni_network(layout: Layout) -> str:
 
 
 def _etcd(layout: Layout, ports: Ports) -> Component:
-    bin_dir = layout.bin
-    return Component(
+    return Component.of(
+        layout,
         "etcd",
-        (
-            str(bin_dir / "etcd"),
-            f"--data-dir={layout.etcd_data}",
-            f"--listen-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
-            f"--advertise-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
-            f"--listen-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
-            f"--initial-advertise-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
-            f"--initial-cluster=default=http://{LOOPBACK}:{ports.etcd_peer}",
-            "--unsafe-no-fsync",  # a throwaway cluster: fsync on a shared disk only slows the tests
-            "--quota-backend-bytes=1073741824",
-        ),
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--advertise-client-urls=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--listen-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
+        f"--initial-advertise-peer-urls=http://{LOOPBACK}:{ports.etcd_peer}",
+        f"--initial-cluster=default=http://{LOOPBACK}:{ports.etcd_peer}",
+        "--unsafe-no-fsync",  # a throwaway cluster: fsync on a shared disk only slows the tests
+        "--quota-backend-bytes=1073741824",
     )
 
 
 def _apiserver(layout: Layout, ports: Ports) -> Component:
-    pki, bin_dir = layout.pki, layout.bin
-    return Component(
+    pki = layout.pki
+    return Component.of(
+        layout,
         "kube-apiserver",
-        (
-            str(bin_dir / "kube-apiserver"),
-            f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
-            f"--bind-address={LOOPBACK}",
-            f"--advertise-address={LOOPBACK}",
-            f"--secure-port={ports.apiserver}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.pem'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.pem'}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.pem'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere here
-            "--allow-privileged=true",  # the node agent's DaemonSet is privileged (hostPID)
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            # No kube-proxy: the API server dials a webhook Service's endpoints (the pod) itself.
-            "--enable-aggregator-routing=true",
-            # It listens on loopback only, which the endpoint reconciler refuses to publish: the
-            # `kubernetes` Service gets no endpoints (pods do not call the API server here).
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-        ),
+        f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--bind-address={LOOPBACK}",
+        f"--advertise-address={LOOPBACK}",
+        f"--secure-port={ports.apiserver}",
+        f"--cert-dir={pki}",
+        f"--tls-cert-file={pki / 'apiserver.pem'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.pem'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.pem'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere here
+        "--allow-privileged=true",  # the node agent's DaemonSet is privileged (hostPID)
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        # No kube-proxy: the API server dials a webhook Service's endpoints (the pod) itself.
+        "--enable-aggregator-routing=true",
+        # It listens on loopback only, which the endpoint reconciler refuses to publish: the
+        # `kubernetes` Service gets no endpoints (pods do not call the API server here).
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
     )
 
 
@@ -266,20 +266,18 @@ def _controller(layout: Layout, name: str, port: int, *flags: str) -> Component:
     server and for delegated authentication and authorization, loopback, its own certificates; one
     replica (no leader election), no profiling."""
     kubeconfig = layout.kubeconfig(name)
-    return Component(
+    return Component.of(
+        layout,
         f"kube-{name}",
-        (
-            str(layout.bin / f"kube-{name}"),
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--cert-dir={layout.pki / name}",
-            *flags,
-            "--leader-elect=false",
-            "--profiling=false",
-        ),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={port}",
+        f"--cert-dir={layout.pki / name}",
+        *flags,
+        "--leader-elect=false",
+        "--profiling=false",
     )
 
 
@@ -303,18 +301,15 @@ def _scheduler(layout: Layout, ports: Ports) -> Component:
 
 
 def _kubelet(layout: Layout, ports: Ports) -> Component:
-    pki, bin_dir = layout.pki, layout.bin
-    return Component(
+    return Component.of(
+        layout,
         "kubelet",
-        (
-            str(bin_dir / "kubelet"),
-            f"--config={layout.root / 'kubelet.json'}",
-            f"--kubeconfig={layout.kubeconfig('kubelet')}",
-            f"--root-dir={layout.kubelet_root}",
-            f"--cert-dir={pki / 'kubelet'}",
-            f"--hostname-override={NODE_NAME}",
-            f"--node-ip={layout.node_ip}",
-        ),
+        f"--config={layout.root / 'kubelet.json'}",
+        f"--kubeconfig={layout.kubeconfig('kubelet')}",
+        f"--root-dir={layout.kubelet_root}",
+        f"--cert-dir={layout.pki / 'kubelet'}",
+        f"--hostname-override={NODE_NAME}",
+        f"--node-ip={layout.node_ip}",
         # cAdvisor reads container stats from the node's containerd (go/kube/main.go: no kubelet flag).
         env=(("KUBE_CADVISOR_CONTAINERD_ENDPOINT", str(layout.containerd_socket)),),
     )

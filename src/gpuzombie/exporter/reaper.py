@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -41,40 +42,33 @@ def stale_pod_uids(result: ScanResult) -> frozenset[str] | None:
     return frozenset(r.pod_uid for r in scan.trace.rows if r.dirty == Dirty.STALE and r.pod_uid and r.pid is not None)
 
 
+@dataclass(eq=False)
 class StaleReaper(Collector):
     """The stale pods' clocks, the reaps, and ``gpuzombie_reaped_processes_total{outcome}``."""
 
-    def __init__(
-        self,
-        after: float,
-        reap: Reap,
-        *,
-        log: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
-        only: frozenset[str] | None = None,
-    ) -> None:
-        """``only`` keeps to these pod UIDs (tests on a machine where other runtimes' pods look stale)."""
-        self.after = after
-        self._reap = reap
-        self._log = log
-        self._clock = clock
-        self._only = only
-        self._lock = threading.Lock()
-        self._since: dict[str, float] = {}
-        self.reaped: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
-        self.refusals = 0
+    after: float
+    reap: Reap
+    _: KW_ONLY
+    log: Callable[[str], None]
+    clock: Callable[[], float] = time.monotonic
+    only: frozenset[str] | None = None
+    """Keep to these pod UIDs (tests on a machine where other runtimes' pods look stale)."""
+    reaped: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0), init=False)
+    refusals: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _since: dict[str, float] = field(default_factory=dict, init=False)
 
     def observe(self, result: ScanResult) -> None:
         """Time the pods stale in this scan (its monotonic ``at``); forget the others."""
         stale = stale_pod_uids(result)
-        if stale is not None and self._only is not None:
-            stale &= self._only
+        if stale is not None and self.only is not None:
+            stale &= self.only
         with self._lock:
             self._since = {uid: self._since.get(uid, result.at) for uid in stale or ()}
 
     def due(self) -> frozenset[str]:
         """The pods stale continuously for ``after`` seconds by now."""
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             return frozenset(uid for uid, since in self._since.items() if now - since >= self.after)
 
@@ -83,19 +77,19 @@ class StaleReaper(Collector):
         due = self.due()
         if not due:
             return None
-        self._log(f"reaping stale pod(s) {escape(', '.join(sorted(due)), 1000)}: stale for {self.after:g} s or more")
+        self.log(f"reaping stale pod(s) {escape(', '.join(sorted(due)), 1000)}: stale for {self.after:g} s or more")
         report: ReapReport | None = None
         try:
-            report = self._reap(due, self._on_event)
+            report = self.reap(due, self._on_event)
         except (GpuzombieError, OSError) as exc:
             self.refusals += 1
-            self._log(f"reap refused, nothing signalled: {escape(str(exc), 1000)}")
+            self.log(f"reap refused, nothing signalled: {escape(str(exc), 1000)}")
         if report is not None:
             for r in report.results:
                 self.reaped[r.outcome] = self.reaped.get(r.outcome, 0) + 1
-                self._log(f"reaped pid {r.target.pid} ({escape(r.target.comm, 16)}): {r.outcome.value}")
-            self._log(f"reap: {report.survivors} of {len(report.results)} process(es) left alive")
-        now = self._clock()
+                self.log(f"reaped pid {r.target.pid} ({escape(r.target.comm, 16)}): {r.outcome.value}")
+            self.log(f"reap: {report.survivors} of {len(report.results)} process(es) left alive")
+        now = self.clock()
         with self._lock:
             self._since.update({uid: now for uid in due if uid in self._since})
         return report
@@ -112,13 +106,13 @@ class StaleReaper(Collector):
                     scan()
                     self.reap_due()
                 except Exception as exc:  # noqa: BLE001  a bug here must not end the loop unseen
-                    self._log(f"reaper: {type(exc).__name__}: {escape(str(exc), 1000)}")
+                    self.log(f"reaper: {type(exc).__name__}: {escape(str(exc), 1000)}")
 
         threading.Thread(target=loop, name="gpuzombie-reaper", daemon=True).start()
         return stop
 
     def _on_event(self, event: PrestopEvent) -> None:
-        self._log(f"reap: {escape(event.message, 1000)}")
+        self.log(f"reap: {escape(event.message, 1000)}")
 
     def describe(self) -> list[Metric]:
         return []

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypedDict
 
 from gpuzombie.gpu.nvml import GpuDevice, GpuProcess, GpuSnapshot, MigInstance
 from gpuzombie.jsonout import IN_MIB
@@ -115,6 +116,19 @@ class Attribution:
     ghosts: tuple[GhostMemory, ...]
 
 
+class _OnGpu(TypedDict):
+    """Which GPU (or MIG instance of it) a record is about."""
+
+    gpu_index: int
+    gpu_uuid: str
+    mig: MigInstance | None
+
+
+def _on_gpu(device: GpuDevice) -> _OnGpu:
+    """The fields every record of one device starts from (a process entry, its ghost memory)."""
+    return _OnGpu(gpu_index=device.index, gpu_uuid=device.uuid, mig=device.mig)
+
+
 def _ref(
     device: GpuDevice,
     nvml_pid: int,
@@ -131,8 +145,7 @@ def _ref(
         # pid it can see is its own namespace's, so the host pid stays unknown unless NVML gave it.
         host_pid = proc.nspid[0]
     return GpuProcessRef(
-        gpu_index=device.index,
-        gpu_uuid=device.uuid,
+        **_on_gpu(device),
         nvml_pid=nvml_pid,
         used_memory=used,
         kind=kind,
@@ -142,7 +155,6 @@ def _ref(
         comm=proc.comm if proc else None,
         evidence=evidence,
         reader_pid=proc.pid if proc else None,
-        mig=device.mig,
     )
 
 
@@ -256,9 +268,7 @@ def fd_holders(table: ProcessTable, refs: Iterable[GpuProcessRef], view: ReaderV
     listed = {r.reader_pid for r in refs if r.verdict in (ProcessVerdict.LIVE, ProcessVerdict.ZOMBIE)}
     return tuple(
         FdHolder(
-            pid=p.pid,
-            local_pid=p.innermost_pid,
-            comm=p.comm,
+            **p.named(),
             state=p.state,
             devices=p.nvidia_fds,
             listed_by_nvml=p.pid in listed,
@@ -328,8 +338,7 @@ def ghost_memory(
     else:
         verdict = "cannot_tell"
     return GhostMemory(
-        gpu_index=device.index,
-        gpu_uuid=device.uuid,
+        **_on_gpu(device),
         used=device.memory_used,
         baseline=base,
         baseline_source=source,
@@ -338,7 +347,6 @@ def ghost_memory(
         flagged=verdict == "ghost",
         likely_causes=tuple(causes),
         verdict=verdict,
-        mig=device.mig,
     )
 
 

@@ -58,10 +58,8 @@ def d_state_holders(table: ProcessTable, attribution: Attribution) -> tuple[DSta
         on = listed.get(proc.pid, [])
         found.append(
             DStateHolder(
-                pid=proc.pid,
-                local_pid=proc.innermost_pid,
+                **proc.named(),
                 start_ticks=proc.start_ticks,
-                comm=proc.comm,
                 gpu_memory=sum(memory for _, memory in on),
                 gpus=tuple(sorted({gpu for gpu, _ in on})),
                 devices=proc.nvidia_fds,

@@ -151,32 +151,30 @@ def _mib(n: int | None) -> float | None:
     return None if n is None else mib(n)
 
 
+def _fields(obj: object, *names: str) -> dict[str, Any]:
+    """Attributes kept as they are, under their own names, in the report's order."""
+    return {name: getattr(obj, name) for name in names}
+
+
 def _process_dict(p: ProcessInfo, now: float) -> dict[str, Any]:
     return {
-        "pid": p.pid,
-        "ppid": p.ppid,
-        "state": p.state,
-        "uid": p.uid,
-        "pgid": p.pgid,
-        "sid": p.sid,
+        **_fields(p, "pid", "ppid", "state", "uid", "pgid", "sid"),
         "nspid": list(p.nspid),
-        "comm": p.comm,
-        "command": p.command,
+        **_fields(p, "comm", "command"),
         "age_s": round(max(0.0, now - p.start_time), 1),
         "nvidia_fds": list(p.nvidia_fds),
         "incomplete": to_jsonable(p.incomplete),
     }
 
 
+_MEMORY_READINGS = ("total", "used", "free", "reserved")
+"""NVML's memory readings of a device (``GpuDevice.memory_<reading>``), each reported in MiB."""
+
+
 def _device_dict(d: GpuDevice) -> dict[str, Any]:
     return {
-        "index": d.index,
-        "uuid": d.uuid,
-        "name": d.name,
-        "memory_total_mib": _mib(d.memory_total),
-        "memory_used_mib": _mib(d.memory_used),
-        "memory_free_mib": _mib(d.memory_free),
-        "memory_reserved_mib": _mib(d.memory_reserved),
+        **_fields(d, "index", "uuid", "name"),
+        **{f"memory_{part}_mib": _mib(getattr(d, f"memory_{part}")) for part in _MEMORY_READINGS},
         "processes": len(d.processes),
         "mig_mode": d.mig_mode,
         "mig": to_jsonable(d.mig),
@@ -185,13 +183,7 @@ def _device_dict(d: GpuDevice) -> dict[str, Any]:
 
 def _gpu_process_dict(r: GpuProcessRef) -> dict[str, Any]:
     return {
-        "gpu_index": r.gpu_index,
-        "gpu_uuid": r.gpu_uuid,
-        "nvml_pid": r.nvml_pid,
-        "local_pid": r.local_pid,
-        "host_pid": r.host_pid,
-        "comm": r.comm,
-        "kind": r.kind,
+        **_fields(r, "gpu_index", "gpu_uuid", "nvml_pid", "local_pid", "host_pid", "comm", "kind"),
         "used_memory_mib": _mib(r.used_memory),
         "verdict": r.verdict.value,
         "evidence": r.evidence,

@@ -128,17 +128,20 @@ def find_orphans(
             continue  # a supervisor's children are its services unless evidence says otherwise
         found.append(
             Orphan(
-                pid=proc.pid,
-                local_pid=proc.innermost_pid,
+                **proc.named(),
                 ppid=proc.ppid,
-                comm=proc.comm,
                 command=proc.command,
-                age_s=round(max(0.0, now - proc.start_time), 1),
+                age_s=_age(proc, now),
                 verdict=ORPHAN if evidence else CANNOT_TELL,
                 evidence=tuple(evidence),
             )
         )
     return tuple(found)
+
+
+def _age(proc: ProcessInfo, now: float) -> float:
+    """Seconds since it started, to a tenth (never negative: the clocks are read apart)."""
+    return round(max(0.0, now - proc.start_time), 1)
 
 
 def _reaped_by(table: ProcessTable, pid1: Pid1, proc: ProcessInfo) -> str:
@@ -166,12 +169,10 @@ def find_zombies(table: ProcessTable, pid1: Pid1, *, now: float) -> tuple[Zombie
         parent = table.get(proc.ppid)
         found.append(
             Zombie(
-                pid=proc.pid,
-                local_pid=proc.innermost_pid,
+                **proc.named(),
                 ppid=proc.ppid,
-                comm=proc.comm,
                 parent_comm=parent.comm if parent else None,
-                age_s=round(max(0.0, now - proc.start_time), 1),
+                age_s=_age(proc, now),
                 reaped_by=_reaped_by(table, pid1, proc),
             )
         )

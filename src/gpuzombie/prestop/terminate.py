@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, TypeVar
 
 from gpuzombie.prestop.targets import Target
 from gpuzombie.proc.pidfd import Liveness, PinnedPids, ProcessHandle, wait_any_exit
@@ -55,6 +56,9 @@ def count_left_alive(outcomes: Iterable[Outcome]) -> int:
     return sum(outcome.left_alive for outcome in outcomes)
 
 
+_Run = TypeVar("_Run", bound="TerminationRun")
+
+
 @dataclass(frozen=True)
 class TerminationRun:
     """What a report of the SIGTERM/SIGKILL sequence begins with (prestop's and reap's JSON)."""
@@ -65,6 +69,30 @@ class TerminationRun:
     dry_run: bool
     timeout_s: float
     kill_wait_s: float
+
+    @classmethod
+    def of_run(
+        cls: type[_Run],
+        schema: str,
+        started: float,
+        elapsed: float,
+        *,
+        dry_run: bool,
+        timeout: float,
+        kill_wait: float,
+        **own: Any,
+    ) -> _Run:
+        """A report whose beginning is the run's: its start (wall clock), ``elapsed`` seconds (to the
+        millisecond) and its settings; ``own``, the report's other fields."""
+        return cls(
+            schema=schema,
+            started_at=started,
+            duration_s=round(elapsed, 3),
+            dry_run=dry_run,
+            timeout_s=timeout,
+            kill_wait_s=kill_wait,
+            **own,
+        )
 
 
 @dataclass(frozen=True)
@@ -125,28 +153,22 @@ class _Tracked:
         )
 
 
+@dataclass(eq=False, kw_only=True)
 class Terminator:
     """Stops one scope's targets through pidfds: ``run`` is the TERM phase, then the KILL rounds.
 
     One use per instance: it keeps every target any scan found, by (pid, start time), and reports
     each once, in the order found. Pins (the first scan's and every re-scan's) are closed here."""
 
-    def __init__(
-        self,
-        *,
-        procfs_root: str,
-        rescan: Rescan | None = None,
-        dry_run: bool = False,
-        on_event: Callable[[PrestopEvent], None] = lambda e: None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.procfs_root = procfs_root
-        self.rescan = rescan
-        self.dry_run = dry_run
-        self.on_event = on_event
-        self.clock = clock
-        self._start = clock()
-        self._tracked: dict[tuple[int, int], _Tracked] = {}
+    procfs_root: str
+    rescan: Rescan | None = None
+    dry_run: bool = False
+    on_event: Callable[[PrestopEvent], None] = lambda e: None
+    clock: Callable[[], float] = time.monotonic
+    _tracked: dict[tuple[int, int], _Tracked] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._start = self.clock()
 
     def run(
         self, targets: Sequence[Target], pins: PinnedPids, *, timeout: float, kill_wait: float

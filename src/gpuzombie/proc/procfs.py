@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.parse import (
@@ -56,6 +57,14 @@ PROC_SUPER_MAGIC = 0x9FA0
 DEFAULT_SCAN_DEADLINE_S = 8.0
 """A scan that has not read every process by then stops and reports the rest as unread (inside
 Prometheus's default 10 s scrape timeout)."""
+
+
+class ProcessName(TypedDict):
+    """How a record made of one process names it (``ProcessInfo.named``)."""
+
+    pid: int
+    local_pid: int
+    comm: str
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,11 @@ class ProcessInfo:
     def innermost_pid(self) -> int:
         """The pid the process has inside its own (innermost) PID namespace."""
         return self.nspid[-1] if self.nspid else self.pid
+
+    def named(self) -> ProcessName:
+        """Its pid here, its pid in its own namespace and its comm: one place for the fields every
+        record of a process (orphan, zombie, fd holder, D-state holder) starts with."""
+        return ProcessName(pid=self.pid, local_pid=self.innermost_pid, comm=self.comm)
 
     @property
     def command(self) -> str:

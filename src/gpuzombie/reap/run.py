@@ -194,13 +194,13 @@ def run_reap(
     survivors = count_left_alive(r.outcome for r in reaped)
     findings = bool(plan.targets) if dry_run else bool(survivors)
     status = ExitStatus.FINDINGS if findings or plan.unread else ExitStatus.OK
-    return ReapReport(
-        schema=SCHEMA,
-        started_at=started,
-        duration_s=round(clock() - t0, 3),
+    return ReapReport.of_run(
+        SCHEMA,
+        started,
+        clock() - t0,
         dry_run=dry_run,
-        timeout_s=timeout,
-        kill_wait_s=kill_wait,
+        timeout=timeout,
+        kill_wait=kill_wait,
         runtime=source,
         stale_pods=plan.stale_pods,
         skipped_pods=plan.skipped_pods,

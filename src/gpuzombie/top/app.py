@@ -96,16 +96,12 @@ class TopApp(App[None]):
     """
     BINDINGS: ClassVar = [
         Binding("q", "quit", "quit"),
-        Binding("m", "sort('memory')", "memory", show=False),
-        Binding("z", "sort('zombies')", "zombies", show=False),
-        Binding("a", "sort('age')", "age", show=False),
-        Binding("n", "sort('name')", "name", show=False),
+        *(Binding(by[0], f"sort('{by}')", by, show=False) for by in SORT_KEYS),  # m, z, a, n
         Binding("slash", "filter", "filter"),
         Binding("N", "namespace", "namespace"),
         Binding("t", "tree", "tree"),
         Binding("enter", "expand", "expand", show=False),
-        Binding("k", "signal('SIGTERM')", "SIGTERM", show=False),
-        Binding("K", "signal('SIGKILL')", "SIGKILL", show=False),
+        *(Binding(key, f"signal('{sig}')", sig, show=False) for key, sig in (("k", "SIGTERM"), ("K", "SIGKILL"))),
         Binding("r", "reap", "reap", show=False),
         Binding("h,question_mark", "help", "help"),
         Binding("escape", "clear_filter", "clear", show=False),

@@ -5,6 +5,7 @@ that text), made from the model's already escaped strings."""
 from __future__ import annotations
 
 import io
+from typing import TypedDict, Unpack
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -204,18 +205,20 @@ def frame(
     return Group(*parts)
 
 
-def render_text(
-    view: NodeView,
-    *,
-    width: int = 160,
-    sort: str = "memory",
-    namespace: str = "",
-    text: str = "",
-    read_only: bool = True,
-    expanded: frozenset[str] | None = None,
-) -> str:
-    """The frame as plain text ``width`` columns wide: ``--once``'s output, no colour, no escapes."""
+class FrameOptions(TypedDict, total=False):
+    """``frame``'s options, which ``render_text`` passes on."""
+
+    sort: str
+    namespace: str
+    text: str
+    read_only: bool
+    expanded: frozenset[str] | None
+
+
+def render_text(view: NodeView, *, width: int = 160, **how: Unpack[FrameOptions]) -> str:
+    """The frame (``how``: ``frame``'s options) as plain text ``width`` columns wide: ``--once``'s
+    output, no colour, no escapes."""
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None, force_terminal=False, legacy_windows=False)
-    console.print(frame(view, sort=sort, namespace=namespace, text=text, read_only=read_only, expanded=expanded))
+    console.print(frame(view, **how))
     return out.getvalue()

@@ -326,18 +326,16 @@ def account_memory(
         uuid=device.uuid,
         name=device.name,
         total=device.memory_total,
-        used=ghost.used,
-        baseline=ghost.baseline,
-        baseline_source=ghost.baseline_source,
-        process_memory=ghost.process_memory,
-        unexplained=ghost.unexplained,
         threshold=threshold,
-        verdict=ghost.verdict,
-        flagged=ghost.flagged,
         likely_causes=tuple(causes),
         allocated_to=allocated,
         mig=device.mig,
+        **{name: getattr(ghost, name) for name in _FROM_GHOST},
     )
+
+
+_FROM_GHOST = ("used", "baseline", "baseline_source", "process_memory", "unexplained", "verdict", "flagged")
+"""The accounting a GpuMemory carries over from the GPU's GhostMemory as it is."""
 
 
 def baseline_note(gpus: GpuSnapshot) -> str:
