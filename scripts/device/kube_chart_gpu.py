@@ -149,7 +149,7 @@ def install() -> None:
         f.flush()
         began = time.monotonic()
         done = helm("install", NAMESPACE, str(REPO / "charts" / "gpuzombie"), "-n", NAMESPACE, "--wait",
-                    "--timeout=180s", "--values", f.name)  # fmt: skip
+                    "--timeout=150s", "--values", f.name)  # fmt: skip
     took = time.monotonic() - began
     save("helm-install.log", done.stdout + done.stderr)
     save("helm-manifest.yaml", helm("get", "manifest", NAMESPACE, "-n", NAMESPACE).stdout)
@@ -182,7 +182,9 @@ def series(text: str, *prefixes: str) -> list[str]:
 def exporter() -> None:
     text = scrape()
     save("exporter-idle.prom", text)
-    RECORD["exporter_idle"] = series(text, "gpuzombie_gpu_", "gpuzombie_scan_", "gpuzombie_build_info")[:40]
+    RECORD["exporter_idle"] = series(
+        text, "gpuzombie_gpu_", "gpuzombie_nvml", "gpuzombie_scan_", "gpuzombie_build_info"
+    )[:40]
     log(f"exporter: {len(text.splitlines())} lines; {len(series(text, 'gpuzombie_gpu_memory'))} GPU memory series")
 
 
@@ -225,7 +227,11 @@ def webhook() -> None:
         },
         "runs": [_release(run) for run in runs],
         "exporter_while_held": series(
-            scraped, "gpuzombie_gpu_memory_used_by_pod", "gpuzombie_pod_gpu", "gpuzombie_gpu_pod"
+            scraped,
+            "gpuzombie_gpu_process",
+            "gpuzombie_gpu_memory_used",
+            "gpuzombie_gpu_handover_clean",
+            "gpuzombie_pid1",
         ),
     }
     log(f"webhook: rc={process.returncode} {json.dumps(RECORD['webhook'])[:600]}")
@@ -417,11 +423,18 @@ def _reaper(reaps: list[dict[str, Any]], pid: int) -> str:
 
 
 def handover() -> None:
-    runs = []
-    for n in range(1, HANDOVER_REPEAT + 1):
-        runs.append(handover_once(n, reap=False))
-        runs.append(handover_once(100 + n, reap=True))
+    """Alternately the kubelet alone and reap beside it; the pods of a failed run are removed, and
+    the runs stop there (the GPU may still be held)."""
+    runs: list[dict[str, Any]] = []
     RECORD["handover"] = runs
+    for n in range(1, HANDOVER_REPEAT + 1):
+        for number, reap in ((n, False), (100 + n, True)):
+            try:
+                runs.append(handover_once(number, reap=reap))
+            finally:
+                for name in (f"handover-a-{number}", f"handover-b-{number}"):
+                    kubectl("delete", "pod", name, "-n", WORKLOADS, "--ignore-not-found", "--wait=true",
+                            "--timeout=60s", check=False)  # fmt: skip
 
 
 def main() -> int:
