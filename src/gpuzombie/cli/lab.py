@@ -14,11 +14,12 @@ from rich.table import Table
 from gpuzombie.cli.common import exact_command
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.lab.labrun import LabConfig, LabRun
 from gpuzombie.lab.report import build, format_seconds
 from gpuzombie.lab.results import merge_results, run_key
 from gpuzombie.lab.runner import NCCL, LabOutcome, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import PID1_CHOICES
-from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, LabRun
+from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")

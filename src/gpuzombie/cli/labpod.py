@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from rich.status import Status
 
     from gpuzombie.gpu.nvml import NvmlBackend
+    from gpuzombie.lab.labrun import LabRun
     from gpuzombie.lab.manifest import PodManifest
     from gpuzombie.lab.podrun import PodRunConfig
     from gpuzombie.lab.runtime.manifestpod import HostPathGrant
-    from gpuzombie.lab.scenarios import LabRun
 
 SCHEMA = "gpuzombie.labpod/2"
 DEFAULT_OUT = Path("lab-out")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuzombie.jsonout import dumps
+from gpuzombie.lab.labrun import PodSubject
 from gpuzombie.lab.records import RunRecord
-from gpuzombie.lab.scenarios import PodSubject
 
 
 def _seconds(value: float | None) -> str:

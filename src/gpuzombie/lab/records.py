@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpuzombie.lab.events import Event
+from gpuzombie.lab.labrun import LabConfig, PodSubject, RunSubject, Scenario, ScenarioSubject
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats
 from gpuzombie.lab.observation import Observation, PodProcess
-from gpuzombie.lab.scenarios import LabConfig, PodSubject, RunSubject, Scenario, ScenarioSubject
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

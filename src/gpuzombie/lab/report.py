@@ -12,11 +12,11 @@ from typing import Any
 
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.events import Event
+from gpuzombie.lab.labrun import PodSubject, Scenario, ScenarioSubject
 from gpuzombie.lab.observation import Observation
 from gpuzombie.lab.podreport import pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.records import LabResults, RunRecord
 from gpuzombie.lab.results import load
-from gpuzombie.lab.scenarios import PodSubject, Scenario, ScenarioSubject
 
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
 SHARE_PID = "s5-sharepid"

@@ -23,8 +23,8 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
+from gpuzombie.lab.labrun import LabRun, PodSubject, RunSubject
 from gpuzombie.lab.records import LabResults
-from gpuzombie.lab.scenarios import LabRun, PodSubject, RunSubject
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed

@@ -21,8 +21,9 @@ from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
 from gpuzombie.lab.host_memory import fit_to_memory
+from gpuzombie.lab.labrun import LabConfig, LabRun
 from gpuzombie.lab.results import write_results
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, LabRun, run_scenario
+from gpuzombie.lab.scenarios import SCENARIOS, run_scenario
 from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
