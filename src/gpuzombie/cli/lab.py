@@ -15,8 +15,9 @@ from gpuzombie.cli.common import exact_command
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.lab.labrun import LabConfig, LabRun
+from gpuzombie.lab.records import run_key
 from gpuzombie.lab.report import build, format_seconds
-from gpuzombie.lab.results import merge_results, run_key
+from gpuzombie.lab.results import merge_results
 from gpuzombie.lab.runner import NCCL, LabOutcome, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import PID1_CHOICES
 from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS
