@@ -322,7 +322,7 @@ def _report(console: Console, outcome: LabOutcome) -> int:
     left = [run_key(r) for r in runs if r.deletion.leftovers]
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")
-    failed = [c["case"] for c in (outcome.nccl or {}).get("cases", []) if c["error"]]
+    failed = [c.case for c in (outcome.nccl.cases if outcome.nccl else ()) if c.error]
     if failed:
         console.print(f"[red]NCCL case(s) that failed to start: {', '.join(failed)}[/]")
     return ExitStatus.FINDINGS if left or failed else ExitStatus.OK

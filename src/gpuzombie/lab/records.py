@@ -20,6 +20,7 @@ from gpuzombie.jsonout import to_jsonable
 from gpuzombie.lab.events import Event
 from gpuzombie.lab.labrun import LabConfig, LabRun, PodSubject, RunSubject, Scenario, ScenarioSubject
 from gpuzombie.lab.metrics import RunMetrics, SamplerStats
+from gpuzombie.lab.nccl.summary import NcclSummary
 from gpuzombie.lab.observation import Observation, PodProcess
 from gpuzombie.lab.runtime.pod import Deletion
 from gpuzombie.lab.sampler import Sample
@@ -322,7 +323,7 @@ class LabResults:
     kind: str
     provenance: Mapping[str, Any]
     runs: Mapping[str, RunRecord]
-    nccl: Any = None
+    nccl: NcclSummary | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LabResults:
@@ -332,7 +333,7 @@ class LabResults:
             kind=str(data.get("kind", "")),
             provenance=data.get("provenance") or {},
             runs={key: RunRecord.from_json(key, e) for key, e in runs.items()},
-            nccl=data.get("nccl"),
+            nccl=NcclSummary.from_json(data["nccl"]) if data.get("nccl") else None,
         )
 
     def _runs_of(self, subject: type) -> dict[str, RunRecord]:

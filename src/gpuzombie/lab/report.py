@@ -13,6 +13,7 @@ from typing import Any
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.events import Event
 from gpuzombie.lab.labrun import PodSubject, Scenario, ScenarioSubject
+from gpuzombie.lab.nccl.summary import NcclSummary
 from gpuzombie.lab.observation import Observation
 from gpuzombie.lab.podreport import pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.records import LabResults, RunRecord
@@ -333,7 +334,7 @@ def _variants_md(data: LabResults) -> list[str]:
     return lines
 
 
-def _nccl_md(nccl: Any) -> list[str]:
+def _nccl_md(nccl: NcclSummary | None) -> list[str]:
     """The NCCL section: its table, or its summary as JSON."""
     lines: list[str] = []
     if nccl is not None:
@@ -347,8 +348,8 @@ def _nccl_md(nccl: Any) -> list[str]:
             ),
             "",
         ]
-        if isinstance(nccl, dict) and nccl.get("table_md"):
-            lines.append(str(nccl["table_md"]).rstrip())
+        if nccl.table_md:
+            lines.append(nccl.table_md.rstrip())
         else:
             lines += ["```json", dumps(nccl, indent=1)[:6000], "```"]
     return lines

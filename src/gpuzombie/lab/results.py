@@ -24,6 +24,7 @@ from gpuzombie import __version__
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.labrun import LabRun
+from gpuzombie.lab.nccl.summary import NcclSummary
 from gpuzombie.lab.records import LabResults, RunRecord, group_key
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.units import MIB
@@ -112,7 +113,7 @@ def write_results(
     *,
     command: Sequence[str],
     gpus: GpuSnapshot,
-    nccl: Mapping[str, Any] | None = None,
+    nccl: NcclSummary | None = None,
 ) -> Path:
     """Write every scenario's files and results.json (``report.build`` renders them afterwards).
 
