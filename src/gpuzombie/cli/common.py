@@ -13,6 +13,7 @@ import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -104,6 +105,15 @@ tls_reload_option = click.option(
     hidden=True,
     help="How often the TLS files are checked for a renewed certificate (a server's, 30 s by default).",
 )
+
+image_archives_option = click.option(
+    "--image-archives",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
+    "instead of building them from this host's catatonit and busybox.",
+)
+"""The lab's commands that start a private containerd (lab run, lab pod, lab handover)."""
 
 
 def json_option(schema: str, page: str) -> Callable[[CommandFn], CommandFn]:

@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
+from gpuzombie.cli.common import image_archives_option
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.escape import escape
 from gpuzombie.exitcodes import ExitStatus
@@ -99,12 +100,7 @@ def _say(console: Console, status: Status) -> Callable[[str], None]:
     help="cuda: GPU containers get the GPU's devices; cpu: none (the labelled stand-in: host memory); "
     "auto: cuda when NVML sees a GPU.",
 )
-@click.option(
-    "--image-archives",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Import the pause and busybox images from these archives (`gpuzombie lab images`).",
-)
+@image_archives_option
 @click.option(
     "--repeat",
     type=click.IntRange(1, 20),
