@@ -32,7 +32,7 @@ from gpuzombie.lab.nccl.sampling import (
     held_before,
     unexplained_at,
 )
-from gpuzombie.lab.nccl.summary import GpuEnd, NcclCase, NcclSummary, Survivor
+from gpuzombie.lab.nccl.summary import NcclCase, NcclSummary, Survivor
 from gpuzombie.workloads.memory import torch_installed
 
 TORCH_HINT = (
@@ -271,10 +271,7 @@ def _summarize(
         goal_s=GOAL_S,
         torch=_torch_version(launches),
         cases=tuple(_case(c, kills.get(c.spec.key), samples, t_end, nvml) for c in launches),
-        gpu_end=tuple(
-            GpuEnd(index=g.index, used_mib=g.used_mib, unexplained_mib=g.unexplained_mib)
-            for g in (samples[-1].gpus if samples else ())
-        ),
+        gpu_end=samples[-1].gpus if samples else (),
     )
     return replace(summary, table_md=comparison_table(summary))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuzombie.jsonout import to_jsonable
+from gpuzombie.lab.nccl.sampling import GpuPoint
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,6 @@ class NcclCase:
 
 
 @dataclass(frozen=True)
-class GpuEnd:
-    """A GPU's used and unexplained memory when the window closed."""
-
-    index: int
-    used_mib: float
-    unexplained_mib: float
-
-
-@dataclass(frozen=True)
 class NcclSummary:
     """Every case of one NCCL comparison, on GPUs (NCCL) or on the stand-in (gloo)."""
 
@@ -76,7 +68,8 @@ class NcclSummary:
     goal_s: float
     torch: str | None
     cases: tuple[NcclCase, ...]
-    gpu_end: tuple[GpuEnd, ...]
+    gpu_end: tuple[GpuPoint, ...]
+    """Each GPU's used and unexplained memory when the window closed."""
     table_md: str = ""
     """The comparison as markdown (comparison.md)."""
 
@@ -89,6 +82,6 @@ class NcclSummary:
             **{
                 **data,
                 "cases": tuple(NcclCase.from_json(c) for c in data["cases"]),
-                "gpu_end": tuple(GpuEnd(**g) for g in data["gpu_end"]),
+                "gpu_end": tuple(GpuPoint(**g) for g in data["gpu_end"]),
             }
         )
