@@ -202,6 +202,11 @@ class RunRecord:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     """Written where results.json holds the run; a run printed alone (``lab pod --json``) has none."""
 
+    @property
+    def ran_as(self) -> str:
+        """The command that made the run and when, as the notes quote it."""
+        return f"`{self.provenance.get('command')}` at {self.provenance.get('date_utc')}"
+
     def observed(self, point: str) -> Observation | None:
         return next((o for o in self.observations if o.point == point), None)
 
