@@ -431,19 +431,15 @@ def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
     return ExitStatus.FINDINGS if failed else ExitStatus.OK
 
 
-@command.command("handover", short_help="Pod B after a stale GPU holder: without the preflight gate, and with it.")
-@click.option(
-    "--device",
-    type=click.Choice(("cpu", "cuda")),
-    default="cpu",
-    show_default=True,
-    help="cpu: the GPU is a labelled stand-in (host memory, a stand-in /dev/nvidia0 and NVML file); cuda: GPU 0.",
+HANDOVER_DEVICE = (
+    "cpu: the GPU is a labelled stand-in (host memory, a stand-in /dev/nvidia0 and NVML file); cuda: GPU 0."
 )
+
+
+@command.command("handover", short_help="Pod B after a stale GPU holder: without the preflight gate, and with it.")
+@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True, help=HANDOVER_DEVICE)
 @click.option(
-    "--size-mib",
-    type=click.IntRange(1),
-    default=None,
-    help="What pod A's holder holds.  [default: 64 on cpu, 2048 on cuda]",
+    "--size-mib", type=click.IntRange(1), help="What pod A's holder holds.  [default: 64 on cpu, 2048 on cuda]"
 )
 @click.option("--repeat", type=click.IntRange(1, 50), default=1, show_default=True, help="Runs of the experiment.")
 @click.option(
