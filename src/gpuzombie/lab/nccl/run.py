@@ -310,7 +310,7 @@ def _case(
         case=spec.key,
         name=spec.name,
         description=spec.description,
-        env=spec.env,
+        env=dict(spec.env),  # a copy: the frozen record shares no mutable dict with the spec
         collective_timeout_s=spec.timeout_s,
         launcher=spec.launcher,
         error=c.error,
