@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.lab.labrun import LabConfig, LabRun
 from gpuzombie.lab.runner import LabRequest, run_lab
-from gpuzombie.lab.scenarios import LabConfig, LabRun
 
 HOOKS = {"s4-fullfix": "python3 -m gpuzombie.prestop", "s4-fullfix-fasthook": "python3 -S -I prestop.pyz"}
 GOAL = 1.5

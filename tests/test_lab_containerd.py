@@ -328,7 +328,9 @@ def _pod_start_and_removal_s(containerd) -> float:  # noqa: F811  (the fixture)
 )
 def test_a_workload_that_cannot_start_fails_fast_with_the_pods_last_lines(containerd, scenario, main, why):  # noqa: F811
     from gpuzombie.k8s.cri import CriError
-    from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, ScenarioError, run_scenario
+    from gpuzombie.lab.errors import ScenarioError
+    from gpuzombie.lab.labrun import LabConfig
+    from gpuzombie.lab.scenarios import SCENARIOS, run_scenario
 
     config = LabConfig(grace=GRACE, size_mib=16, main=main, runtime="containerd")
     before = _pod_start_and_removal_s(containerd)
@@ -350,9 +352,10 @@ def test_a_scenario_pod_has_lab_pods_guards(containerd):  # noqa: F811  (the fix
     """A scenario on containerd is a one-container manifest run by lab pod's class, so it gets its
     guards: its own network namespace, seccomp filtering (RuntimeDefault), no NET_RAW. Before
     (26af6ff, CriPod) it shared the host's network namespace, with seccomp off and NET_RAW."""
+    from gpuzombie.lab.labrun import LabConfig
     from gpuzombie.lab.runtime.cri import LAB_NAMESPACE, cri_runtime_on
     from gpuzombie.lab.runtime.manifestpod import HOOK_PATH, ManifestPod, PodRunConfig
-    from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, scenario_manifest
+    from gpuzombie.lab.scenarios import SCENARIOS, scenario_manifest
 
     runtime = cri_runtime_on(containerd)
     config = LabConfig(grace=GRACE, runtime="containerd")

@@ -8,7 +8,7 @@ import pytest
 from gpuzombie.cli.main import main
 from gpuzombie.errors import GpuzombieError
 from gpuzombie.lab.host_memory import MARGIN_MIB, fit_to_memory, needed_mib
-from gpuzombie.lab.scenarios import LabConfig
+from gpuzombie.lab.labrun import LabConfig
 from gpuzombie.proc.parse import parse_mem_available
 from gpuzombie.units import MIB
 from markers import needs_root

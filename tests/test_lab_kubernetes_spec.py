@@ -16,6 +16,7 @@ pytest.importorskip("grpc", reason="the kubernetes runtime asks the node's conta
 
 from gpuzombie.cli.lab import run_command
 from gpuzombie.errors import GpuzombieError
+from gpuzombie.lab.labrun import LabConfig
 from gpuzombie.lab.manifest import parse_pod
 from gpuzombie.lab.runner import LabRequest, check_request
 from gpuzombie.lab.runtime.kube import _epoch, hook_failure, stop_signals
@@ -28,7 +29,7 @@ from gpuzombie.lab.runtime.kubespec import (
     node_document,
     scenario_document,
 )
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, scenario_manifest
+from gpuzombie.lab.scenarios import SCENARIOS, scenario_manifest
 
 IMAGE = "localhost/gpuzombie/busybox:static"
 PARTS = NodeParts(

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuzombie.lab.labrun import PodSubject, ScenarioSubject
 from gpuzombie.lab.records import LabResults
 from gpuzombie.lab.report import build, comparison_md
 from gpuzombie.lab.results import SCHEMA, load, merge_results
-from gpuzombie.lab.scenarios import PodSubject, ScenarioSubject
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 COMMITTED = [RESULTS, RESULTS / "runtimes", RESULTS / "runtimes-cpu", RESULTS / "labpod-cpu", RESULTS / "labpod-h200"]

@@ -9,9 +9,10 @@ import pytest
 
 from gpuzombie.gpu.nvml import NO_GPU, FakeNvml
 from gpuzombie.lab.nccl import CASE_KEYS, NcclScenarioError, run_nccl_comparison
+from gpuzombie.lab.nccl.summary import NcclSummary
 
 
-def run_standin(tmp_path: Path, ranks: int, cases: list[str] | None = None) -> dict:
+def run_standin(tmp_path: Path, ranks: int, cases: list[str] | None = None) -> NcclSummary:
     pytest.importorskip("torch.distributed")
     lines: list[str] = []
     summary = run_nccl_comparison(
@@ -27,19 +28,19 @@ def run_standin(tmp_path: Path, ranks: int, cases: list[str] | None = None) -> d
     return summary
 
 
-def check_summary(summary: dict, tmp_path: Path, ranks: int, cases: tuple[str, ...]) -> None:
-    assert summary["stand_in"] and summary["backend"] == "gloo" and summary["ranks"] == ranks
-    assert [c["case"] for c in summary["cases"]] == list(cases)
-    for case in summary["cases"]:
-        assert case["error"] is None, case
-        assert [s["rank"] for s in case["survivors"]] == list(range(1, ranks))
-        for s in case["survivors"]:
+def check_summary(summary: NcclSummary, tmp_path: Path, ranks: int, cases: tuple[str, ...]) -> None:
+    assert summary.stand_in and summary.backend == "gloo" and summary.ranks == ranks
+    assert [c.case for c in summary.cases] == list(cases)
+    for case in summary.cases:
+        assert case.error is None, case
+        assert [s.rank for s in case.survivors] == list(range(1, ranks))
+        for s in case.survivors:
             # On gloo every survivor ends (a closed socket is noticed); the point is the orchestration.
-            assert s["exit_s"] is not None and s["exit_s"] < 15
-            assert s["held_mib_at_kill"] > 0
-    graceful = next(c for c in summary["cases"] if c["case"] == "e")
-    assert graceful["goal_met"]
-    assert all(s["exit_code"] == 75 for s in graceful["survivors"])
+            assert s.exit_s is not None and s.exit_s < 15
+            assert s.held_mib_at_kill > 0
+    graceful = next(c for c in summary.cases if c.case == "e")
+    assert graceful.goal_met
+    assert all(s.exit_code == 75 for s in graceful.survivors)
     out = tmp_path / "nccl"
     saved = json.loads((out / "results.json").read_text())
     assert saved["schema"] == "gpuzombie.nccl/1" and saved["samples"]
@@ -153,13 +154,13 @@ def test_a_survivor_that_never_exits_is_reported_and_stopped(tmp_path):
         nvml=FakeNvml(NO_GPU),
         specs=specs,
     )
-    hung, graceful = summary["cases"]
-    survivor = hung["survivors"][0]
-    assert survivor["exit_s"] is None and survivor["memory_free_s"] is None
-    assert 3.5 <= survivor["still_running_at_s"] < 10 and not hung["goal_met"]
-    assert graceful["goal_met"]
+    hung, graceful = summary.cases
+    survivor = hung.survivors[0]
+    assert survivor.exit_s is None and survivor.memory_free_s is None
+    assert 3.5 <= survivor.still_running_at_s < 10 and not hung.goal_met
+    assert graceful.goal_met
     assert "still running at" in (tmp_path / "nccl" / "comparison.md").read_text()
-    assert not psutil.pid_exists(survivor["pid"]) or psutil.Process(survivor["pid"]).status() == "zombie"
+    assert not psutil.pid_exists(survivor.pid) or psutil.Process(survivor.pid).status() == "zombie"
 
 
 @pytest.mark.slow

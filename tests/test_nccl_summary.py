@@ -64,15 +64,15 @@ def test_gpu_summary_times_ghost_and_files(tmp_path):
         observe_seconds=5.9,
         nvml=FakeNvml(NO_GPU),
     )
-    a, e = summary["cases"]
-    assert e["survivors"][0]["memory_free_s"] == 0.4 and e["survivors"][0]["exit_s"] == 0.4
-    assert e["survivors"][0]["held_mib_at_kill"] == 2658.0
-    assert e["goal_met"] and e["ghost_mib"] == 291.0 and e["dead_rank_gpu"] == 0
-    assert a["survivors"][0]["exit_s"] is None and a["survivors"][0]["memory_free_s"] is None
-    assert a["survivors"][0]["still_running_at_s"] == 5.9 and a["ghost_mib"] is None
-    assert not a["goal_met"]
-    assert summary["gpu_end"][0]["unexplained_mib"] == 291.0
-    table = summary["table_md"]
+    a, e = summary.cases
+    assert e.survivors[0].memory_free_s == 0.4 and e.survivors[0].exit_s == 0.4
+    assert e.survivors[0].held_mib_at_kill == 2658.0
+    assert e.goal_met and e.ghost_mib == 291.0 and e.dead_rank_gpu == 0
+    assert a.survivors[0].exit_s is None and a.survivors[0].memory_free_s is None
+    assert a.survivors[0].still_running_at_s == 5.9 and a.ghost_mib is None
+    assert not a.goal_met
+    assert summary.gpu_end[0].unexplained_mib == 291.0
+    table = summary.table_md
     assert "| e gpuzombie.graceful |" in table and "still running at 6 s" in table
     assert "GPU0 used" in table and "unexplained 291 MiB" in table
     write_results(tmp_path, summary, samples)

@@ -5,8 +5,9 @@
 # 1. the gate's GPU tests (tests/gpu/test_preflight_gpu.py): an idle GPU and one a context has left
 #    are clean, a live idle context is a holder, an NVML that does not load fails closed;
 # 2. benchmarks/bench_preflight.py: the gate (zipapp, and the full CLI) beside nvidia-smi, REPEAT_BENCH (15) each;
-# 3. scripts/device/handover_gpu.py: pod A's stale torch holder, pod B without the gate (beside it) and
-#    with it (waits; reap --yes; B starts), REPEAT (3) runs.
+# 3. gpuzombie lab handover: pod A's stale torch holder, pod B without the gate (beside it) and
+#    with it (waits; reap --yes; B starts), REPEAT (3) runs of SIZE_MIB (2048), reap after REAP_AFTER_S (8),
+#    none started after BUDGET_S (330).
 # Writes under $OUT (8 files): machine.txt, gpu-tests.log, bench-preflight.log, bench-preflight.json,
 # handover.log, handover.json, gate-logs.tgz (each run's gate log and events, pod A's worker logs),
 # evidence.tgz. Dry run without a GPU: DEVICE=cpu SIZE_MIB=64 REPEAT=1 bash scripts/device/handover_gpu.sh
@@ -44,7 +45,10 @@ if [ "$DEVICE" = cuda ]; then
   cp "$WORK/bench/bench-preflight.json" "$OUT/" 2>/dev/null
 fi
 echo "== 3 handover"
-PYTHONUNBUFFERED=1 DEVICE=$DEVICE timeout -s TERM -k 30 "${HANDOVER_TIMEOUT:-360}" python3 scripts/device/handover_gpu.py "$WORK/handover" 2>&1 | tee "$OUT/handover.log"
+archives=(); [ -d .lab-images ] && archives=(--image-archives .lab-images)
+PYTHONUNBUFFERED=1 timeout -s TERM -k 30 "${HANDOVER_TIMEOUT:-360}" python3 -m gpuzombie lab handover --out "$WORK/handover" \
+  --device "$DEVICE" ${SIZE_MIB:+--size-mib "$SIZE_MIB"} --repeat "${REPEAT:-3}" --reap-after "${REAP_AFTER_S:-8}" \
+  --budget-seconds "${BUDGET_S:-330}" "${archives[@]}" 2>&1 | tee "$OUT/handover.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 cp "$WORK/handover/handover.json" "$OUT/" 2>/dev/null
 tar -C "$WORK/handover" -czf "$OUT/gate-logs.tgz" . 2>/dev/null

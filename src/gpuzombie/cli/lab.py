@@ -1,4 +1,4 @@
-"""`gpuzombie lab run` and `gpuzombie lab report`: the original experiment, on one machine."""
+"""`gpuzombie lab run`, `lab report` and the lab's other commands: the original experiment, on one machine."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from gpuzombie.cli.common import (
 )
 from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.exitcodes import ExitStatus
+from gpuzombie.lab.labrun import LabConfig, LabRun
+from gpuzombie.lab.records import run_key
 from gpuzombie.lab.report import build, format_seconds
-from gpuzombie.lab.results import merge_results, run_key
+from gpuzombie.lab.results import merge_results
 from gpuzombie.lab.runner import NCCL, LabOutcome, LabRequest, NcclOptions, run_lab
 from gpuzombie.lab.runtime.pidns import PID1_CHOICES
-from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS, LabConfig, LabRun
+from gpuzombie.lab.scenarios import DEFAULT_SCENARIOS, RUNTIMES, SCENARIOS
 from gpuzombie.workloads.memory import BACKENDS, DEVICES
 
 CHOICES = (*SCENARIOS, NCCL, "all")
@@ -308,7 +310,7 @@ def _report(console: Console, outcome: LabOutcome) -> int:
     left = [run_key(r) for r in runs if r.deletion.leftovers]
     if left:
         console.print(f"[red]processes left after deletion in: {', '.join(left)}[/]")
-    failed = [c["case"] for c in (outcome.nccl or {}).get("cases", []) if c["error"]]
+    failed = [c.case for c in (outcome.nccl.cases if outcome.nccl else ()) if c.error]
     if failed:
         console.print(f"[red]NCCL case(s) that failed to start: {', '.join(failed)}[/]")
     return ExitStatus.FINDINGS if left or failed else ExitStatus.OK
@@ -421,6 +423,87 @@ def clean_command(dry_run: bool, as_json: bool, state_dir: Path | None) -> int:
         click.echo("nothing left by a dead lab run")
     failed = any(r.problems or not r.removed for r in found) if not dry_run else bool(found)
     return ExitStatus.FINDINGS if failed else ExitStatus.OK
+
+
+HANDOVER_DEVICE = (
+    "cpu: the GPU is a labelled stand-in (host memory, a stand-in /dev/nvidia0 and NVML file); cuda: GPU 0."
+)
+
+
+@command.command("handover", short_help="Pod B after a stale GPU holder: without the preflight gate, and with it.")
+@choice_option("--device", ("cpu", "cuda"), "cpu", help=HANDOVER_DEVICE)
+@click.option(
+    "--size-mib", type=click.IntRange(1), help="What pod A's holder holds.  [default: 64 on cpu, 2048 on cuda]"
+)
+@shown_option("--repeat", click.IntRange(1, 50), 1, help="Runs of the experiment.")
+@shown_option(
+    "--reap-after",
+    click.FloatRange(min=0),
+    8.0,
+    help="Seconds the gated pod B waits before `gpuzombie reap --yes` ends the holder.",
+)
+@click.option(
+    "--budget-seconds", type=click.FloatRange(min=1), default=None, help="Start no run after this many seconds."
+)
+@image_archives_option(
+    "Import the pause and busybox images from these archives (made by `gpuzombie lab images`) "
+    "instead of building them from this host's catatonit and busybox."
+)
+@shown_option(
+    "--out",
+    click.Path(file_okay=False, path_type=Path),
+    Path("lab-handover"),
+    help="Where handover.json, gate-<n>.log and pod A's worker logs a-<n>.log go.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print handover.json's object instead of its summary.")
+def handover_command(
+    device: str,
+    size_mib: int | None,
+    repeat: int,
+    reap_after: float,
+    budget_seconds: float | None,
+    image_archives: Path | None,
+    out: Path,
+    as_json: bool,
+) -> int:
+    """The handover gate on this machine's private containerd (docs/handover.md): pod A leaves a
+    stale holder (a worker that outlives its pod); pod B as written starts beside it; pod B as the
+    webhook patches it with --preflight waits, its gate reporting the holder, until `gpuzombie reap
+    --yes` ends the holder; then B's workload starts. Measured: reap → free, free → B running (and on
+    a GPU, free → NVML lists B's worker). Needs root.
+
+    \b
+    Exit codes: 0 every run as the gate promises, 1 a run that was not (or none ran),
+    2 could not run (not root, no containerd, the node extra missing).
+    """
+    import json
+    import time
+
+    try:  # grpcio and the CRI stubs are an extra
+        from gpuzombie.k8s.cri import CriError
+        from gpuzombie.lab.handover import run_handover
+    except ImportError as exc:
+        raise GpuzombieError(needs_extra("lab handover", "node", exc)) from exc
+
+    def say(line: str) -> None:
+        click.echo(f"{time.strftime('%H:%M:%S')} {line}", err=True)
+
+    size = size_mib or (2048 if device == "cuda" else 64)
+    try:
+        summary = run_handover(
+            out, device=device, size_mib=size, repeat=repeat, reap_after_s=reap_after, budget_s=budget_seconds,
+            archives=image_archives, say=say,
+        )  # fmt: skip
+    except CriError as exc:  # a LabError is a GpuzombieError already
+        raise GpuzombieError(str(exc)) from exc
+    except OSError as exc:
+        raise GpuzombieError(f"cannot write to {out}/: {exc}") from exc
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(json.dumps(summary["spread"], indent=1))
+        click.echo(f"handover gate on {device}: {'OK' if summary['ok'] else 'NOT AS EXPECTED'} (wrote {out}/)")
+    return ExitStatus.OK if summary["ok"] else ExitStatus.FINDINGS
 
 
 def _register_pod() -> None:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from rich.status import Status
 
     from gpuzombie.gpu.nvml import NvmlBackend
+    from gpuzombie.lab.labrun import LabRun
     from gpuzombie.lab.manifest import PodManifest
     from gpuzombie.lab.podrun import PodRunConfig
     from gpuzombie.lab.runtime.manifestpod import HostPathGrant
-    from gpuzombie.lab.scenarios import LabRun
 
 SCHEMA = "gpuzombie.labpod/2"
 
@@ -202,7 +202,7 @@ def pod_command(
     except OSError as exc:
         raise GpuzombieError(f"cannot write the results to {out}/: {exc}") from exc
     findings = _echo_runs(runs, as_json=as_json)
-    from gpuzombie.lab.results import run_key
+    from gpuzombie.lab.records import run_key
 
     console.print(f"wrote {path.parent}/ ({', '.join(run_key(r) for r in runs)}, comparison.md, results.json)")
     return ExitStatus.FINDINGS if findings else ExitStatus.OK
@@ -237,16 +237,17 @@ def _config(
 
 def _echo_runs(runs: list[LabRun], *, as_json: bool) -> bool:
     """One line a run (JSON, or a sentence); whether any left processes or waited the whole grace."""
-    from gpuzombie.lab.results import run_key, run_to_json
+    from gpuzombie.lab.records import RunRecord
 
     findings = False
     for run in runs:
-        key = run_key(run)
+        record = RunRecord.of(run)
+        key = record.key
         m, d = run.metrics, run.deletion
         before = next((o for o in run.observations if o.point == "after-spawn"), None)
         findings = findings or bool(d.leftovers) or bool(m.waited_whole_grace)
         if as_json:
-            click.echo(json.dumps({"schema": SCHEMA, "run": key, **run_to_json(run)}, default=str))
+            click.echo(json.dumps({"schema": SCHEMA, "run": key, **record.to_json()}, default=str))
             continue
         free = "—" if m.release_latency_s is None else f"{m.release_latency_s:.3f} s"
         click.echo(

@@ -10,3 +10,7 @@ class LabError(GpuzombieError):
 class PodError(LabError):
     """A pod could not be started, run or cleaned up (no PID 1 appeared, an init container failed,
     the kubelet would refuse a container, a volume is not allowed)."""
+
+
+class ScenarioError(LabError):
+    """A scenario could not run (its pod did not come up, a worker failed to hold memory...)."""

@@ -13,6 +13,9 @@ On the CPU the GPU is a stand-in, named so: the holder holds host memory and an 
 ``/dev/nvidia0`` on a private /dev (what makes ``reap`` count it a GPU holder), and NVML is a JSON
 snapshot the gate reads through ``--nvml-standin``, written here every 20 ms from the holder's
 liveness (``StandinNvml``). The CRI, the processes, the gate's polling and reap are real.
+
+``gpuzombie lab handover`` runs it (``run_handover``: B without the gate, then with it, N times) and
+writes handover.json; scripts/device/handover_gpu.sh runs that command on a GPU machine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import copy
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -32,12 +36,13 @@ from typing import Any
 
 from gpuzombie.admission.mutate import Policy, mutate, patched
 from gpuzombie.admission.preflight import CONTAINER as GATE
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, read_gpus
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, NvmlBackend, default_backend, read_gpus
 from gpuzombie.k8s.cri import SandboxSpec
 from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
 from gpuzombie.lab.manifest import parse_pod
-from gpuzombie.lab.runtime.cri import CriRuntime, PodMaker
+from gpuzombie.lab.runner import check_can_make_pods
+from gpuzombie.lab.runtime.cri import CriRuntime, PodMaker, cri_runtime
 from gpuzombie.lab.runtime.manifestpod import HostPathGrant, ManifestPod, PodRunConfig
 from gpuzombie.lab.runtime.rundirs import cgroup_roots
 from gpuzombie.units import MIB
@@ -324,3 +329,94 @@ def _plain_run(
             break
         time.sleep(0.05)
     say(f"B started beside the stale holder: {result.workload_started_while_dirty}; NVML: {result.both_holders}")
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _one_run(
+    cri: CriRuntime, n: int, out: Path, *, device: str, size_mib: int, reap_after_s: float,
+    nvml: NvmlBackend | None, standin_dir: Path, say: Say,
+) -> dict[str, Any]:  # fmt: skip
+    """Pod B without the gate, then with it, beside one stale holder; the run's entry of handover.json."""
+    plain_doc = pod_b("handover-b", size_mib=size_mib, device=device)
+    gated_doc = gated(plain_doc)
+    grants: tuple[HostPathGrant, ...] = ()
+    with stale_holder(cri.pods, size_mib=size_mib, device=device, log=out / f"a-{n}.log") as holder:
+        stand_in = (
+            StandinNvml(standin_dir, holder.process, size_mib * MIB) if device != "cuda" else contextlib.nullcontext()
+        )
+        with stand_in:
+            if device != "cuda":
+                gated_doc = with_standin(gated_doc, str(standin_dir))
+                grants = (HostPathGrant(str(standin_dir)),)
+            plain = run_b(cri, plain_doc, holder, device=device, reap_after_s=0, nvml=nvml, say=say)
+            result = run_b(
+                cri, gated_doc, holder, device=device, reap_after_s=reap_after_s, nvml=nvml, say=say,
+                host_paths=grants,
+            )  # fmt: skip
+    (out / f"gate-{n}.log").write_text(result.gate_log + "\n== events\n" + "\n".join(result.events) + "\n")
+    left_out = ("gate_log", "events", "both_holders", "reap_output")
+    return {
+        "without_gate": {
+            "started_beside_the_holder": plain.workload_started_while_dirty,
+            "nvml_mib": plain.both_holders,
+        },
+        "with_gate": {k: v for k, v in dataclasses.asdict(result).items() if k not in left_out},
+    }
+
+
+def _as_expected(runs: list[dict[str, Any]]) -> bool:
+    """Every gated B waited for the reap (its gate saw the holder twice or more) and then ran; every
+    ungated B started beside the holder."""
+    gates = [r["with_gate"] for r in runs]
+    return bool(gates) and all(
+        not g["workload_started_while_dirty"] and g["gate_dirty_polls"] >= 2 and g["reap_exit"] == 0
+        and g["free_to_running_s"] is not None
+        for g in gates
+    ) and all(r["without_gate"]["started_beside_the_holder"] for r in runs)  # fmt: skip
+
+
+def run_handover(
+    out: Path, *, device: str, size_mib: int, repeat: int, reap_after_s: float, budget_s: float | None,
+    archives: Path | None, say: Say,
+) -> dict[str, Any]:  # fmt: skip
+    """The experiment ``repeat`` times on a private containerd (runs that would start after
+    ``budget_s`` are skipped); writes OUT/handover.json (returned: ``ok`` says whether every run went
+    as the gate promises), OUT/gate-<n>.log (the gate's polls and the run's events) and OUT/a-<n>.log."""
+    check_can_make_pods()
+    out.mkdir(parents=True, exist_ok=True)
+    nvml = default_backend() if device == "cuda" else None
+    summary: dict[str, Any] = {"device": device, "size_mib": size_mib, "reap_after_s": reap_after_s, "runs": []}
+    if nvml is not None:
+        gpu = read_gpus(nvml)
+        summary["gpu"] = {
+            "driver": gpu.driver_version,
+            "devices": [(d.name, d.memory_total // MIB) for d in gpu.devices],
+        }
+    started = time.monotonic()
+    standin_dir = Path("/tmp/gpuzombie-handover-standin")
+    standin_dir.mkdir(mode=0o755, exist_ok=True)
+    with cri_runtime(socket=None, gpu=device == "cuda", archives=archives) as cri:
+        for n in range(1, repeat + 1):
+            if budget_s is not None and time.monotonic() - started > budget_s:
+                say(f"run {n}: skipped (budget {budget_s:g} s)")
+                break
+            say(f"run {n}/{repeat}: pod A leaves a stale holder of {size_mib} MiB")
+            run = _one_run(
+                cri, n, out, device=device, size_mib=size_mib, reap_after_s=reap_after_s, nvml=nvml,
+                standin_dir=standin_dir, say=say,
+            )  # fmt: skip
+            summary["runs"].append(run)
+            say(f"run {n}: {json.dumps(run)}")
+    gates = [r["with_gate"] for r in summary["runs"]]
+    summary["spread"] = {
+        key: _spread([g[key] for g in gates if g[key] is not None])
+        for key in ("reap_to_free_s", "free_to_running_s", "free_to_holding_s")
+    }
+    summary["ok"] = _as_expected(summary["runs"])
+    (out / "handover.json").write_text(json.dumps(summary, indent=1))
+    return summary

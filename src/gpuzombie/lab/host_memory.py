@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuzombie.errors import GpuzombieError
-from gpuzombie.lab.scenarios import LabConfig
+from gpuzombie.lab.labrun import LabConfig
 from gpuzombie.units import MIB
 
 MARGIN_MIB = 512

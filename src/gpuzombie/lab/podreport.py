@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuzombie.jsonout import dumps
+from gpuzombie.lab.labrun import PodSubject
 from gpuzombie.lab.records import RunRecord
-from gpuzombie.lab.scenarios import PodSubject
 
 
 def _seconds(value: float | None) -> str:
@@ -52,18 +52,21 @@ def pods_md(pods: Mapping[str, RunRecord]) -> list[str]:
     return lines
 
 
+def notes_opening(title: str, e: RunRecord, *, holder: str, memory: str = "") -> list[str]:
+    """A notes.md's first lines, a pod's and a scenario's: the title, the CPU stand-in's banner
+    (``holder``: whose RSS stood in), the memory (``memory``: what held it) and the pod's command."""
+    banner = [f"> **CPU STAND-IN**: no GPU was used; memory is the {holder} host RSS.", ""] if e.cpu_standin else []
+    return [title, "", *banner, f"- memory: {e.memory} ({memory}sampled: {e.probe})", f"- pod: `{e.pod_command}`"]
+
+
 def pod_notes(key: str, e: RunRecord, subject: PodSubject) -> str:
     """A pod's notes.md: what ran, what the lab did differently, what the deletion cost."""
     pod, m, d = subject.manifest, e.metrics, e.deletion
-    lines = [f"# {key}: {subject.title}", ""]
-    if e.cpu_standin:
-        lines += ["> **CPU STAND-IN**: no GPU was used; memory is the pod's host RSS.", ""]
+    lines = notes_opening(f"# {key}: {subject.title}", e, holder="pod's")
     lines += [
-        f"- memory: {e.memory} (sampled: {e.probe})",
-        f"- pod: `{e.pod_command}`",
         f"- grace {d.grace_s} s (manifest: {pod.get('manifest_grace_s')} s) · QoS {pod.get('qos')} · "
         f"PID 1 of the main container: `{e.init}`",
-        f"- command: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}",
+        f"- command: {e.ran_as}",
         "",
         "## What the lab does differently from a node",
         "",
@@ -104,10 +107,7 @@ def pods_comparison_md(scenarios: Mapping[str, RunRecord]) -> str:
         f"- machine: {prov.get('hostname')} ({prov.get('cpu')}, {prov.get('cpus')} CPUs) · kernel "
         f"{prov.get('kernel')} · GPU: {gpu} · driver: {prov.get('driver') or '—'}",
         "- each run's command and date:",
-        *(
-            f"  - {key}: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}"
-            for key, e in scenarios.items()
-        ),
+        *(f"  - {key}: {e.ran_as}" for key, e in scenarios.items()),
     ]
     lines += pods_md(scenarios)
     lines += [

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.errors import PodError
 from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.labrun import LabConfig, LabRun, PodSubject
 from gpuzombie.lab.manifest import PodManifest
+from gpuzombie.lab.measure import Measurement, Progress
 from gpuzombie.lab.runtime.containerd import BUSYBOX_IMAGE, cni_bin_dir
-from gpuzombie.lab.runtime.cri import (
-    CriRuntime,
-)
+from gpuzombie.lab.runtime.cri import CriRuntime
 from gpuzombie.lab.runtime.manifestpod import (
     HOOK_PATH,
     LAB_PYTHON_BIN,
@@ -37,7 +37,6 @@ from gpuzombie.lab.runtime.manifestpod import (
     host_path_grant,
 )
 from gpuzombie.lab.runtime.pod import HOST_PROCFS, Deletion, LabPod
-from gpuzombie.lab.scenarios import LabConfig, LabRun, Measurement, PodSubject
 from gpuzombie.units import MIB
 from gpuzombie.workloads.memory import CPU_STANDIN
 
@@ -60,7 +59,6 @@ DEFAULTS_NOTE = (
     "capabilities less NET_RAW (the Pod Security Standards' baseline set)"
 )
 ENTRYPOINT_NOTE = "an image's ENTRYPOINT is taken as empty (the lab's image has none): a container runs command + args"
-Progress = Callable[[str], None]
 LAB_POD_RUNTIMES = ("containerd", "kubernetes")
 
 
@@ -270,22 +268,8 @@ class _PodMeasurement(Measurement):
             "pid1_comm": pod.init,
             "notes": self.notes,
         }
-        return LabRun(
-            subject=PodSubject(run_key_for(self.manifest), pod_info),
-            config=config,
-            init=pod.init,
-            pod_command=pod.command_line,
-            probe_source=self.sampler.probe.source,
-            events=tuple(self.events.events),
-            samples=tuple(self.sampler.samples),
-            observations=tuple(self.observations),
-            deletion=deletion,
-            pod_ids=pod.ids,
-            metrics=metrics,
-            sampler=self.sampler_stats(),
-            origin_epoch=self.events.origin_epoch,
-            logs=self.logs,
-        )
+        subject = PodSubject(run_key_for(self.manifest), pod_info)
+        return self.lab_run(deletion, metrics, subject=subject, config=config, init=pod.init)
 
 
 def run_lab_pod(

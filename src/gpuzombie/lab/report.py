@@ -12,11 +12,12 @@ from typing import Any
 
 from gpuzombie.jsonout import dumps, to_jsonable
 from gpuzombie.lab.events import Event
+from gpuzombie.lab.labrun import PodSubject, Scenario, ScenarioSubject
+from gpuzombie.lab.nccl.summary import NcclSummary
 from gpuzombie.lab.observation import Observation
-from gpuzombie.lab.podreport import pod_notes, pods_comparison_md, pods_md
+from gpuzombie.lab.podreport import notes_opening, pod_notes, pods_comparison_md, pods_md
 from gpuzombie.lab.records import LabResults, RunRecord
 from gpuzombie.lab.results import load
-from gpuzombie.lab.scenarios import PodSubject, Scenario, ScenarioSubject
 
 BASE = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix")
 SHARE_PID = "s5-sharepid"
@@ -333,7 +334,7 @@ def _variants_md(data: LabResults) -> list[str]:
     return lines
 
 
-def _nccl_md(nccl: Any) -> list[str]:
+def _nccl_md(nccl: NcclSummary | None) -> list[str]:
     """The NCCL section: its table, or its summary as JSON."""
     lines: list[str] = []
     if nccl is not None:
@@ -347,8 +348,8 @@ def _nccl_md(nccl: Any) -> list[str]:
             ),
             "",
         ]
-        if isinstance(nccl, dict) and nccl.get("table_md"):
-            lines.append(str(nccl["table_md"]).rstrip())
+        if nccl.table_md:
+            lines.append(nccl.table_md.rstrip())
         else:
             lines += ["```json", dumps(nccl, indent=1)[:6000], "```"]
     return lines
@@ -554,19 +555,16 @@ def scenario_notes(key: str, e: RunRecord, scenario: Scenario) -> str:
     """A scenario's notes.md: what happened beside what the original experiment found."""
     m, c, d = e.metrics, e.config, e.deletion
     number = scenario.number
-    lines = [f"# {key}: scenario {number}, {scenario.title}", ""]
-    if e.cpu_standin:
-        lines += ["> **CPU STAND-IN**: no GPU was used; memory is the workers' host RSS.", ""]
+    title = f"# {key}: scenario {number}, {scenario.title}"
+    lines = notes_opening(title, e, holder="workers'", memory=f"{c.size_mib} MiB per worker, ")
     lines += [
-        f"- memory: {e.memory} ({c.size_mib} MiB per worker, sampled: {e.probe})",
-        f"- pod: `{e.pod_command}`",
         f"- grace {c.grace:g} s; preStop: "
         + (
             f"`gpuzombie prestop --timeout {c.prestop_timeout:g} --kill-wait {c.prestop_kill_wait:g}`"
             if scenario.prestop
             else "none"
         ),
-        f"- command: `{e.provenance.get('command')}` at {e.provenance.get('date_utc')}",
+        f"- command: {e.ran_as}",
         "",
         "## What happened",
         "",

@@ -23,46 +23,18 @@ from typing import Any
 from gpuzombie import __version__
 from gpuzombie.gpu.nvml import GpuSnapshot
 from gpuzombie.jsonout import dumps, to_jsonable
-from gpuzombie.lab.records import LabResults
-from gpuzombie.lab.scenarios import LabRun, PodSubject, RunSubject
+from gpuzombie.lab.labrun import LabRun
+from gpuzombie.lab.nccl.summary import NcclSummary
+from gpuzombie.lab.records import LabResults, RunRecord, group_key
 from gpuzombie.proc.own import cgroup_v2_only, cpu_model
 from gpuzombie.units import MIB
-from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
+from gpuzombie.workloads.memory import CPU_STANDIN, torch_installed
 
 SCHEMA = "gpuzombie.lab/2"
 """/2: a ``lab pod`` run holds its manifest's pod only (/1 gave it a made-up scenario, number 0,
 and ``victim_reaped``: true); a scenario's run is as in /1."""
 READABLE = ("gpuzombie.lab/1", SCHEMA)
 RESULTS_JSON = "results.json"
-
-
-def variant_key(run: LabRun) -> str:
-    """The scenario's name, plus what makes this run a variant of the original experiment's."""
-    if isinstance(run.subject, PodSubject):
-        return run.subject.name
-    c, scenario = run.config, run.subject.scenario
-    parts = [scenario.name]
-    if c.workers != 1:
-        parts.append(f"{c.workers}workers")
-    if c.uid is not None:
-        parts.append(f"uid{c.uid}")
-    if run.init != scenario.init:
-        parts.append(run.init)
-    if c.main != "sleep" and scenario.init != "sleep":
-        parts.append("main-worker")
-    if c.backend == "ctypes":
-        parts.append("ctypes")
-    return "-".join(parts)
-
-
-def group_key(run: LabRun) -> str:
-    """The variant on its runtime: the repetitions of one group are summarised together."""
-    return variant_key(run) + ("" if run.config.runtime == "namespaces" else f"-{run.config.runtime}")
-
-
-def run_key(run: LabRun) -> str:
-    """The run's folder: its group, and ``-runN`` for the Nth repetition (the first has none)."""
-    return group_key(run) + (f"-run{run.attempt}" if run.attempt > 1 else "")
 
 
 def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
@@ -103,88 +75,6 @@ def provenance(command: Sequence[str], gpus: GpuSnapshot) -> dict[str, Any]:
     }
 
 
-def run_to_json(run: LabRun) -> dict[str, Any]:
-    d = run.deletion
-    prestop_report = None
-    if d.prestop_stdout.strip():
-        try:
-            prestop_report = json.loads(d.prestop_stdout)
-        except ValueError:
-            prestop_report = None
-    return {
-        **subject_to_json(run.subject),
-        "variant": variant_key(run),
-        "group": group_key(run),
-        "runtime": run.config.runtime,
-        "attempt": run.attempt,
-        "config": {
-            **to_jsonable(run.config),
-            "prestop_timeout": run.config.prestop_timeout,
-            "prestop_kill_wait": run.config.prestop_kill_wait,
-        },
-        "memory": CPU_STANDIN_LABEL
-        if run.config.backend == CPU_STANDIN
-        else f"GPU memory through {run.config.backend}",
-        "cpu_standin": run.config.backend == CPU_STANDIN,
-        "init": run.init,
-        "pod_command": run.pod_command,
-        "probe": run.probe_source,
-        "metrics": to_jsonable(run.metrics),
-        "sampler": to_jsonable(run.sampler),
-        "pod": dict(run.pod_ids),
-        "observations": to_jsonable(run.observations),
-        "deletion": {
-            "grace_s": d.grace_s,
-            "requested_at": round(d.requested_at, 4),
-            "sigterm_at": round(d.sigterm_at, 4),
-            "sigkill_at": None if d.sigkill_at is None else round(d.sigkill_at, 4),
-            "exited_at": round(d.exited_at, 4),
-            "pod_exit_code": d.pod_exit_code,
-            "prestop_rc": d.prestop_rc,
-            "prestop_log": d.prestop_stderr.strip(),
-            "prestop_outcomes": _prestop_outcomes(prestop_report),
-            "leftovers": list(d.leftovers),
-            "prestop_started_after_delete_s": (
-                None
-                if not prestop_report or "started_at" not in prestop_report
-                else round(prestop_report["started_at"] - run.origin_epoch - d.requested_at, 3)
-            ),
-        },
-        "origin_epoch": run.origin_epoch,
-        "events": [{"t": round(e.t, 4), "name": e.name, "detail": e.detail} for e in run.events],
-        "samples": {
-            "t": [round(s.t, 4) for s in run.samples],
-            "held_mib": [round(s.held_bytes / MIB, 2) for s in run.samples],
-            "process_mib": [round(s.process_bytes / MIB, 2) for s in run.samples],
-        },
-    }
-
-
-def subject_to_json(subject: RunSubject) -> dict[str, Any]:
-    """A scenario's run: the scenario and whether its victim was reaped; ``lab pod``'s: the pod."""
-    if isinstance(subject, PodSubject):
-        return {"pod_manifest": dict(subject.manifest)}
-    return {"scenario": to_jsonable(subject.scenario), "victim_reaped": subject.victim_reaped}
-
-
-def _prestop_outcomes(report: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
-    if not report:
-        return None
-    out = []
-    for r in report.get("results", []):
-        target = r.get("target", {})
-        out.append(
-            {
-                "pid": target.get("pid"),
-                "comm": target.get("comm"),
-                "outcome": r.get("outcome"),
-                "signals": r.get("signals"),
-                "exited_after_s": r.get("exited_after_s"),
-            }
-        )
-    return out
-
-
 def results_kind(runs: Sequence[LabRun], gpus: GpuSnapshot) -> str:
     """What the memory was: ``cpu-standin`` or ``gpu: <names>``; runs of one kind only are merged."""
     standin = (runs[0].config.backend == CPU_STANDIN) if runs else not (gpus.available and gpus.devices)
@@ -223,7 +113,7 @@ def write_results(
     *,
     command: Sequence[str],
     gpus: GpuSnapshot,
-    nccl: Mapping[str, Any] | None = None,
+    nccl: NcclSummary | None = None,
 ) -> Path:
     """Write every scenario's files and results.json (``report.build`` renders them afterwards).
 
@@ -246,11 +136,9 @@ def write_results(
     new_groups = {group_key(run) for run in runs}
     data["scenarios"] = {k: e for k, e in data["scenarios"].items() if e.get("group", k) not in new_groups}
     for run in runs:
-        key = run_key(run)
-        entry = run_to_json(run)
-        entry["provenance"] = prov
-        data["scenarios"][key] = entry
-        folder = out_dir / key
+        record = RunRecord.of(run, prov)
+        data["scenarios"][record.key] = record.to_json()
+        folder = out_dir / record.key
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in run.logs.items():
             (folder / name).write_text(text)

@@ -12,7 +12,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +21,10 @@ from gpuzombie.errors import GpuzombieError, needs_extra
 from gpuzombie.gpu.nvml import GpuSnapshot, NvmlBackend, default_backend
 from gpuzombie.lab import report
 from gpuzombie.lab.host_memory import fit_to_memory
+from gpuzombie.lab.labrun import LabConfig, LabRun
+from gpuzombie.lab.nccl.summary import NcclSummary
 from gpuzombie.lab.results import write_results
-from gpuzombie.lab.scenarios import SCENARIOS, LabConfig, LabRun, run_scenario
+from gpuzombie.lab.scenarios import SCENARIOS, run_scenario
 from gpuzombie.proc.own import mem_available
 from gpuzombie.workloads.memory import CPU_STANDIN, CPU_STANDIN_LABEL, torch_installed
 
@@ -119,11 +121,11 @@ class LabOutcome:
     gpus: GpuSnapshot
     standin: bool
     """The scenarios ran on the CPU stand-in (host memory, no GPU)."""
-    nccl: dict[str, Any] | None = None
+    nccl: NcclSummary | None = None
     """The NCCL comparison's results, when it ran."""
 
 
-def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress, options: NcclOptions) -> dict[str, Any]:
+def run_nccl(ranks: int | None, device: str, out: Path, progress: Progress, options: NcclOptions) -> NcclSummary:
     """The NCCL comparison; ``device`` as given (``auto`` falls back to gloo below 2 GPUs)."""
     try:  # imported here: only this scenario needs it, and a trimmed install may lack it
         from gpuzombie.lab.nccl import run_nccl_comparison
@@ -265,7 +267,7 @@ def run_lab(
     def say(line: str) -> None:
         progress(step, steps, line)
 
-    def write(nccl: Mapping[str, Any] | None = None) -> Path:
+    def write(nccl: NcclSummary | None = None) -> Path:
         try:
             return write_results(runs, request.out, command=command, gpus=gpus, nccl=nccl)
         except OSError as exc:

@@ -16,25 +16,24 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
-from gpuzombie.k8s.names import SOCKET_ENV as CRI_SOCKET_ENV
 from gpuzombie.k8s.podspec.model import PreStop
-from gpuzombie.lab.errors import LabError
-from gpuzombie.lab.events import Event, EventLog
+from gpuzombie.lab.errors import ScenarioError
+from gpuzombie.lab.events import EventLog
+from gpuzombie.lab.labrun import LabConfig, LabRun, Scenario, ScenarioSubject
 from gpuzombie.lab.manifest import Container, PodManifest, Resources
-from gpuzombie.lab.metrics import RunMetrics, SamplerStats, kill_drop, release_tolerance, scenario_metrics
-from gpuzombie.lab.observation import Observation, host_view, observe, smi_snapshot
+from gpuzombie.lab.measure import Measurement, Progress, wait_until
+from gpuzombie.lab.metrics import kill_drop
+from gpuzombie.lab.observation import host_view
 from gpuzombie.lab.runtime.pidns import PAUSE, Pod, init_argv
 from gpuzombie.lab.runtime.pod import Deletion, LabPod, pids_in_pidns
-from gpuzombie.lab.sampler import Probe, RssProbe, Sample, Sampler, nvml_or_standin
+from gpuzombie.lab.sampler import RssProbe
 from gpuzombie.proc.own import PROCFS
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import Procfs
@@ -47,27 +46,9 @@ if TYPE_CHECKING:  # the CRI runtime needs grpcio, an extra: imported only when 
 
     PodRuntime = CriRuntime | KubeRuntime
 
-Progress = Callable[[str], None]
 SPAWNED = re.compile(r"^parent pid=(\d+) spawned \d+ worker\(s\): ([\d ]+)$", re.MULTILINE)
 READY = re.compile(r"^ready pid=(\d+) ", re.MULTILINE)
 PARENT = "gpuzombie.workloads.parent"
-
-
-class ScenarioError(LabError):
-    """A scenario could not run (its pod did not come up, a worker failed to hold memory...)."""
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    number: int
-    title: str
-    init: str
-    prestop: bool
-    fixed: bool
-    hook: str = "module"
-    """How the preStop hook runs: ``module`` (``python3 -m gpuzombie.prestop``) or ``zipapp`` (the
-    fast hook the webhook injects: ``python3 -S -I prestop.pyz``)."""
 
 
 SCENARIOS: Mapping[str, Scenario] = {
@@ -87,98 +68,6 @@ hook (the stdlib-only zipapp), run by name beside S4 to compare the two hooks in
 DEFAULT_SCENARIOS = ("s1-nofix", "s2-tini", "s3-tini-prestop", "s4-fullfix", "s5-sharepid")
 """What ``--scenario all`` runs."""
 RUNTIMES = ("namespaces", "containerd", "kubernetes")
-
-
-@dataclass(frozen=True)
-class LabConfig:
-    workers: int = 1
-    """Workers alive when the pod is deleted (the parent spawns one more, the kill -9 victim)."""
-    grace: float = 30.0
-    device: str = "cpu"
-    """Resolved: ``cuda`` or ``cpu``."""
-    backend: str = CPU_STANDIN
-    """Resolved: ``torch``, ``ctypes`` or ``cpu-standin``."""
-    size_mib: int = 2048
-    uid: int | None = None
-    gpu_index: int = 0
-    init: str | None = None
-    """Another init for the scenarios that use tini (``tini-g``, ``dumb-init``)."""
-    main: str = "sleep"
-    """The container's main process under the init (S2-S4): ``sleep`` (experiments run through
-    ``kubectl exec``, the original experiment's way) or ``worker`` (the workload itself is the main process:
-    a SIGTERM-ignoring worker, the fixed one in S4)."""
-    sample_interval: float = 0.01
-    ready_timeout: float = 180.0
-    runtime: str = "namespaces"
-    """``namespaces`` (PID namespaces made here), ``containerd`` (CRI pods on a real runtime) or
-    ``kubernetes`` (Pods through the API server of a real cluster, run by its kubelet)."""
-
-    @property
-    def prestop_timeout(self) -> float:
-        """preStop's own SIGTERM→SIGKILL wait: the original experiment's 20 s in a 30 s grace; in a shorter
-        grace, what leaves a third of it (at least 1.5 s) for the hook's start and SIGKILL."""
-        return round(max(0.2, min(20.0, self.grace - max(1.5, self.grace / 3))), 1)
-
-    @property
-    def prestop_kill_wait(self) -> float:
-        """How long preStop waits after its SIGKILL; with the timeout it must fit the grace."""
-        return round(min(2.0, self.grace / 6), 1)
-
-
-@dataclass(frozen=True)
-class ScenarioSubject:
-    """What a ``lab run`` run ran: one of the scenarios, and whether its init reaped the kill -9 victim."""
-
-    scenario: Scenario
-    victim_reaped: bool
-
-    @property
-    def name(self) -> str:
-        return self.scenario.name
-
-
-@dataclass(frozen=True)
-class PodSubject:
-    """What a ``lab pod`` run ran: a manifest's pod (no scenario number, no kill -9 victim)."""
-
-    name: str
-    """The run's name (``pod-<name>``, and what the webhook did to it)."""
-    manifest: Mapping[str, Any]
-    """The pod as it ran: names, grace, QoS, its containers, the lab's notes."""
-
-    @property
-    def title(self) -> str:
-        return f"lab pod {self.manifest.get('namespace')}/{self.manifest.get('name')}"
-
-
-RunSubject = ScenarioSubject | PodSubject
-
-
-@dataclass(frozen=True)
-class LabRun:
-    """Everything one run produced (a scenario's or a manifest's pod); ``results`` writes it,
-    ``report`` renders it."""
-
-    subject: RunSubject
-    config: LabConfig
-    init: str
-    pod_command: str
-    probe_source: str
-    events: tuple[Event, ...]
-    samples: tuple[Sample, ...]
-    observations: tuple[Observation, ...]
-    deletion: Deletion
-    pod_ids: Mapping[str, int | str]
-    """Host pids (unshare, PID 1, the main process), the PID namespace's inode, and on a CRI runtime
-    the pod's name, UID, sandbox and container ids: to check nothing is left."""
-    metrics: RunMetrics
-    sampler: SamplerStats
-    origin_epoch: float
-    """Wall-clock time of t = 0 of the events and samples."""
-    logs: Mapping[str, str] = field(default_factory=dict)
-    """File name → content: the observe logs, gpu-pod-trace.log, the nvidia-smi logs, pod.log."""
-    attempt: int = 1
-    """Which repetition of the scenario this is (``--repeat``)."""
 
 
 def _memory_flags(config: LabConfig) -> list[str]:
@@ -293,143 +182,6 @@ def _tail(log: str, lines: int = 10) -> str:
     return "; its last lines:\n" + "\n".join(last) if last else " (it wrote no output)"
 
 
-def _wait(cond: Callable[[], bool], timeout: float, step: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
-
-
-def trace_from_host(cri_socket: str | None = None, timeout: float = 60.0) -> str:
-    """``gpuzombie trace`` on the host (the original experiment's gpu-pod-trace.sh on the node); on a CRI runtime
-    it asks that runtime's socket for the pods' real names."""
-    cmd = [sys.executable, "-m", "gpuzombie", "trace"]
-    env = dict(os.environ, **({CRI_SOCKET_ENV: cri_socket} if cri_socket else {}))
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-    except subprocess.TimeoutExpired:
-        return f"# gpuzombie trace timed out after {timeout:.0f} s\n"
-    out = (done.stdout + done.stderr).rstrip()
-    return f"# gpuzombie trace (on the host), exit {done.returncode}\n{out}\n"
-
-
-class Measurement:
-    """One pod while it is measured, on either runtime: its sampler, what it has recorded, and the
-    steps every run takes (start, settle, observe, delete as the kubelet does, wait for the memory,
-    observe again). ``lab run``'s scenarios and ``lab pod``'s manifests differ only in ``settle``,
-    ``between`` and what they report."""
-
-    grace: float
-    keep_prestop_log = False
-    """Write the hook's output to prestop.log (``lab pod``; a scenario's is in results.json)."""
-
-    def __init__(
-        self,
-        pod: LabPod,
-        events: EventLog,
-        *,
-        nvml: NvmlBackend,
-        gpu_index: int,
-        standin: Probe | None,
-        sample_interval: float,
-        progress: Progress,
-        cri_socket: str | None,
-        label: str = "",
-    ) -> None:
-        self.pod, self.events, self.nvml, self.progress = pod, events, nvml, progress
-        self.standin = standin is not None
-        self.cri_socket = cri_socket
-        self.label = label
-        """What progress lines start with (a scenario's name)."""
-        self.roles: dict[int, str] = {}
-        self.observations: list[Observation] = []
-        self.logs: dict[str, str] = {}
-        try:
-            probe = nvml_or_standin(pod, nvml, gpu_index, standin)
-        except LookupError as exc:
-            raise ScenarioError(str(exc)) from exc
-        self.sampler = Sampler(probe, events, sample_interval)
-
-    def say(self, line: str) -> None:
-        self.progress(self.label + line)
-
-    def held_now(self) -> int:
-        """Memory held at the latest sample (0 before the first)."""
-        latest = self.sampler.latest()
-        return latest.held_bytes if latest else 0
-
-    def snapshot(self, title: str) -> str:
-        return smi_snapshot(self.pod, self.nvml, title, standin=self.standin)
-
-    def observe(self, point: str) -> None:
-        obs, text = observe(self.pod, point, self.events.now(), self.roles)
-        self.observations.append(obs)
-        self.logs[f"observe-{point}.log"] = text
-        self.events.add(f"observe-{point}", f"zombies={obs.zombies} orphans={obs.orphans}", at=obs.t)
-        self.say(f"observe {point}: zombies={obs.zombies} orphans={obs.orphans}")
-
-    def settle(self) -> None:
-        """Until the workload is set up (its memory held)."""
-        raise NotImplementedError
-
-    def between(self) -> None:
-        """What happens between the first observation and the deletion (nothing by default)."""
-
-    def deleting(self) -> str:
-        """The progress line that announces the deletion."""
-        return f"deleting the pod (grace {self.grace:g} s)"
-
-    def worker_bytes(self, deletion: Deletion) -> int:
-        """What one worker holds: the release tolerance and the kill -9 drop are taken from it."""
-        raise NotImplementedError
-
-    def measure(self) -> tuple[Deletion, RunMetrics]:
-        """The run's steps; the pod is gone when this returns, whatever happened."""
-        try:
-            with self.sampler:
-                self.pod.start()
-                self.settle()
-                self.observe("after-spawn")
-                self.between()
-                self.logs["nvidia-smi-before-delete.log"] = self.snapshot("before deleting the pod")
-                self.logs["gpu-pod-trace.log"] = trace_from_host(self.cri_socket)
-                self.say(self.deleting())
-                deletion = self.pod.delete(grace=self.grace)
-                worker_bytes = self.worker_bytes(deletion)
-                threshold = release_tolerance(worker_bytes)
-                _wait(lambda: self.held_now() <= threshold, 5.0)
-                time.sleep(0.3)  # a tail of samples after the release, for the plot
-        finally:
-            self.pod.kill()
-        self.logs["pod.log"] = self.pod.log_text()
-        if self.keep_prestop_log and deletion.prestop_rc is not None:
-            self.logs["prestop.log"] = (
-                f"# exit {deletion.prestop_rc}\n{deletion.prestop_stdout}{deletion.prestop_stderr}"
-            )
-        self.logs["nvidia-smi-after-delete.log"] = self.snapshot("after deleting the pod")
-        self.observe("after-delete")
-        kill9 = self.events.first("kill-9")
-        marks = {
-            "delete": deletion.requested_at,
-            "sigkill": deletion.sigkill_at,
-            "pod_exit": deletion.exited_at,
-            "kill9": kill9.t if kill9 else None,
-        }
-        metrics = scenario_metrics(
-            samples=self.sampler.samples, marks=marks, grace=self.grace, worker_bytes=worker_bytes
-        )
-        if metrics.released_at_s is not None:
-            self.events.add(
-                "memory-released", f"{metrics.release_latency_s} s after the deletion", at=metrics.released_at_s
-            )
-        return deletion, metrics
-
-    def sampler_stats(self) -> SamplerStats:
-        return SamplerStats.of(self.sampler)
-
-
 class _Run(Measurement):
     """One scenario while it runs: its pod and its steps (kill -9 a worker between the observations)."""
 
@@ -530,7 +282,7 @@ class _Run(Measurement):
                 raise ScenarioError(f"{self.scenario.name}: the parent exited before spawning its workers{_tail(text)}")
             return False
 
-        if not _wait(ready, self.config.ready_timeout, 0.01):
+        if not wait_until(ready, self.config.ready_timeout, 0.01):
             raise ScenarioError(
                 f"{self.scenario.name}: workers not ready after "
                 f"{self.config.ready_timeout:.0f} s:\n{self.pod.log_text()[-2000:]}"
@@ -557,7 +309,7 @@ class _Run(Measurement):
         """Until an exited ``pid`` stays as it is: gone, or a zombie when its parent never reaps
         (``sleep``). A zombie an init or a shell is about to reap would be counted by the host and
         missed by observe a moment later (the lab's 1-in-3 flake)."""
-        _wait(lambda: (state := _state(pid)) is None or (zombie_stays and state == "Z"), timeout)
+        wait_until(lambda: (state := _state(pid)) is None or (zombie_stays and state == "Z"), timeout)
 
     def kill_victim(self) -> bool:
         workers = sorted(pid for pid, role in self.roles.items() if role == "worker")
@@ -572,7 +324,7 @@ class _Run(Measurement):
         # Let the driver (or the kernel) hand the memory back and the init reap, as the original experiment's
         # observe.sh ran some seconds after the kill.
         threshold = kill_drop(self.config.size_mib * MIB)
-        _wait(lambda: self.held_now() <= held_before - threshold, 5.0)
+        wait_until(lambda: self.held_now() <= held_before - threshold, 5.0)
         time.sleep(0.2)
         return _state(victim) is None
 
@@ -580,23 +332,8 @@ class _Run(Measurement):
         s, c = self.scenario, self.config
         self.say(f"starting the pod on {c.runtime} ({self.init} as PID 1)")
         deletion, metrics = self.measure()
-        return LabRun(
-            subject=ScenarioSubject(s, victim_reaped=self.victim_reaped),
-            config=c,
-            init=self.init,
-            pod_command=self.pod.command_line,
-            probe_source=self.sampler.probe.source,
-            events=tuple(self.events.events),
-            samples=tuple(self.sampler.samples),
-            observations=tuple(self.observations),
-            deletion=deletion,
-            pod_ids=self.pod.ids,
-            metrics=metrics,
-            sampler=self.sampler_stats(),
-            origin_epoch=self.events.origin_epoch,
-            logs=self.logs,
-            attempt=self.attempt,
-        )
+        subject = ScenarioSubject(s, victim_reaped=self.victim_reaped)
+        return self.lab_run(deletion, metrics, subject=subject, config=c, init=self.init, attempt=self.attempt)
 
 
 def run_scenario(

@@ -17,8 +17,8 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from gpuzombie.gpu.nvml import NvmlBackend, default_backend
 from gpuzombie.lab.errors import LabError
@@ -32,6 +32,7 @@ from gpuzombie.lab.nccl.sampling import (
     held_before,
     unexplained_at,
 )
+from gpuzombie.lab.nccl.summary import NcclCase, NcclSummary, Survivor
 from gpuzombie.workloads.memory import torch_installed
 
 TORCH_HINT = (
@@ -121,8 +122,8 @@ def run_nccl_comparison(
     budget_s: float | None = None,
     nvml: NvmlBackend | None = None,
     specs: dict[str, CaseSpec] | None = None,
-) -> dict[str, Any]:
-    """Run the cases side by side; write out_dir/"nccl"; return the JSON-able summary.
+) -> NcclSummary:
+    """Run the cases side by side; write out_dir/"nccl"; return the summary.
 
     ``budget_s`` caps the whole run (a device call has 10 minutes): the window then ends early
     enough to leave ``WRAP_UP_S`` for stopping the ranks and writing the results."""
@@ -257,70 +258,69 @@ def _summarize(
     size_mib: int,
     observe_seconds: float,
     nvml: NvmlBackend | None,
-) -> dict[str, Any]:
-    out_cases = []
-    for c in launches:
-        spec = c.spec
-        entry: dict[str, Any] = {
-            "case": spec.key,
-            "name": spec.name,
-            "description": spec.description,
-            "env": spec.env,
-            "collective_timeout_s": spec.timeout_s,
-            "launcher": spec.launcher,
-            "error": c.error,
-        }
-        kill_t = kills.get(spec.key)
-        entry["killed_at_s"] = round(kill_t, 3) if kill_t is not None else None
-        survivors = []
-        for r in c.ranks[1:]:
-            if kill_t is None:
-                break
-            exit_s = round(r.exited_at - kill_t, 3) if r.exited_at is not None else None
-            held = held_before(samples, r.pid, kill_t)
-            # A running rank NVML never listed is unknown, not free.
-            known = r.exited_at is not None or (nvml is not None and held > 0)
-            free_t = freed_at(samples, r.pid, kill_t) if known else None
-            survivors.append(
-                {
-                    "rank": r.rank,
-                    "pid": r.pid,
-                    "gpu": r.gpu,
-                    "held_mib_at_kill": round(held, 1),
-                    "exit_s": exit_s,
-                    "exit_code": r.exit_code,
-                    "memory_free_s": round(free_t - kill_t, 3) if free_t is not None else None,
-                    "still_running_at_s": None if exit_s is not None else round(t_end - kill_t, 1),
-                }
+) -> NcclSummary:
+    summary = NcclSummary(
+        schema=SCHEMA,
+        device=device,
+        backend="nccl" if device == "cuda" else "gloo",
+        stand_in=device != "cuda",
+        label=CPU_STANDIN_LABEL if device != "cuda" else "real NCCL on GPUs",
+        ranks=ranks,
+        size_mib=size_mib,
+        observe_seconds=observe_seconds,
+        goal_s=GOAL_S,
+        torch=_torch_version(launches),
+        cases=tuple(_case(c, kills.get(c.spec.key), samples, t_end, nvml) for c in launches),
+        gpu_end=samples[-1].gpus if samples else (),
+    )
+    return replace(summary, table_md=comparison_table(summary))
+
+
+def _case(
+    c: CaseLaunch, kill_t: float | None, samples: list[MemorySample], t_end: float, nvml: NvmlBackend | None
+) -> NcclCase:
+    """What one case's survivors did after its rank 0 was killed at ``kill_t`` (None: never killed)."""
+    survivors = []
+    for r in c.ranks[1:]:
+        if kill_t is None:
+            break
+        exit_s = round(r.exited_at - kill_t, 3) if r.exited_at is not None else None
+        held = held_before(samples, r.pid, kill_t)
+        # A running rank NVML never listed is unknown, not free.
+        known = r.exited_at is not None or (nvml is not None and held > 0)
+        free_t = freed_at(samples, r.pid, kill_t) if known else None
+        survivors.append(
+            Survivor(
+                rank=r.rank,
+                pid=r.pid,
+                gpu=r.gpu,
+                held_mib_at_kill=round(held, 1),
+                exit_s=exit_s,
+                exit_code=r.exit_code,
+                memory_free_s=round(free_t - kill_t, 3) if free_t is not None else None,
+                still_running_at_s=None if exit_s is not None else round(t_end - kill_t, 1),
             )
-        entry["survivors"] = survivors
-        frees = [s["memory_free_s"] for s in survivors]
-        measured = [f for f in frees if f is not None]
-        entry["all_free_s"] = max(measured) if measured and len(measured) == len(frees) else None
-        entry["goal_met"] = entry["all_free_s"] is not None and entry["all_free_s"] <= GOAL_S
-        dead_gpu = c.ranks[0].gpu if c.ranks else None
-        entry["dead_rank_gpu"] = dead_gpu
-        entry["ghost_mib"] = _ghost_drop(samples, dead_gpu, c) if nvml is not None else None
-        out_cases.append(entry)
-    summary: dict[str, Any] = {
-        "schema": SCHEMA,
-        "device": device,
-        "backend": "nccl" if device == "cuda" else "gloo",
-        "stand_in": device != "cuda",
-        "label": CPU_STANDIN_LABEL if device != "cuda" else "real NCCL on GPUs",
-        "ranks": ranks,
-        "size_mib": size_mib,
-        "observe_seconds": observe_seconds,
-        "goal_s": GOAL_S,
-        "torch": _torch_version(launches),
-        "cases": out_cases,
-        "gpu_end": [
-            {"index": g.index, "used_mib": g.used_mib, "unexplained_mib": g.unexplained_mib}
-            for g in (samples[-1].gpus if samples else ())
-        ],
-    }
-    summary["table_md"] = comparison_table(summary)
-    return summary
+        )
+    frees = [s.memory_free_s for s in survivors]
+    measured = [f for f in frees if f is not None]
+    all_free_s = max(measured) if measured and len(measured) == len(frees) else None
+    dead_gpu = c.ranks[0].gpu if c.ranks else None
+    spec = c.spec
+    return NcclCase(
+        case=spec.key,
+        name=spec.name,
+        description=spec.description,
+        env=dict(spec.env),  # a copy: the frozen record shares no mutable dict with the spec
+        collective_timeout_s=spec.timeout_s,
+        launcher=spec.launcher,
+        error=c.error,
+        killed_at_s=round(kill_t, 3) if kill_t is not None else None,
+        survivors=tuple(survivors),
+        all_free_s=all_free_s,
+        goal_met=all_free_s is not None and all_free_s <= GOAL_S,
+        dead_rank_gpu=dead_gpu,
+        ghost_mib=_ghost_drop(samples, dead_gpu, c) if nvml is not None else None,
+    )
 
 
 def _ghost_drop(samples: list[MemorySample], gpu: int | None, case: CaseLaunch) -> float | None:
