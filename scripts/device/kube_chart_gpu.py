@@ -11,9 +11,9 @@ root, with the cluster up and its environment exported; PYTHONPATH=src).
 3. The handover (REPEAT times): pod A (a GPU pod) and a host torch worker joined to a leaf cgroup
    below A's pod cgroup (a process that sits in the pod without being its container's), then
    ``kubectl delete pod A`` and pod B, which asks for the gate (``gpuzombie.dev/preflight: "true"``,
-   injected by the registered webhook), applied at once. With REAP=1, ``gpuzombie reap --yes`` runs
-   from the moment A is gone from the API until the holder is gone; with REAP=0 nothing but the
-   kubelet acts. Measured on CLOCK_BOOTTIME: the holder's exit (its waitpid), B's workload process
+   injected by the registered webhook), applied at once. In pairs: first the kubelet alone for
+   KUBELET_CHANCE_S after A is gone from the API (then ``gpuzombie reap --yes``), then reap at once
+   (the kubelet may still end it first: the record says who did). Measured on CLOCK_BOOTTIME: the holder's exit (its waitpid), B's workload process
    start (/proc/<pid>/stat), NVML listing B's worker; the gate's log as ``kubectl logs`` shows it.
 
 Writes OUT/chart.json and the raw files beside it. DEVICE=cpu: steps 1 and 2 on the CPU stand-in
@@ -362,11 +362,26 @@ def workload_pid(uid: str) -> int | None:
     return None
 
 
-def handover_once(n: int, reap: bool) -> dict[str, Any]:
+def reap_once(t0: float) -> dict[str, Any] | None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuzombie", "reap", "--yes", "--json", "--timeout", "1",
+         "--cri-socket", str(LAYOUT.containerd_socket),
+         "--pod-resources-socket", str(LAYOUT.kubelet_root / "pod-resources" / "kubelet.sock")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    try:
+        return {"at_s": round(boottime() - t0, 3), "rc": done.returncode, "json": json.loads(done.stdout)}
+    except ValueError:
+        return None
+
+
+def handover_once(n: int, reap_after_s: float) -> dict[str, Any]:
+    """One handover; ``gpuzombie reap --yes`` runs from ``reap_after_s`` after A is gone from the API
+    until the holder is gone (the kubelet may end it first)."""
     a, b = f"handover-a-{n}", f"handover-b-{n}"
     apply(pod_a(a))
     pod = wait_for(f"pod {a} to run", lambda: _running(WORKLOADS, a), timeout=90)
-    run: dict[str, Any] = {"run": n, "reap": reap}
+    run: dict[str, Any] = {"run": n, "reap_after_s": reap_after_s}
     with holder_in(pod_cgroup(container_pid(pod))) as holder:
         ended: dict[str, float] = {}
 
@@ -378,20 +393,15 @@ def handover_once(n: int, reap: bool) -> dict[str, Any]:
         t0 = boottime()
         kubectl("delete", "pod", a, "-n", WORKLOADS, "--wait=false")
         apply(pod_b(b))
+        wait_for(f"{a} gone from the API", lambda: not get("pod", a, "-n", WORKLOADS), timeout=60, interval=0.05)
+        gone = boottime()
+        run["a_gone_from_api_s"] = round(gone - t0, 3)
         reaps: list[dict[str, Any]] = []
-        gone = wait_for(f"{a} gone from the API", lambda: not get("pod", a, "-n", WORKLOADS), timeout=60, interval=0.05)
-        run["a_gone_from_api_s"] = round(boottime() - t0, 3) if gone else None
-        while reap and "at" not in ended and boottime() - t0 < 60:
-            done = subprocess.run(
-                [sys.executable, "-m", "gpuzombie", "reap", "--yes", "--json", "--timeout", "1",
-                 "--cri-socket", str(LAYOUT.containerd_socket),
-                 "--pod-resources-socket", str(LAYOUT.kubelet_root / "pod-resources" / "kubelet.sock")],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            with contextlib.suppress(ValueError):
-                reaps.append(
-                    {"at_s": round(boottime() - t0, 3), "rc": done.returncode, "json": json.loads(done.stdout)}
-                )
+        while "at" not in ended and boottime() - gone < reap_after_s + 60:
+            if boottime() - gone >= reap_after_s:
+                reaped = reap_once(t0)
+                if reaped is not None:
+                    reaps.append(reaped)
             time.sleep(0.2)
         wait_for("the holder to exit", lambda: "at" in ended, timeout=90, interval=0.01)
         run["holder_exit_s"] = round(ended["at"] - t0, 3)
@@ -422,15 +432,19 @@ def _reaper(reaps: list[dict[str, Any]], pid: int) -> str:
     return "gpuzombie reap" if named else "the kubelet (removing the pod's cgroup)"
 
 
+KUBELET_CHANCE_S = 20.0
+"""How long the kubelet alone gets to end the holder before reap runs, in the first run of each pair."""
+
+
 def handover() -> None:
-    """Alternately the kubelet alone and reap beside it; the pods of a failed run are removed, and
+    """Alternately the kubelet alone (reap only after KUBELET_CHANCE_S) and reap at once; the pods of a failed run are removed, and
     the runs stop there (the GPU may still be held)."""
     runs: list[dict[str, Any]] = []
     RECORD["handover"] = runs
     for n in range(1, HANDOVER_REPEAT + 1):
-        for number, reap in ((n, False), (100 + n, True)):
+        for number, reap_after in ((n, KUBELET_CHANCE_S), (100 + n, 0.0)):
             try:
-                runs.append(handover_once(number, reap=reap))
+                runs.append(handover_once(number, reap_after))
             finally:
                 for name in (f"handover-a-{number}", f"handover-b-{number}"):
                     kubectl("delete", "pod", name, "-n", WORKLOADS, "--ignore-not-found", "--wait=true",
