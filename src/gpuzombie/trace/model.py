@@ -15,7 +15,6 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
@@ -29,7 +28,7 @@ from gpuzombie.gpu.attribution import (
 from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
 from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
-from gpuzombie.jsonout import IN_MIB, to_jsonable
+from gpuzombie.jsonout import IN_MIB, SchemaReport
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.owner import NamesLookup, Owner, Owners, resolve
@@ -159,9 +158,7 @@ class TraceSummary:
 
 
 @dataclass(frozen=True)
-class TraceReport:
-    schema: str
-    taken_at: float
+class TraceReport(SchemaReport):
     gpu: GpuStatus
     sources: Sources
     rows: tuple[TraceRow, ...]
@@ -172,10 +169,6 @@ class TraceReport:
     d_state: tuple[DStateHolder, ...] = ()
     """Processes in state D holding GPU memory or /dev/nvidia* (their rows say the pod)."""
     checks: DirtyChecks = field(default_factory=DirtyChecks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form, schema ``gpuzombie.trace/1`` (memory in MiB)."""
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 PodsLookup = Callable[[], RuntimePods]
