@@ -32,7 +32,7 @@ from gpuzombie.jsonout import IN_MIB, SchemaReport
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.owner import NamesLookup, Owner, Owners, resolve
-from gpuzombie.k8s.podresources import DraClaim, PodResources
+from gpuzombie.k8s.podresources import Allocation, PodResources
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.trace.stale import Dirty, DirtyChecks, Holder, judge
@@ -79,17 +79,6 @@ class TraceRow:
     dirty: Dirty | None = None
     """stale, foreign or unknown (``trace.stale``); None for a holder where it should be, or no holder."""
     dirty_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """A container the kubelet gave this GPU to (PodResources)."""
-
-    namespace: str
-    pod: str
-    container: str
-    claim: DraClaim | None = None
-    """The DRA claim and device it was given through; None for a device plugin's."""
 
 
 @dataclass(frozen=True)
@@ -302,11 +291,7 @@ def account_memory(
     ids = kubelet_ids(device.uuid, device.index, device.mig, device.minor_number)
     allocated = tuple(
         sorted(
-            {
-                Allocation(a.namespace, a.pod, a.container, a.claim)
-                for a in resources.gpu_assignments
-                if without_replica(a.device_id) in ids
-            },
+            {a.allocation for a in resources.gpu_assignments if without_replica(a.device_id) in ids},
             key=lambda a: (a.namespace, a.pod, a.container, a.claim.device if a.claim else ""),
         )
     )
