@@ -28,7 +28,7 @@ from gpuzombie.gpu.attribution import (
 )
 from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, GpuStatus, MigInstance, NvmlBackend, read_gpus
 from gpuzombie.jsonout import IN_MIB, SchemaReport
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
@@ -103,13 +103,6 @@ class GpuMemory:
     allocated_to: tuple[Allocation, ...]
     mig: MigInstance | None = None
     """With MIG mode on: the GPU instance this is (its memory, its processes); the rest is the GPU's."""
-
-
-@dataclass(frozen=True)
-class GpuStatus:
-    available: bool
-    reason: str | None
-    driver_version: str | None
 
 
 @dataclass(frozen=True)
@@ -468,7 +461,7 @@ def build_trace(
     report = TraceReport(
         schema=SCHEMA,
         taken_at=now,
-        gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
+        gpu=gpus.status,
         sources=Sources(procfs=table.procfs_root, cri_socket=owners.names.source, pod_resources=resources.source),
         rows=tuple(rows),
         gpus=memory,
