@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Required, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
@@ -474,23 +474,29 @@ def build_trace(
     return report, owners
 
 
-class TraceInputs(TypedDict, total=False):
-    """What ``build_trace`` is given besides the node's read (``view`` and ``now`` read it too),
-    named once: ``trace_node`` passes them on as they are."""
+class TraceSettings(TypedDict, total=False):
+    """How a trace judges, as ``build_trace`` takes it (its defaults where left out): the ghost
+    baseline and threshold, and the runtime's pods for stale holders. Named once, so that the node
+    scans (``trace_node``, ``trace.scan.scan_node``) pass them on as they are."""
 
-    names: Required[NamesLookup]
-    resources: Required[PodResources]
     baseline: int | None
     threshold: int
     pods: PodsLookup | None
 
 
 def trace_node(
-    *, procfs: Procfs, nvml: NvmlBackend, view: ReaderView, now: float, **inputs: Unpack[TraceInputs]
+    *,
+    procfs: Procfs,
+    nvml: NvmlBackend,
+    view: ReaderView,
+    names: NamesLookup,
+    resources: PodResources,
+    now: float,
+    **settings: Unpack[TraceSettings],
 ) -> TraceReport:
     """Read the node once and map everything; raises OSError when the procfs cannot be listed and
     ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
     table = read_trace_table(procfs, gpus, view, now=now)
-    report, _ = build_trace(table, gpus, view=view, now=now, **inputs)
+    report, _ = build_trace(table, gpus, view=view, names=names, resources=resources, now=now, **settings)
     return report
