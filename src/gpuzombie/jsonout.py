@@ -42,6 +42,19 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class SchemaReport:
+    """A report whose JSON is its own fields, in order, under its schema (top's frame, the trace): the
+    head they share, so their ``to_dict`` is written once."""
+
+    schema: str
+    taken_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form under ``schema`` (memory in MiB)."""
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
 def dumps(value: Any, *, indent: int | None = 2) -> str:
     """The JSON text of a report (observe, trace, prestop, lab results, or any dataclass)."""
     return json.dumps(to_jsonable(value), indent=indent)

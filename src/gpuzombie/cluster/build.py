@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Self
 
 from gpuzombie.errors import GpuzombieError
 
-KUBE_SOURCE_ENV = "GPUZOMBIE_KUBE_SOURCE"
 KUBE_BINARY_ENV = "GPUZOMBIE_KUBE_BINARY"
 """A prebuilt multi-call binary to use as is (the GPU machine, which has no Go toolchain)."""
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy")
@@ -39,8 +39,9 @@ class BuildError(GpuzombieError):
     """The binary could not be found or built; one line."""
 
 
-def _module_directory(env: str, name: str) -> Path:
-    """go/<name> of the clone this package runs from, or the directory ``env`` names."""
+def _module_directory(name: str) -> Path:
+    """go/<name> of the clone this package runs from, or the directory GPUZOMBIE_<NAME>_SOURCE names."""
+    env = f"GPUZOMBIE_{name.upper().replace('-', '_')}_SOURCE"
     given = os.environ.get(env)
     directory = Path(given) if given else Path(__file__).resolve().parents[3] / "go" / name
     if not (directory / "go.mod").is_file():
@@ -57,14 +58,23 @@ def _required_version(directory: Path, module: str) -> str:
 
 
 @dataclass(frozen=True)
-class KubeSource:
-    """The Go module that builds the binary, and the release it pins."""
+class _GoSource:
+    """A module of go/ that a binary is built from, found as ``_module_directory`` finds one."""
 
     directory: Path
+    NAME: ClassVar[str]
+    """go/<NAME>."""
 
     @classmethod
-    def locate(cls) -> KubeSource:
-        return cls(_module_directory(KUBE_SOURCE_ENV, "kube"))
+    def locate(cls) -> Self:
+        return cls(_module_directory(cls.NAME))
+
+
+@dataclass(frozen=True)
+class KubeSource(_GoSource):
+    """The Go module that builds the binary, and the release it pins."""
+
+    NAME = "kube"
 
     @property
     def kubernetes_version(self) -> str:
@@ -125,10 +135,11 @@ def go_version(go: str) -> str:
     return done.stdout.strip()
 
 
-def _dependency_count(go: str, directory: Path, env: dict[str, str]) -> int:
-    """How many packages the build compiles when nothing is cached (the progress line's total)."""
+def _list_deps(go: str, directory: Path, env: dict[str, str], *args: str) -> str | None:
+    """``go list -deps`` of ``args`` (flags, then packages) in ``directory``; None when it fails: a
+    progress total is a nicety, never a reason to stop the build."""
     done = subprocess.run(
-        [go, "list", "-deps", "-f", "{{if not .Standard}}x{{end}}", "."],
+        [go, "list", "-deps", *args],
         cwd=directory,
         env=env,
         capture_output=True,
@@ -136,7 +147,13 @@ def _dependency_count(go: str, directory: Path, env: dict[str, str]) -> int:
         timeout=600,
         check=False,
     )
-    return done.stdout.count("x") if done.returncode == 0 else 0
+    return done.stdout if done.returncode == 0 else None
+
+
+def _dependency_count(go: str, directory: Path, env: dict[str, str]) -> int:
+    """How many packages the build compiles when nothing is cached (the progress line's total)."""
+    listed = _list_deps(go, directory, env, "-f", "{{if not .Standard}}x{{end}}", ".")
+    return listed.count("x") if listed is not None else 0
 
 
 def build(source: KubeSource, output: Path, progress: Progress, *, timeout: float = BUILD_TIMEOUT_S) -> None:
@@ -217,7 +234,6 @@ def ensure_binary(progress: Progress) -> Path:
 
 # --- containerd 2 (go/containerd) ------------------------------------------------------------------
 
-CONTAINERD_SOURCE_ENV = "GPUZOMBIE_CONTAINERD_SOURCE"
 CONTAINERD_BINARIES_ENV = "GPUZOMBIE_CONTAINERD_BINARIES"
 """A directory of prebuilt containerd, containerd-shim-runc-v2 and ctr to use as they are."""
 CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
@@ -229,14 +245,10 @@ _SHIM_TAGS = "urfave_cli_no_docs,no_grpc"
 
 
 @dataclass(frozen=True)
-class ContainerdSource:
+class ContainerdSource(_GoSource):
     """The Go module that builds the unmodified upstream containerd commands, and its release."""
 
-    directory: Path
-
-    @classmethod
-    def locate(cls) -> ContainerdSource:
-        return cls(_module_directory(CONTAINERD_SOURCE_ENV, "containerd"))
+    NAME = "containerd"
 
     @property
     def version(self) -> str:
@@ -258,16 +270,8 @@ def containerd_cache_root() -> Path:
 def _package_paths(go: str, directory: Path, env: dict[str, str], tags: str, packages: list[str]) -> set[str]:
     """Every package the build of ``packages`` compiles when nothing is cached, the standard
     library's included (with -trimpath an empty GOCACHE compiles it too, and -v names it)."""
-    done = subprocess.run(
-        [go, "list", "-deps", "-tags", tags, "-f", "{{.ImportPath}}", *packages],
-        cwd=directory,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    return set(done.stdout.split()) if done.returncode == 0 else set()
+    listed = _list_deps(go, directory, env, "-tags", tags, "-f", "{{.ImportPath}}", *packages)
+    return set(listed.split()) if listed is not None else set()
 
 
 def build_containerd(
@@ -325,7 +329,6 @@ def ensure_containerd(progress: Progress) -> Path:
 
 # --- the NRI plugin (go/nri) -----------------------------------------------------------------------
 
-NRI_SOURCE_ENV = "GPUZOMBIE_NRI_SOURCE"
 NRI_PLUGIN_ENV = "GPUZOMBIE_NRI_PLUGIN"
 """A prebuilt gpuzombie-nri to use as is."""
 NRI_PLUGIN = "gpuzombie-nri"
@@ -333,14 +336,10 @@ _NRI_LDFLAGS = "-s -w"
 
 
 @dataclass(frozen=True)
-class NriSource:
+class NriSource(_GoSource):
     """The Go module of the NRI plugin: its go.mod, go.sum, Go files and the contract it embeds."""
 
-    directory: Path
-
-    @classmethod
-    def locate(cls) -> NriSource:
-        return cls(_module_directory(NRI_SOURCE_ENV, "nri"))
+    NAME = "nri"
 
     def keyed_files(self) -> list[Path]:
         sources = [p for p in self.directory.glob("*.go") if not p.name.endswith("_test.go")]
@@ -385,7 +384,7 @@ class GoTool:
 
     @property
     def directory(self) -> Path:
-        return _module_directory(f"GPUZOMBIE_{self.module.upper().replace('-', '_')}_SOURCE", self.module)
+        return _module_directory(self.module)
 
     def required(self, module: str) -> str:
         """The release of ``module`` the tool's go.mod requires."""

@@ -79,12 +79,23 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
-class GpuSnapshot:
+class GpuStatus:
+    """Whether NVML answered (why not, else the driver): what a report says of the GPUs before any device."""
+
     available: bool
     reason: str | None = None
     driver_version: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSnapshot(GpuStatus):
     cuda_driver_version: int | None = None
     devices: tuple[GpuDevice, ...] = field(default_factory=tuple)
+
+    @property
+    def status(self) -> GpuStatus:
+        """The status alone, no devices (the trace's ``gpu``)."""
+        return GpuStatus(self.available, self.reason, self.driver_version)
 
     def device(self, index: int) -> GpuDevice | None:
         return next((d for d in self.devices if d.index == index), None)

@@ -121,13 +121,6 @@ class ContainerSpec:
     """CPUs, as the kubelet turns them into cpu shares and a CFS quota."""
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-
-
 def _namespaces(host_network: bool, share_pid: bool = False) -> pb.NamespaceOption:
     """The kubelet's defaults: a pod-wide IPC namespace, one PID namespace per container (one for
     the pod with shareProcessNamespace)."""
@@ -295,12 +288,12 @@ class RuntimeClient:
     def start_container(self, container_id: str, *, timeout: float | None = None) -> None:
         self._call("StartContainer", pb.StartContainerRequest(container_id=container_id), timeout)
 
-    def exec_sync(self, container_id: str, argv: list[str], *, timeout: float | None = None) -> ExecResult:
-        """Run ``argv`` in the container and wait for it (the runtime's own limit is the call's deadline)."""
+    def exec_sync(self, container_id: str, argv: list[str], *, timeout: float | None = None) -> pb.ExecSyncResponse:
+        """Run ``argv`` in the container and wait for it (the runtime's own limit is the call's deadline);
+        the runtime's reply (exit_code, stdout, stderr) as it is, like every other call's."""
         limit = self.timeout if timeout is None else timeout
         request = pb.ExecSyncRequest(container_id=container_id, cmd=argv, timeout=max(1, int(limit)))
-        response = self._call("ExecSync", request, limit + 2)
-        return ExecResult(exit_code=response.exit_code, stdout=response.stdout, stderr=response.stderr)
+        return self._call("ExecSync", request, limit + 2)
 
     def stop_container(self, container_id: str, *, grace: int = 0, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds (the kubelet's terminationGracePeriodSeconds)."""

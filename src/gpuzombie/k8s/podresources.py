@@ -38,6 +38,17 @@ class DraClaim:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """A container the kubelet gave a device to (what the trace says of each GPU)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: DraClaim | None = None
+    """The DRA claim and device it was given through; None for a device plugin's."""
+
+
+@dataclass(frozen=True)
 class DeviceAssignment:
     """One device the kubelet allocated to one container: for NVIDIA resources, an id in one of the
     device plugin's forms (``gpu.deviceids``); for a DRA device, its GPU node ``/dev/nvidiaN`` and
@@ -50,6 +61,11 @@ class DeviceAssignment:
     """The device plugin's resource name; a DRA device's driver name."""
     device_id: str
     claim: DraClaim | None = None
+
+    @property
+    def allocation(self) -> Allocation:
+        """The container it went to and through which claim: one per GPU in the trace, whatever the id's form."""
+        return Allocation(self.namespace, self.pod, self.container, self.claim)
 
 
 @dataclass(frozen=True)

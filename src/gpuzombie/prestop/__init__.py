@@ -13,13 +13,12 @@ from gpuzombie.prestop.run import (
     summary_line,
 )
 from gpuzombie.prestop.scope import Scope
-from gpuzombie.prestop.targets import Excluded, PrestopPlan, Target, Unread, plan_targets
+from gpuzombie.prestop.targets import PrestopPlan, Target, Untargeted, plan_targets
 from gpuzombie.prestop.terminate import Outcome, PrestopEvent, TargetResult, Terminator
 
 __all__ = [
     "DEFAULT_KILL_WAIT",
     "PRESTOP_TIMEOUT",
-    "Excluded",
     "Outcome",
     "PrestopEvent",
     "PrestopPlan",
@@ -28,7 +27,7 @@ __all__ = [
     "Target",
     "TargetResult",
     "Terminator",
-    "Unread",
+    "Untargeted",
     "plan_prestop",
     "plan_targets",
     "render_text",

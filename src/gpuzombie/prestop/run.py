@@ -17,7 +17,7 @@ from gpuzombie.exitcodes import ExitStatus
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend
 from gpuzombie.prestop.options import DEFAULT_KILL_WAIT, PRESTOP_TIMEOUT
 from gpuzombie.prestop.scope import Scope
-from gpuzombie.prestop.targets import PrestopPlan, Target, Unread, plan_targets, require_scope
+from gpuzombie.prestop.targets import PrestopPlan, Target, Untargeted, plan_targets, require_scope
 from gpuzombie.prestop.terminate import PrestopEvent, TargetResult, TerminationRun, Terminator, count_left_alive
 from gpuzombie.proc.pidfd import PinnedPids, open_files_limit
 from gpuzombie.proc.pidns import own_pid_in, reader_pidns
@@ -35,7 +35,7 @@ class PrestopReport(TerminationRun):
     plan: PrestopPlan
     """What the run acted on (its targets are ``results`` here)."""
     results: tuple[TargetResult, ...]
-    unread: tuple[Unread, ...]
+    unread: tuple[Untargeted, ...]
     """Processes that could have been targets but could not be read (the plan's, then each
     rescan's): never signalled."""
     incomplete: int

@@ -59,15 +59,9 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Excluded:
-    pid: int
-    comm: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Unread:
-    """A process that could be in scope and was not (fully) read: never signalled, always reported."""
+class Untargeted:
+    """A process a plan names and never signals, and why: one a rule excludes (``excluded``), or one
+    that could be in scope and was not (fully) read (``unread``: always reported)."""
 
     pid: int
     comm: str
@@ -87,8 +81,8 @@ class PrestopPlan:
     gpu_available: bool
     gpu_reason: str | None
     targets: tuple[Target, ...]
-    excluded: tuple[Excluded, ...]
-    unread: tuple[Unread, ...]
+    excluded: tuple[Untargeted, ...]
+    unread: tuple[Untargeted, ...]
 
 
 def require_scope(own_pidns: int | None, scope: Scope | None) -> None:
@@ -231,30 +225,30 @@ def plan_targets(
     nvml_memory = _nvml_matches(refs, table, own_pidns, in_root)
 
     targets: list[Target] = []
-    excluded: list[Excluded] = []
-    unread: list[Unread] = []
+    excluded: list[Untargeted] = []
+    unread: list[Untargeted] = []
     for proc in table:
         orphan = orphans.get(proc.pid)
         reasons = _reasons(proc, orphan, nvml_memory.get(proc.pid))
         why_not = rules.outside(proc)
         if why_not is not None:
             if reasons:
-                excluded.append(Excluded(proc.pid, proc.comm, why_not))
+                excluded.append(Untargeted(proc.pid, proc.comm, why_not))
             continue
         unknown = rules.unknown(proc)
         if unknown is None and proc.could_hide_finding and not reasons:
             unknown = f"not fully read ({_missing(proc)}): a /dev/nvidia* fd or an orphan could hide there"
         if unknown is not None:
-            unread.append(Unread(proc.pid, proc.comm, unknown))
+            unread.append(Untargeted(proc.pid, proc.comm, unknown))
             continue
         if not reasons:
             if orphan is not None:  # observe's "cannot tell": PID 1 may have started it
                 excluded.append(
-                    Excluded(proc.pid, proc.comm, "child of PID 1 that PID 1 may have started (cannot tell)")
+                    Untargeted(proc.pid, proc.comm, "child of PID 1 that PID 1 may have started (cannot tell)")
                 )
             continue
         targets.append(Target.of(proc, reasons, nvml_memory.get(proc.pid)))
-    unread += [Unread(pid, "?", "not read before the scan's deadline") for pid in table.unread]
+    unread += [Untargeted(pid, "?", "not read before the scan's deadline") for pid in table.unread]
     pid1 = table.get(1)
     return PrestopPlan(
         own_pid=own_pid,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuzombie.k8s.owner import in_cgroup
-from gpuzombie.prestop.targets import Target, Unread
+from gpuzombie.prestop.targets import Target, Untargeted
 from gpuzombie.proc.procfs import ProcessTable
 from gpuzombie.trace.model import TraceReport
 from gpuzombie.trace.stale import Dirty
@@ -36,7 +36,7 @@ class StalePod:
 class ReapPlan:
     stale_pods: tuple[StalePod, ...]
     targets: tuple[Target, ...]
-    unread: tuple[Unread, ...]
+    unread: tuple[Untargeted, ...]
     skipped_pods: tuple[str, ...] = ()
     """Stale pods left out by ``--pod-uid``."""
 
@@ -69,14 +69,14 @@ def stale_pods(report: TraceReport, only: Iterable[str] | None = None) -> tuple[
 
 def stale_targets(
     table: ProcessTable, pods: Iterable[StalePod], *, own_pid: int, memory: dict[int, int] | None = None
-) -> tuple[list[Target], list[Unread]]:
+) -> tuple[list[Target], list[Untargeted]]:
     """Every live process of ``table`` in the cgroup of one of ``pods``; the unreadable ones apart.
     ``memory``: bytes NVML attributes to a pid (shown in the report)."""
     by_uid = {p.pod_uid: p for p in pods}
     holders = {pid: p for p in by_uid.values() for pid in p.holders}
     protected = {1, own_pid} | {p.pid for p in table.parents(own_pid)}
     targets: list[Target] = []
-    unread: list[Unread] = []
+    unread: list[Untargeted] = []
     if not by_uid:
         return targets, unread
     for proc in table:
@@ -84,7 +84,7 @@ def stale_targets(
             continue
         if not proc.cgroup or proc.unread("stat"):
             if proc.unread("cgroup") or proc.unread("stat"):
-                unread.append(Unread(proc.pid, proc.comm, "cgroup or stat unreadable: it could be in a stale pod"))
+                unread.append(Untargeted(proc.pid, proc.comm, "cgroup or stat unreadable: it could be in a stale pod"))
             continue
         ref = in_cgroup(proc).ref  # its own cgroup alone: never a process its PID namespace or parent places
         pod = by_uid.get(ref.pod_uid) if ref is not None and ref.pod_uid else None

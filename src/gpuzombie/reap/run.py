@@ -23,7 +23,7 @@ from gpuzombie.gpu.nvml import NO_GPU, NvmlBackend, read_gpus
 from gpuzombie.k8s.liveness import PodState
 from gpuzombie.k8s.owner import NamesLookup
 from gpuzombie.k8s.podresources import PodResources
-from gpuzombie.prestop.targets import Target, Unread
+from gpuzombie.prestop.targets import Target, Untargeted
 from gpuzombie.prestop.terminate import (
     Outcome,
     PrestopEvent,
@@ -61,7 +61,7 @@ class ReapReport(TerminationRun):
     skipped_pods: tuple[str, ...]
     """Stale pods left alone because ``--pod-uid`` did not name them."""
     results: tuple[ReapResult, ...]
-    unread: tuple[Unread, ...]
+    unread: tuple[Untargeted, ...]
     survivors: int
     """Targets left alive (not killable in D, signal refused, no pidfd)."""
     exit_status: int

@@ -16,7 +16,7 @@ from typing import Any
 from gpuzombie.escape import escape
 from gpuzombie.gpu.nvml import GpuDevice
 from gpuzombie.handover.verdict import GpuReading, judge
-from gpuzombie.jsonout import IN_MIB, to_jsonable
+from gpuzombie.jsonout import IN_MIB, SchemaReport
 from gpuzombie.k8s.liveness import PodState, RuntimePods
 from gpuzombie.observe.namespaces import NamespaceScan
 from gpuzombie.pid1kinds import Pid1Kind
@@ -120,9 +120,7 @@ class GpuGroup:
 
 
 @dataclass(frozen=True)
-class NodeView:
-    schema: str
-    taken_at: float
+class NodeView(SchemaReport):
     node: str
     nvml: str
     """"ok (driver V)" or why NVML could not be read (processes are still shown)."""
@@ -131,9 +129,6 @@ class NodeView:
     scan_s: float
     pods: int
     processes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 class StoppingTracker:

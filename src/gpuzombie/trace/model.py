@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, Unpack
 
 from gpuzombie.gpu.attribution import (
     DEFAULT_GHOST_THRESHOLD,
@@ -28,12 +28,12 @@ from gpuzombie.gpu.attribution import (
 )
 from gpuzombie.gpu.deviceids import kubelet_ids, without_replica
 from gpuzombie.gpu.dstate import DStateHolder, d_state_holders
-from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, MigInstance, NvmlBackend, read_gpus
-from gpuzombie.jsonout import IN_MIB, to_jsonable
+from gpuzombie.gpu.nvml import GpuDevice, GpuSnapshot, GpuStatus, MigInstance, NvmlBackend, read_gpus
+from gpuzombie.jsonout import IN_MIB, SchemaReport
 from gpuzombie.k8s.liveness import RuntimePods
 from gpuzombie.k8s.names import CriNames
 from gpuzombie.k8s.owner import NamesLookup, Owner, Owners, resolve
-from gpuzombie.k8s.podresources import DraClaim, PodResources
+from gpuzombie.k8s.podresources import Allocation, PodResources
 from gpuzombie.proc.pidfd import read_start_and_state
 from gpuzombie.proc.procfs import ProcessInfo, ProcessTable, Procfs, describe_unreadable
 from gpuzombie.trace.stale import Dirty, DirtyChecks, Holder, judge
@@ -83,17 +83,6 @@ class TraceRow:
 
 
 @dataclass(frozen=True)
-class Allocation:
-    """A container the kubelet gave this GPU to (PodResources)."""
-
-    namespace: str
-    pod: str
-    container: str
-    claim: DraClaim | None = None
-    """The DRA claim and device it was given through; None for a device plugin's."""
-
-
-@dataclass(frozen=True)
 class GpuMemory:
     """One GPU's memory in bytes, accounted for: used = baseline + processes + unexplained."""
 
@@ -114,13 +103,6 @@ class GpuMemory:
     allocated_to: tuple[Allocation, ...]
     mig: MigInstance | None = None
     """With MIG mode on: the GPU instance this is (its memory, its processes); the rest is the GPU's."""
-
-
-@dataclass(frozen=True)
-class GpuStatus:
-    available: bool
-    reason: str | None
-    driver_version: str | None
 
 
 @dataclass(frozen=True)
@@ -159,9 +141,7 @@ class TraceSummary:
 
 
 @dataclass(frozen=True)
-class TraceReport:
-    schema: str
-    taken_at: float
+class TraceReport(SchemaReport):
     gpu: GpuStatus
     sources: Sources
     rows: tuple[TraceRow, ...]
@@ -172,10 +152,6 @@ class TraceReport:
     d_state: tuple[DStateHolder, ...] = ()
     """Processes in state D holding GPU memory or /dev/nvidia* (their rows say the pod)."""
     checks: DirtyChecks = field(default_factory=DirtyChecks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form, schema ``gpuzombie.trace/1`` (memory in MiB)."""
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 PodsLookup = Callable[[], RuntimePods]
@@ -309,11 +285,7 @@ def account_memory(
     ids = kubelet_ids(device.uuid, device.index, device.mig, device.minor_number)
     allocated = tuple(
         sorted(
-            {
-                Allocation(a.namespace, a.pod, a.container, a.claim)
-                for a in resources.gpu_assignments
-                if without_replica(a.device_id) in ids
-            },
+            {a.allocation for a in resources.gpu_assignments if without_replica(a.device_id) in ids},
             key=lambda a: (a.namespace, a.pod, a.container, a.claim.device if a.claim else ""),
         )
     )
@@ -489,7 +461,7 @@ def build_trace(
     report = TraceReport(
         schema=SCHEMA,
         taken_at=now,
-        gpu=GpuStatus(gpus.available, gpus.reason, gpus.driver_version),
+        gpu=gpus.status,
         sources=Sources(procfs=table.procfs_root, cri_socket=owners.names.source, pod_resources=resources.source),
         rows=tuple(rows),
         gpus=memory,
@@ -502,6 +474,16 @@ def build_trace(
     return report, owners
 
 
+class TraceSettings(TypedDict, total=False):
+    """How a trace judges, as ``build_trace`` takes it (its defaults where left out): the ghost
+    baseline and threshold, and the runtime's pods for stale holders. Named once, so that the node
+    scans (``trace_node``, ``trace.scan.scan_node``) pass them on as they are."""
+
+    baseline: int | None
+    threshold: int
+    pods: PodsLookup | None
+
+
 def trace_node(
     *,
     procfs: Procfs,
@@ -510,23 +492,11 @@ def trace_node(
     names: NamesLookup,
     resources: PodResources,
     now: float,
-    baseline: int | None = None,
-    threshold: int = DEFAULT_GHOST_THRESHOLD,
-    pods: PodsLookup | None = None,
+    **settings: Unpack[TraceSettings],
 ) -> TraceReport:
     """Read the node once and map everything; raises OSError when the procfs cannot be listed and
     ValueError when its stat file has no boot time."""
     gpus = read_gpus(nvml)
     table = read_trace_table(procfs, gpus, view, now=now)
-    report, _ = build_trace(
-        table,
-        gpus,
-        view=view,
-        names=names,
-        resources=resources,
-        now=now,
-        baseline=baseline,
-        threshold=threshold,
-        pods=pods,
-    )
+    report, _ = build_trace(table, gpus, view=view, names=names, resources=resources, now=now, **settings)
     return report

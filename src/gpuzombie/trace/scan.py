@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Unpack
 
-from gpuzombie.gpu.attribution import DEFAULT_GHOST_THRESHOLD, ReaderView
+from gpuzombie.gpu.attribution import ReaderView
 from gpuzombie.gpu.dstate import DStateTracker
 from gpuzombie.gpu.nvml import NO_GPU, GpuSnapshot, NvmlBackend, read_gpus
 from gpuzombie.k8s.names import CriNames
@@ -17,7 +18,7 @@ from gpuzombie.k8s.owner import NamesLookup, Owners, PodLabels
 from gpuzombie.k8s.podresources import PodResources
 from gpuzombie.observe.namespaces import NamespaceScan, NamespaceSurvey, survey
 from gpuzombie.proc.procfs import ProcessCache, ProcessInfo, ProcessTable, Procfs
-from gpuzombie.trace.model import PodsLookup, TraceReport, TraceRow, build_trace
+from gpuzombie.trace.model import TraceReport, TraceRow, TraceSettings, build_trace
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,11 @@ def scan_node(
     names: NamesLookup,
     resources: Callable[[], PodResources],
     now: float | None = None,
-    baseline: int | None = None,
-    threshold: int = DEFAULT_GHOST_THRESHOLD,
     clock: Callable[[], float] = time.perf_counter,
     node_name: str = "",
     dstate: DStateTracker | None = None,
-    pods: PodsLookup | None = None,
     cache: ProcessCache | None = None,
+    **settings: Unpack[TraceSettings],
 ) -> NodeScan:
     """Read the node once, survey its namespaces and trace it, asking the runtime once for both's
     containers; ``dstate`` (kept across scans) times the D-state GPU holders, and ``pods`` (asked
@@ -84,17 +83,7 @@ def scan_node(
     def lookup(ids: Iterable[str]) -> CriNames:
         return names(sorted(set(ids) | extra))
 
-    trace, owners = build_trace(
-        table,
-        gpus,
-        view=view,
-        names=lookup,
-        resources=resources(),
-        now=now,
-        baseline=baseline,
-        threshold=threshold,
-        pods=pods,
-    )
+    trace, owners = build_trace(table, gpus, view=view, names=lookup, resources=resources(), now=now, **settings)
     in_d = (dstate or DStateTracker()).update(trace.d_state)
     return NodeScan(
         trace=trace,
