@@ -51,13 +51,14 @@ xz_to() { xz -T2 -6 -c "$1" >"$2" || return 2; }
 
 prepare() {
   local python=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-  rm -rf "$CARRY" && mkdir -p "$CARRY/1" "$CARRY/2" "$CARRY/3" "$CARRY/4" /tmp/kube-gpu-prepare || return 2
-  local kube containerd
+  local work=/tmp/kube-gpu-prepare
+  rm -rf "$CARRY" "$work" && mkdir -p "$CARRY/1" "$CARRY/2" "$CARRY/3" "$CARRY/4" "$work/debs" "$work/wheels" || return 2
+  local kube containerd nri helm image
   kube=$("$python" -m gpuzombie cluster build 2>/dev/null | tail -n 1) || return 2
   containerd=$("$python" -m gpuzombie cluster build --containerd2 2>/dev/null | tail -n 1) || return 2
   [ -x "$kube" ] && [ -x "$containerd/containerd" ] || { echo "cluster build printed no binary: $kube $containerd" >&2; return 2; }
-  xz -T2 -9e -c "$kube" >"$CARRY/1/kube.xz" || return 2
-  local nvbin=/tmp/kube-gpu-prepare/nvidia
+  nri=$("$python" -m gpuzombie cluster build --nri 2>/dev/null | tail -n 1) || return 2
+  local nvbin=$work/nvidia
   mkdir -p "$nvbin"
   (cd go/nvidia-device-plugin && go build -trimpath -ldflags "-s -w" -o "$nvbin/" \
     github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin) || return 2
@@ -65,24 +66,30 @@ prepare() {
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk \
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
     github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime.cdi) || return 2
+  (cd "$work/debs" && apt-get download "${DEBS[@]}" 2>/dev/null >/dev/null) || return 2
+  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$work/wheels" "${WHEELS[@]}" || return 2
+  helm=$(scripts/get-helm.sh) || return 2
+  image=$("$python" -c 'from gpuzombie.cluster.images import node_image_archive as a; n, p = a(lambda m: None); print(p)') ||
+    return 2
+  # A call carries 64 MiB with the working tree, counted in 4 KiB blocks (32.4 MiB on 2026-12-06):
+  # four parts of at most 31.5 MiB. 1: the kube binary, the shim, tini, catatonit; 2: containerd, ctr,
+  # the device plugin, the toolkit, busybox, the small wheels; 3: the CNI plugins, cryptography, helm,
+  # runc; 4: the node image and the NRI plugin (`chart` and `nri` only).
+  xz -T2 -9e -c "$kube" >"$CARRY/1/kube.xz" || return 2
+  xz_to "$containerd/containerd-shim-runc-v2" "$CARRY/1/containerd-shim-runc-v2.xz" || return 2
+  cp "$work"/debs/tini_*.deb "$work"/debs/catatonit_*.deb "$CARRY/1/" || return 2
+  for b in containerd ctr; do xz_to "$containerd/$b" "$CARRY/2/$b.xz" || return 2; done
   for b in nvidia-device-plugin nvidia-ctk nvidia-cdi-hook nvidia-container-runtime.cdi; do
     xz_to "$nvbin/$b" "$CARRY/2/$b.xz" || return 2
   done
-  for b in containerd containerd-shim-runc-v2 ctr; do xz_to "$containerd/$b" "$CARRY/2/$b.xz" || return 2; done
-  local nri
-  nri=$("$python" -m gpuzombie cluster build --nri 2>/dev/null | tail -n 1) || return 2
-  xz_to "$nri" "$CARRY/2/gpuzombie-nri.xz" || return 2
-  (cd "$CARRY/3" && apt-get download "${DEBS[@]}" 2>/dev/null >/dev/null) || return 2
-  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$CARRY/3" "${WHEELS[@]}" || return 2
-  local helm image
-  helm=$(scripts/get-helm.sh) || return 2
-  xz_to "$helm" "$CARRY/3/helm.xz" || return 2
-  image=$("$python" -c 'from gpuzombie.cluster.images import node_image_archive as a; n, p = a(lambda m: None); print(p)') ||
+  cp "$work"/debs/busybox-static_*.deb "$CARRY/2/" && mv "$work"/wheels/cryptography-*.whl "$work/debs/" &&
+    cp "$work"/wheels/*.whl "$CARRY/2/" || return 2
+  cp "$work"/debs/containernetworking-plugins_*.deb "$work"/debs/runc_*.deb "$work"/debs/cryptography-*.whl "$CARRY/3/" ||
     return 2
-  mkdir -p "$CARRY/4" && xz_to "$image" "$CARRY/4/node-image.tar.xz" || return 2
-  # one call carries at most 64 MiB with the working tree (33 MiB on 2026-12-04): four parts
+  xz_to "$helm" "$CARRY/3/helm.xz" || return 2
+  xz_to "$image" "$CARRY/4/node-image.tar.xz" && xz_to "$nri" "$CARRY/4/gpuzombie-nri.xz" || return 2
   du -sm "$CARRY"/1 "$CARRY"/2 "$CARRY"/3 "$CARRY"/4
 }
 
