@@ -341,7 +341,7 @@ def holder_in(cgroup: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 def gpu_pids() -> set[int]:
     pids: set[int] = set()
-    for gpu in read_gpus(NVML).gpus:
+    for gpu in read_gpus(NVML).devices:
         pids.update(p.pid for p in gpu.processes)
     return pids
 

@@ -313,8 +313,8 @@ EOF
 chart() {  # helm install of the chart (exporter under RuntimeClass nvidia, the webhook), pod-nofix
   # through the registered webhook, the handover with a stale holder (scripts/device/kube_chart_gpu.py)
   environment || return 2
-  local image=$GZK/node-image.tar
-  [ -f "$image" ] || image=$("${PYTHON:-python3}" -c 'from gpuzombie.cluster.images import node_image_archive as a; print(a(print)[1])' | tail -n 1)
+  local image=$GZK/node-image.tar  # the GPU machine cannot build it (no PyPI there): part 4 carries it
+  [ -f "$image" ] || { echo "no $image: unpack 4 first (carry .kube-gpu/4)" >&2; return 2; }
   log "importing the node image ($image)" | tee "$OUT/chart.log"
   "$GZK/containerd/ctr" --address "$(layout_path containerd_socket)" --namespace k8s.io images import "$image" 2>&1 |
     tail -n 2 | tee -a "$OUT/chart.log"
