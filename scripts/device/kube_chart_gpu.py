@@ -461,6 +461,9 @@ def main() -> int:
             if step == "handover" and not GPU:
                 log("handover: cuda only (the gate needs NVML through the nvidia RuntimeClass)")
                 continue
+            if "install" in RECORD.get("errors", {}):  # every later step needs the chart's pods
+                log(f"{step}: skipped (the chart did not install)")
+                continue
             try:
                 steps[step]()
             except Exception as exc:  # noqa: BLE001 (one line per failed step; the others still run)
