@@ -149,7 +149,7 @@ def install() -> None:
         f.flush()
         began = time.monotonic()
         done = helm("install", NAMESPACE, str(REPO / "charts" / "gpuzombie"), "-n", NAMESPACE, "--wait",
-                    "--timeout=150s", "--values", f.name)  # fmt: skip
+                    "--timeout=90s", "--values", f.name)  # fmt: skip
     took = time.monotonic() - began
     save("helm-install.log", done.stdout + done.stderr)
     save("helm-manifest.yaml", helm("get", "manifest", NAMESPACE, "-n", NAMESPACE).stdout)
