@@ -70,3 +70,13 @@ def test_the_charts_values_name_the_clusters_sockets(chart_script: ModuleType) -
     assert values["exporter"]["cri"]["socket"] == str(layout.containerd_socket)
     assert values["exporter"]["podResourcesDir"] == str(layout.kubelet_root / "pod-resources")
     assert values["webhook"]["certManager"] == {"enabled": False}
+
+
+def test_start_times_are_on_the_boot_clock_the_handover_measures_with(chart_script: ModuleType) -> None:
+    import os
+    import time
+
+    started = chart_script.proc_start(os.getpid())
+    assert 0 < started <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    with pytest.raises(RuntimeError, match="gone"):
+        chart_script.proc_start(2**22 + 1)  # above pid_max's ceiling: no such process

@@ -33,13 +33,16 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuzombie.cluster.layout import Layout
 from gpuzombie.cluster.pki import CertRequest, make_pki
 from gpuzombie.gpu.nvml import default_backend, read_gpus
+from gpuzombie.k8s.cgroup import cgroup_paths
+from gpuzombie.proc.own import PROCFS
+from gpuzombie.proc.pidfd import read_start_and_state
 
 OUT = Path(sys.argv[1])
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +60,7 @@ LAYOUT = Layout.from_env()
 NVML = default_backend()
 GPU = DEVICE == "cuda"
 RECORD: dict[str, Any] = {"device": DEVICE, "steps": STEPS}
+T = TypeVar("T")
 
 
 def boottime() -> float:
@@ -93,7 +97,8 @@ def helm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def wait_for(what: str, check: Any, timeout: float = 120, interval: float = 0.2) -> Any:
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120, interval: float = 0.2) -> T:
+    """``check()``'s first truthy answer, polled; a RuntimeError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
@@ -317,8 +322,9 @@ def container_pid(pod: dict[str, Any]) -> int:
 
 
 def pod_cgroup(pid: int) -> Path:
-    line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x.startswith("0::"))
-    return Path("/sys/fs/cgroup" + line[3:]).parent
+    """The pod cgroup of a container's process: its cgroup v2 path's parent (the GPU machine is v2 only)."""
+    (path,) = cgroup_paths(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x.startswith("0::"))
+    return Path("/sys/fs/cgroup" + path).parent
 
 
 @contextlib.contextmanager
@@ -347,8 +353,11 @@ def gpu_pids() -> set[int]:
 
 
 def proc_start(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    """When ``pid`` started, in seconds since boot (CLOCK_BOOTTIME's scale)."""
+    got = read_start_and_state(PROCFS, pid)
+    if got is None:
+        raise RuntimeError(f"pid {pid} is gone: no start time")
+    return got[0] / os.sysconf("SC_CLK_TCK")
 
 
 def workload_pid(uid: str) -> int | None:

@@ -134,15 +134,18 @@ def containerd2_config(layout: Layout, *, cni_bin: str, shim: str, runc: str, nv
     default), with runc's state, as the GPU Operator configures a node."""
     d = layout.containerd
     runtime = "plugins.'io.containerd.cri.v1.runtime'"
-    nvidia = ""
-    if nvidia_runtime is not None:
-        nvidia = f"""  [{runtime}.containerd.runtimes.nvidia]
+
+    def handler(name: str, binary: str) -> str:
+        """A runtime handler on the built shim, running ``binary`` with runc's state directory."""
+        return f"""  [{runtime}.containerd.runtimes.{name}]
     runtime_type = "io.containerd.runc.v2"
     runtime_path = "{shim}"
-    [{runtime}.containerd.runtimes.nvidia.options]
-      BinaryName = "{nvidia_runtime}"
+    [{runtime}.containerd.runtimes.{name}.options]
+      BinaryName = "{binary}"
       Root = "{layout.runc_root}"
 """
+
+    handlers = handler("runc", runc) + (handler("nvidia", nvidia_runtime) if nvidia_runtime is not None else "")
     return f"""version = 4
 root = "{d}/root"
 state = "{d}/state"
@@ -163,13 +166,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.tracing.proc
   [{runtime}.cni]
     bin_dirs = ["{cni_bin}"]
     conf_dir = "{layout.cni_conf}"
-  [{runtime}.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    runtime_path = "{shim}"
-    [{runtime}.containerd.runtimes.runc.options]
-      BinaryName = "{runc}"
-      Root = "{layout.runc_root}"
-{nvidia}[plugins.'io.containerd.cri.v1.images'.pinned_images]
+{handlers}[plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "{PAUSE_IMAGE}"
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "{LOOPBACK}"
