@@ -5,8 +5,10 @@ run it; what they measured is in results/)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -73,9 +75,6 @@ def test_the_charts_values_name_the_clusters_sockets(chart_script: ModuleType) -
 
 
 def test_start_times_are_on_the_boot_clock_the_handover_measures_with(chart_script: ModuleType) -> None:
-    import os
-    import time
-
     started = chart_script.proc_start(os.getpid())
     assert 0 < started <= time.clock_gettime(time.CLOCK_BOOTTIME)
     with pytest.raises(RuntimeError, match="gone"):
